@@ -1,0 +1,3 @@
+from stasis.cli import main
+
+main()

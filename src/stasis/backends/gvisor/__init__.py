@@ -1,0 +1,5 @@
+"""gVisor (runsc) backend."""
+
+from .backend import GvisorBackend
+
+__all__ = ["GvisorBackend"]

@@ -1,0 +1,257 @@
+"""gVisor backend: each sandbox is a runsc container with its own user-space kernel.
+
+Directory of one sandbox::
+
+    bundle/config.json   OCI spec          bundle/rootfs   overlay mount point
+    upper/ work/         the sandbox's own writable layer (its files live here)
+    to_guest.fifo from_guest.fifo          the agent's stdin/stdout
+    console.log          the agent's stderr and runsc's complaints
+    suspend/             a complete suspend image (checkpoint.img); suspend.partial/ while written
+
+Suspend = `runsc checkpoint` (the sandbox exits), then `runsc delete`, then the
+overlay is unmounted: nothing of the sandbox remains on the host but files.
+Resume = remount, `runsc restore` with the same bundle and fresh FIFO fds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ... import faults
+from ...errors import BackendError, StartupError, StateError
+from ...fsutil import atomic_write, fsync_dir, fsync_tree
+from ...guest.channel import GuestChannel
+from ..base import BoxRef, HostState
+from . import mounts
+from .bundle import AGENT_PATH, oci_config
+from .runsc import Runsc, choose_platform, find_runsc, runsc_version
+
+log = logging.getLogger(__name__)
+
+AGENT_SOURCE = Path(__file__).resolve().parents[2] / "guest" / "agent.py"
+READY_TIMEOUT = 30.0
+
+
+class GvisorBackend:
+    name = "gvisor"
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.binary = find_runsc()
+        self.version = "unknown"
+        self.platform = "unknown"
+        self.platform_reason = ""
+        self.runsc = Runsc(self.binary, home / "run" / "runsc", "ptrace")
+
+    async def initialize(self) -> None:
+        self.version = await runsc_version(self.binary)
+        self.platform, self.platform_reason = await choose_platform(self.binary, self.version, self.home / "run")
+        self.runsc = Runsc(self.binary, self.home / "run" / "runsc", self.platform)
+        self.runsc.root.mkdir(parents=True, exist_ok=True)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "runsc_version": self.version,
+            "platform": self.platform,
+            "platform_reason": self.platform_reason,
+        }
+
+    # ------------------------------------------------------------ layout
+
+    @staticmethod
+    def _paths(box: BoxRef) -> dict[str, Path]:
+        d = box.directory
+        return {
+            "bundle": d / "bundle",
+            "rootfs": d / "bundle" / "rootfs",
+            "upper": d / "upper",
+            "work": d / "work",
+            "to_guest": d / "to_guest.fifo",
+            "from_guest": d / "from_guest.fifo",
+            "console": d / "console.log",
+            "suspend": d / "suspend",
+            "partial": d / "suspend.partial",
+        }
+
+    def _runsc_for(self, box: BoxRef) -> Runsc:
+        """A restore must use the runsc build and platform the sandbox was started with."""
+        version = box.backend_state.get("runsc_version")
+        if version and version != self.version:
+            raise StateError(
+                f"sandbox {box.id} was suspended by runsc {version} but this host has runsc {self.version}; "
+                "reinstall that runsc build to resume it"
+            )
+        return Runsc(self.binary, self.runsc.root, box.backend_state.get("platform", self.platform))
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, box: BoxRef) -> tuple[GuestChannel, dict[str, Any]]:
+        if box.spec.network:
+            raise StateError("network access inside gVisor sandboxes is not supported yet; create it with network off")
+        p = self._paths(box)
+        box.directory.mkdir(parents=True, exist_ok=True)
+        for fifo in (p["to_guest"], p["from_guest"]):
+            if not fifo.exists():
+                os.mkfifo(fifo, 0o600)
+        p["bundle"].mkdir(exist_ok=True)
+        agent_dir = p["upper"] / AGENT_PATH.lstrip("/")
+        agent_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(AGENT_SOURCE, agent_dir)
+        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]))
+        atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
+        mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
+        state = {"runsc_version": self.version, "platform": self.platform}
+        runsc = Runsc(self.binary, self.runsc.root, self.platform)
+        try:
+            await self._launch(runsc, box, "run", "-detach", "--bundle", str(p["bundle"]), box.id)
+            channel = await self._connect(box, p)
+        except BaseException:
+            await self.stop(box)
+            raise
+        return channel, state
+
+    async def _launch(self, runsc: Runsc, box: BoxRef, *args: str) -> None:
+        """Start runsc with the agent's stdio on the FIFOs (O_RDWR: the agent never sees EOF)."""
+        p = self._paths(box)
+        stdin = os.open(p["to_guest"], os.O_RDWR)
+        stdout = os.open(p["from_guest"], os.O_RDWR)
+        console = os.open(p["console"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            await runsc.call(*args, stdin=stdin, stdout=stdout, stderr=console)
+        except BackendError as exc:
+            raise StartupError(f"{exc}; see {p['console']}") from exc
+        finally:
+            for fd in (stdin, stdout, console):
+                os.close(fd)
+
+    async def _connect(self, box: BoxRef, p: dict[str, Path]) -> GuestChannel:
+        channel = await GuestChannel.open_fifos(p["to_guest"], p["from_guest"], f"sandbox {box.id}")
+        try:
+            await channel.wait_ready(READY_TIMEOUT)
+        except BaseException:
+            await channel.close()
+            raise
+        return channel
+
+    async def connect(self, box: BoxRef) -> GuestChannel:
+        return await self._connect(box, self._paths(box))
+
+    async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
+        p = self._paths(box)
+        runsc = self._runsc_for(box)
+        await channel.call("sync", timeout=60)
+        shutil.rmtree(p["partial"], ignore_errors=True)
+        p["partial"].mkdir()
+        faults.point("gvisor.suspend.before_checkpoint")
+        started = time.monotonic()
+        await runsc.call("checkpoint", "--image-path", str(p["partial"]), box.id, timeout=600)
+        log.info("checkpointed %s in %.3fs", box.id, time.monotonic() - started)
+        faults.point("gvisor.suspend.after_checkpoint")
+        await asyncio.to_thread(fsync_tree, p["partial"])
+        os.rename(p["partial"], p["suspend"])
+        fsync_dir(box.directory)
+        faults.point("gvisor.suspend.after_rename")
+        await channel.close()
+        await runsc.delete(box.id)
+        mounts.unmount(p["rootfs"])
+
+    async def resume(self, box: BoxRef) -> GuestChannel:
+        p = self._paths(box)
+        if not (p["suspend"] / "checkpoint.img").exists():
+            raise StateError(f"sandbox {box.id} has no suspend image to resume from")
+        runsc = self._runsc_for(box)
+        await runsc.delete(box.id)  # a stale record from an interrupted resume
+        mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
+        faults.point("gvisor.resume.before_restore")
+        try:
+            await self._launch(
+                runsc,
+                box,
+                "restore",
+                "--detach",
+                "--bundle",
+                str(p["bundle"]),
+                "--image-path",
+                str(p["suspend"]),
+                box.id,
+            )
+            channel = await self._connect(box, p)
+        except BaseException:
+            await self.stop(box)
+            raise
+        faults.point("gvisor.resume.after_restore")
+        # The files move on from here: the image must never be restored again.
+        await self.discard_suspend_image(box)
+        return channel
+
+    async def host_state(self, box: BoxRef) -> HostState:
+        state = await self.runsc.state(box.id)
+        # After a checkpoint runsc still says "running" until delete: look at the process too.
+        if state is not None and state.get("status") == "running" and _pid_alive(state.get("pid")):
+            return HostState.RUNNING
+        if (self._paths(box)["suspend"] / "checkpoint.img").exists():
+            return HostState.SUSPENDED
+        return HostState.STOPPED
+
+    async def salvage(self, box: BoxRef) -> GuestChannel | None:
+        """A suspend was cut off after the sandbox exited but before its image was sealed.
+
+        runsc may well have finished writing it: try to restore from it. If the agent
+        answers, the sandbox is back as it was; if not, there is nothing to save.
+        """
+        p = self._paths(box)
+        if not (p["partial"] / "checkpoint.img").exists():
+            return None
+        shutil.rmtree(p["suspend"], ignore_errors=True)
+        os.rename(p["partial"], p["suspend"])
+        try:
+            return await self.resume(box)
+        except Exception as exc:
+            log.warning("could not salvage sandbox %s from its unsealed suspend image: %s", box.id, exc)
+            shutil.rmtree(p["suspend"], ignore_errors=True)
+            return None
+
+    async def discard_suspend_image(self, box: BoxRef) -> None:
+        shutil.rmtree(self._paths(box)["suspend"], ignore_errors=True)
+
+    async def discard_partial(self, box: BoxRef) -> None:
+        shutil.rmtree(self._paths(box)["partial"], ignore_errors=True)
+
+    async def finish_suspend(self, box: BoxRef) -> None:
+        """After a crash between checkpoint and cleanup: make sure nothing runs."""
+        p = self._paths(box)
+        await self.runsc.delete(box.id)
+        mounts.unmount(p["rootfs"])
+
+    async def stop(self, box: BoxRef) -> None:
+        await self.runsc.delete(box.id)
+        mounts.unmount(self._paths(box)["rootfs"])
+
+    async def destroy(self, box: BoxRef) -> None:
+        await self.stop(box)
+        if box.directory.exists():
+            await asyncio.to_thread(shutil.rmtree, box.directory)
+
+    async def leftovers(self, known_ids: set[str]) -> list[str]:
+        return [sid for sid in await self.runsc.list_ids() if sid not in known_ids]
+
+    async def delete_container(self, sandbox_id: str) -> None:
+        await self.runsc.delete(sandbox_id)
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False

@@ -1,0 +1,124 @@
+"""The runsc command line, and choosing a platform that really works on this host."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ... import procs
+from ...errors import BackendError
+
+log = logging.getLogger(__name__)
+
+PLATFORM_PREFERENCE = ("systrap", "ptrace")  # never kvm: on these hosts /dev/kvm is PVM and runsc hangs
+
+
+def find_runsc() -> str:
+    path = os.environ.get("STASIS_RUNSC") or shutil.which("runsc")
+    if not path:
+        raise BackendError(
+            "runsc not found on PATH; install gVisor (`make setup`, or `apt-get install runsc`) "
+            "or set STASIS_RUNSC to its path"
+        )
+    return path
+
+
+async def runsc_version(binary: str) -> str:
+    out = (await procs.run([binary, "--version"], timeout=30)).stdout.decode(errors="replace")
+    first = out.splitlines()[0] if out else ""
+    return first.removeprefix("runsc version ").strip() or "unknown"
+
+
+async def probe_platform(binary: str, platform: str, timeout: float = 20.0) -> tuple[bool, str]:
+    """Run `true` in a throwaway sandbox on ``platform``. Returns (works, reason)."""
+    with tempfile.TemporaryDirectory(prefix="stasis-probe-") as root:
+        argv = [binary, "--root", root, f"--platform={platform}", "--network=none", "do", "true"]
+        try:
+            result = await procs.run(argv, timeout=timeout)
+        except TimeoutError:
+            return False, f"`runsc --platform={platform} do true` did not finish within {timeout:.0f}s"
+    if result.returncode == 0:
+        return True, f"`runsc --platform={platform} do true` succeeded"
+    lines = result.output.splitlines()
+    return False, lines[-1] if lines else f"exit code {result.returncode}"
+
+
+async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[str, str]:
+    """The fastest platform that passes a real probe, cached per runsc version."""
+    forced = os.environ.get("STASIS_RUNSC_PLATFORM")
+    if forced:
+        return forced, "set by STASIS_RUNSC_PLATFORM"
+    cache = cache_dir / "runsc-platform.json"
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("version") == version:
+            return cached["platform"], cached["reason"]
+    except (OSError, ValueError, KeyError):
+        pass
+    reasons = []
+    for platform in PLATFORM_PREFERENCE:
+        works, reason = await probe_platform(binary, platform)
+        if works:
+            chosen = (platform, reason + (f"; skipped: {'; '.join(reasons)}" if reasons else ""))
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"version": version, "platform": chosen[0], "reason": chosen[1]}))
+            log.info("runsc platform: %s (%s)", *chosen)
+            return chosen
+        reasons.append(f"{platform}: {reason}")
+    raise BackendError("no runsc platform works on this host: " + "; ".join(reasons))
+
+
+@dataclass(frozen=True)
+class Runsc:
+    binary: str
+    root: Path
+    platform: str
+
+    def argv(self, *args: str) -> list[str]:
+        return [
+            self.binary,
+            "--root", str(self.root),
+            f"--platform={self.platform}",
+            "--network=none",
+            "--overlay2=none",  # the writable layer is our host overlayfs: files stay out of the image
+            *args,
+        ]  # fmt: skip
+
+    async def call(self, *args: str, timeout: float = 120.0, **kwargs: Any) -> procs.Completed:
+        result = await procs.run(self.argv(*args), timeout=timeout, **kwargs)
+        if result.returncode != 0:
+            raise BackendError(f"`runsc {args[0]}` failed (exit {result.returncode}): {result.output}")
+        return result
+
+    async def state(self, sandbox_id: str) -> dict[str, Any] | None:
+        """The container's state, or None if runsc does not know it."""
+        result = await procs.run(self.argv("state", sandbox_id), timeout=30)
+        if result.returncode != 0:
+            return None
+        try:
+            return json.loads(result.stdout)
+        except ValueError:
+            return None
+
+    async def list_ids(self) -> list[str]:
+        result = await procs.run(self.argv("list", "--format=json"), timeout=30)
+        if result.returncode != 0:
+            return []
+        try:
+            return [entry["id"] for entry in json.loads(result.stdout or b"[]") or []]
+        except (ValueError, KeyError, TypeError):
+            return []
+
+    async def delete(self, sandbox_id: str) -> None:
+        """Kill and remove the container; fine if it is already gone."""
+        if await self.state(sandbox_id) is None:
+            return
+        result = await procs.run(self.argv("delete", "-force", sandbox_id), timeout=60)
+        if result.returncode != 0 and await self.state(sandbox_id) is not None:
+            raise BackendError(f"`runsc delete` failed for {sandbox_id}: {result.output}")

@@ -1,0 +1,274 @@
+"""`stasis`: the command line. A thin shell over the SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import InvalidRequest, StasisError
+from .models import SandboxInfo
+from .paths import Paths
+from .sdk import Client, Sandbox
+from .sdk._sandbox import EXIT_CODE_TIMEOUT
+
+app = typer.Typer(
+    help="Stateful sandboxes for AI agents: suspend a machine with its processes, resume it exactly where it was.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+image_app = typer.Typer(help="Root filesystem images.", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+
+out = Console()
+err = Console(stderr=True)
+
+Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _client() -> Client:
+    return Client()
+
+
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    seconds = max(0, time.time() - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+STATUS_STYLE = {"running": "green", "suspended": "cyan", "failed": "red", "terminated": "dim"}
+
+
+def _status(info: SandboxInfo) -> str:
+    style = STATUS_STYLE.get(info.status.value, "yellow")
+    return f"[{style}]{info.status.value}[/{style}]"
+
+
+# ------------------------------------------------------------ sandboxes
+
+
+@app.command()
+def create(
+    name: Annotated[str, typer.Argument(help="Unique name of the sandbox.")],
+    image: Annotated[str, typer.Option(help="Image to start from (`stasis image ls`).")] = "default",
+    cpus: Annotated[float, typer.Option(help="CPU cores (fractions allowed).")] = 1.0,
+    memory_mb: Annotated[int, typer.Option("--memory-mb", help="Memory limit in MiB.")] = 1024,
+    timeout_secs: Annotated[int, typer.Option("--timeout-secs", help="Idle seconds before the idle action.")] = 600,
+    on_idle: Annotated[str | None, typer.Option("--on-idle", help="suspend | terminate")] = None,
+    backend: Annotated[str, typer.Option(help="Isolation backend.")] = "gvisor",
+    as_json: Json = False,
+) -> None:
+    """Create a sandbox and start it."""
+    with err.status(f"creating sandbox {name}..."):
+        started = time.monotonic()
+        sbx = Sandbox.create(
+            name, image=image, cpus=cpus, memory_mb=memory_mb, timeout_secs=timeout_secs,
+            on_idle=on_idle, backend=backend, client=_client(),
+        )  # fmt: skip
+    if as_json:
+        out.print_json(sbx.info().model_dump_json())
+    else:
+        out.print(f"created [bold]{name}[/bold] ({sbx.id}) in {time.monotonic() - started:.2f}s")
+
+
+@app.command("ls")
+def list_sandboxes(
+    as_json: Json = False,
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Include terminated sandboxes.")] = False,
+) -> None:
+    """List sandboxes."""
+    sandboxes = Sandbox.list(include_terminated=all_, client=_client())
+    if as_json:
+        print(json.dumps([s.model_dump(mode="json") for s in sandboxes], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "ID", "STATUS", "IMAGE", "CPUS", "MEMORY", "CREATED", "LAST ACTIVITY"):
+        table.add_column(column, no_wrap=True)
+    for s in sandboxes:
+        table.add_row(
+            s.name or "-", s.id, _status(s), s.spec.image, f"{s.spec.cpus:g}", f"{s.spec.memory_mb} MiB",
+            _ago(s.created_at), _ago(s.last_activity),
+        )  # fmt: skip
+    out.print(table if sandboxes else "no sandboxes; create one with `stasis create NAME`")
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    name: Annotated[str, typer.Argument(help="Sandbox name or id.")],
+    command: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],
+    timeout: Annotated[
+        float | None, typer.Option(help="Kill the command (and its children) after this many seconds.")
+    ] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
+    cwd: Annotated[str | None, typer.Option("--cwd", help="Working directory inside the sandbox.")] = None,
+) -> None:
+    """Run a command to completion; print its output and exit with its exit code."""
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise InvalidRequest("no command given; usage: stasis run NAME -- CMD [ARGS...]")
+    environment = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"--env wants KEY=VALUE, got {item!r}")
+        environment[key] = value
+    sbx = Sandbox.connect(name, client=_client())
+    result = sbx.run(command, env=environment, working_dir=cwd, timeout=timeout)
+    sys.stdout.buffer.write(result.stdout_bytes)
+    sys.stdout.flush()
+    sys.stderr.buffer.write(result.stderr_bytes)
+    sys.stderr.flush()
+    if result.truncated:
+        err.print("[yellow]stasis: output was truncated to its last bytes[/yellow]")
+    if result.timed_out:
+        err.print(f"[yellow]stasis: command timed out after {timeout:g}s and was killed[/yellow]")
+        raise typer.Exit(EXIT_CODE_TIMEOUT)
+    code = result.exit_code
+    raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+@app.command()
+def suspend(name: Annotated[str, typer.Argument(help="Sandbox name or id.")]) -> None:
+    """Suspend a sandbox to disk: memory, processes and files. Nothing of it keeps running."""
+    sbx = Sandbox.connect(name, client=_client())
+    with err.status(f"suspending {name}..."):
+        info = sbx.suspend()
+    took = f" in {info.last_suspend_seconds:.3f}s" if info.last_suspend_seconds else ""
+    out.print(f"suspended [bold]{name}[/bold]{took}")
+
+
+@app.command()
+def resume(name: Annotated[str, typer.Argument(help="Sandbox name or id.")]) -> None:
+    """Resume a suspended sandbox exactly where it was."""
+    sbx = Sandbox.connect(name, client=_client())
+    with err.status(f"resuming {name}..."):
+        info = sbx.resume()
+    took = f" in {info.last_resume_seconds:.3f}s" if info.last_resume_seconds else ""
+    out.print(f"resumed [bold]{name}[/bold]{took}")
+
+
+@app.command()
+def info(name: Annotated[str, typer.Argument(help="Sandbox name or id.")], as_json: Json = False) -> None:
+    """Show one sandbox."""
+    data = Sandbox.connect(name, client=_client()).info()
+    if as_json:
+        print(data.model_dump_json(indent=2))
+        return
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, Any]] = [
+        ("name", data.name or "-"),
+        ("id", data.id),
+        ("status", _status(data)),
+        ("image", data.spec.image),
+        ("backend", data.spec.backend),
+        ("cpus / memory", f"{data.spec.cpus:g} / {data.spec.memory_mb} MiB"),
+        ("network", "on" if data.spec.network else "off"),
+        ("created", datetime.fromtimestamp(data.created_at).isoformat(sep=" ", timespec="seconds")),
+        ("last activity", _ago(data.last_activity)),
+    ]
+    for key, value in sorted(data.backend.items()):
+        rows.append((key.replace("_", " "), value))
+    if data.last_suspend_seconds is not None:
+        rows.append(("last suspend", f"{data.last_suspend_seconds:.3f}s"))
+    if data.last_resume_seconds is not None:
+        rows.append(("last resume", f"{data.last_resume_seconds:.3f}s"))
+    if data.error:
+        rows.append(("error", f"[red]{data.error}[/red]"))
+    for key, value in rows:
+        table.add_row(key, str(value))
+    out.print(table)
+
+
+@app.command("rm")
+def remove(names: Annotated[list[str], typer.Argument(help="Sandbox names or ids.")]) -> None:
+    """Terminate sandboxes and delete their files."""
+    client = _client()
+    for name in names:
+        with err.status(f"removing {name}..."):
+            Sandbox.connect(name, client=client).terminate()
+        out.print(f"removed [bold]{name}[/bold]")
+
+
+# ------------------------------------------------------------ daemon
+
+
+@app.command()
+def serve(
+    tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (needs STASIS_TOKEN).")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+) -> None:
+    """Run the daemon in the foreground (the CLI and SDK start it on demand)."""
+    from .daemon.server import serve as run_server
+
+    run_server(Paths.from_env(), tcp=tcp, token=os.environ.get("STASIS_TOKEN"), log_level=log_level.upper())
+
+
+# ------------------------------------------------------------ images
+
+
+@image_app.command("ls")
+def image_ls(as_json: Json = False) -> None:
+    """List built images."""
+    from .images import ImageStore
+
+    images = ImageStore(Paths.from_env().images).list()
+    if as_json:
+        print(json.dumps([i.model_dump() for i in images], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "KEY", "SIZE", "BUILT", "PACKAGES"):
+        table.add_column(column)
+    for i in images:
+        table.add_row(i.name, i.key, f"{i.size_bytes / 1e6:.0f} MB", _ago(i.built_at), ", ".join(i.packages))
+    out.print(table if images else "no images; build one with `stasis image build default`")
+
+
+@image_app.command("build")
+def image_build(
+    name: Annotated[str, typer.Argument(help="Recipe name.")] = "default",
+    force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False,
+) -> None:
+    """Build an image from its recipe (cached by the recipe's hash)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .images import ImageStore
+
+    store = ImageStore(Paths.from_env().images)
+    recipe = store.recipe(name)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
+        task = progress.add_task(f"building image {recipe.key}", total=None)
+        info = store.build(
+            name,
+            progress=lambda line: progress.update(task, description=f"{recipe.key}: {line[:90]}"),
+            force=force,
+        )
+    out.print(f"image [bold]{info.key}[/bold]: {info.size_bytes / 1e6:.0f} MB, built in {info.build_seconds:.1f}s")
+
+
+def main() -> None:
+    try:
+        app()
+    except StasisError as exc:
+        err.print(f"[red]error:[/red] {exc.message}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""HTTP routes. Thin: validate, call the service, serialise. Errors become {type, message, details}."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .. import __version__
+from ..errors import InvalidRequest, StasisError
+from ..images import ImageInfo
+from ..models import (
+    CreateSandboxRequest,
+    DaemonInfo,
+    FileEntry,
+    ProcessInfo,
+    ProcessOutput,
+    RunRequest,
+    RunResult,
+    SandboxInfo,
+    SignalRequest,
+    StartProcessRequest,
+    StdinRequest,
+)
+from ..paths import Paths
+from .service import SandboxService
+
+Path_ = Annotated[str, Query(min_length=1, max_length=4096, description="path inside the sandbox")]
+
+
+def create_app(paths: Paths, token: str | None = None) -> FastAPI:
+    service = SandboxService(paths)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        yield
+        await service.close()
+
+    app = FastAPI(title="stasis", version=__version__, lifespan=lifespan)
+    app.state.service = service
+
+    if token:
+
+        @app.middleware("http")
+        async def require_token(request: Request, call_next):  # type: ignore[no-untyped-def]
+            server = request.scope.get("server")
+            if server is not None and server[1] is None:  # the unix socket: mode 0600 already guards it
+                return await call_next(request)
+            sent = request.headers.get("authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+                return _error(
+                    InvalidRequest("missing or wrong API token; send 'Authorization: Bearer $STASIS_TOKEN'"),
+                    401,
+                )
+            return await call_next(request)
+
+    @app.exception_handler(StasisError)
+    async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(part) for part in err.get("loc", ()) if part != "body")
+            problems.append(f"{where}: {err.get('msg', 'invalid')}".removeprefix(": ").removeprefix("Value error, "))
+        return _error(InvalidRequest("; ".join(problems) or "invalid request"))
+
+    # -------------------------------------------------------- daemon
+
+    @app.get("/v1/health")
+    async def health() -> DaemonInfo:
+        return DaemonInfo(
+            version=__version__, pid=os.getpid(), home=str(paths.home), backends=service.describe_backends()
+        )
+
+    @app.get("/v1/images")
+    async def images() -> list[ImageInfo]:
+        return service.images.list()
+
+    # -------------------------------------------------------- sandboxes
+
+    @app.post("/v1/sandboxes", status_code=201)
+    async def create(request: CreateSandboxRequest) -> SandboxInfo:
+        return await service.create(request)
+
+    @app.get("/v1/sandboxes")
+    async def list_sandboxes(all: bool = False) -> list[SandboxInfo]:
+        return service.list(include_terminated=all)
+
+    @app.get("/v1/sandboxes/{ref}")
+    async def get(ref: str) -> SandboxInfo:
+        return service.get(ref)
+
+    @app.delete("/v1/sandboxes/{ref}")
+    async def terminate(ref: str) -> SandboxInfo:
+        return await service.terminate(ref)
+
+    @app.post("/v1/sandboxes/{ref}/suspend")
+    async def suspend(ref: str) -> SandboxInfo:
+        return await service.suspend(ref)
+
+    @app.post("/v1/sandboxes/{ref}/resume")
+    async def resume(ref: str) -> SandboxInfo:
+        return await service.resume(ref)
+
+    @app.get("/v1/sandboxes/{ref}/transitions")
+    async def transitions(ref: str) -> list[dict]:
+        return service.store.transitions(service.get(ref).id)
+
+    # -------------------------------------------------------- commands and processes
+
+    @app.post("/v1/sandboxes/{ref}/exec")
+    async def run(ref: str, request: RunRequest) -> RunResult:
+        return await service.run(ref, request)
+
+    @app.get("/v1/sandboxes/{ref}/exec/{exec_id}")
+    async def exec_status(ref: str, exec_id: str) -> dict:
+        return await service.exec_status(ref, exec_id)
+
+    @app.post("/v1/sandboxes/{ref}/processes", status_code=201)
+    async def start_process(ref: str, request: StartProcessRequest) -> ProcessInfo:
+        return await service.start_process(ref, request)
+
+    @app.get("/v1/sandboxes/{ref}/processes")
+    async def list_processes(ref: str) -> list[ProcessInfo]:
+        return await service.list_processes(ref)
+
+    @app.get("/v1/sandboxes/{ref}/processes/{process_id}")
+    async def get_process(ref: str, process_id: str) -> ProcessInfo:
+        return await service.get_process(ref, process_id)
+
+    @app.get("/v1/sandboxes/{ref}/processes/{process_id}/output")
+    async def process_output(
+        ref: str,
+        process_id: str,
+        stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+        offset: Annotated[int, Query(ge=0)] = 0,
+        max_bytes: Annotated[int, Query(ge=1, le=4 << 20)] = 1 << 20,
+        wait: Annotated[float, Query(ge=0, le=300)] = 0,
+    ) -> ProcessOutput:
+        return await service.process_output(ref, process_id, stream, offset, max_bytes, wait)
+
+    @app.post("/v1/sandboxes/{ref}/processes/{process_id}/signal")
+    async def signal_process(ref: str, process_id: str, request: SignalRequest) -> ProcessInfo:
+        return await service.signal_process(ref, process_id, request.signal)
+
+    @app.post("/v1/sandboxes/{ref}/processes/{process_id}/stdin", status_code=204)
+    async def write_stdin(ref: str, process_id: str, request: StdinRequest) -> Response:
+        await service.write_stdin(ref, process_id, request.data_b64, request.close)
+        return Response(status_code=204)
+
+    # -------------------------------------------------------- files
+
+    @app.get("/v1/sandboxes/{ref}/files")
+    async def read_file(ref: str, path: Path_) -> Response:
+        chunks = await service.read_file(ref, path)
+        return StreamingResponse(chunks, media_type="application/octet-stream")
+
+    @app.put("/v1/sandboxes/{ref}/files")
+    async def write_file(
+        ref: str, path: Path_, request: Request, mode: Annotated[int, Query(ge=0, le=0o7777)] = 0o644
+    ) -> FileEntry:
+        """The request body is the file's raw bytes."""
+        return await service.write_file(ref, path, await request.body(), mode)
+
+    @app.delete("/v1/sandboxes/{ref}/files", status_code=204)
+    async def delete_file(ref: str, path: Path_, recursive: bool = False) -> Response:
+        await service.delete_file(ref, path, recursive)
+        return Response(status_code=204)
+
+    @app.get("/v1/sandboxes/{ref}/files/list")
+    async def list_directory(ref: str, path: Path_) -> list[FileEntry]:
+        return await service.list_directory(ref, path)
+
+    @app.get("/v1/sandboxes/{ref}/files/stat")
+    async def stat(ref: str, path: Path_) -> FileEntry:
+        return await service.stat(ref, path)
+
+    @app.post("/v1/sandboxes/{ref}/files/mkdir")
+    async def mkdir(ref: str, path: Path_) -> FileEntry:
+        return await service.mkdir(ref, path)
+
+    return app
+
+
+def _error(exc: StasisError, status_code: int | None = None) -> JSONResponse:
+    return JSONResponse(exc.to_payload(), status_code=status_code or exc.status_code)

@@ -1,0 +1,82 @@
+"""`stasis serve`: one daemon per STASIS_HOME, on a unix socket only its user can open."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from ..errors import InvalidRequest, StateError
+from ..fsutil import atomic_write
+from ..paths import Paths
+from .app import create_app
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d msg=%(message)s"
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
+
+
+def _take_lock(paths: Paths) -> int:
+    fd = os.open(paths.lockfile, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        pid = paths.pidfile.read_text().strip() if paths.pidfile.exists() else "?"
+        raise StateError(f"a stasis daemon (pid {pid}) already serves {paths.home}") from None
+    return fd
+
+
+def _unix_socket(path: Path) -> socket.socket:
+    path.unlink(missing_ok=True)  # we hold the lock: a socket file left here is stale
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # born 0600: no window in which others could connect
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    return sock
+
+
+def _tcp_socket(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidRequest(f"--tcp wants HOST:PORT, got {address!r}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]"), int(port)))
+    sock.listen(128)
+    return sock
+
+
+def serve(paths: Paths, tcp: str | None = None, token: str | None = None, log_level: str = "INFO") -> None:
+    """Run the daemon in the foreground until SIGTERM/SIGINT."""
+    configure_logging(log_level)
+    if tcp and not token:
+        raise InvalidRequest("serving on TCP needs a token: set STASIS_TOKEN (clients send it as a bearer token)")
+    paths.ensure()
+    lock_fd = _take_lock(paths)
+    sockets = [_unix_socket(paths.socket)]
+    if tcp:
+        sockets.append(_tcp_socket(tcp))
+    atomic_write(paths.pidfile, f"{os.getpid()}\n".encode())
+    app = create_app(paths, token=token if tcp else None)
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+    log.info("stasis daemon pid %d serving %s%s", os.getpid(), paths.socket, f" and tcp {tcp}" if tcp else "")
+    try:
+        uvicorn.Server(config).run(sockets=sockets)
+    finally:
+        paths.pidfile.unlink(missing_ok=True)
+        paths.socket.unlink(missing_ok=True)
+        os.close(lock_fd)

@@ -1,0 +1,468 @@
+"""The sandbox service: owns every sandbox, drives the backend, keeps the store true.
+
+Lifecycle operations on one sandbox (create, suspend, resume, terminate) are
+serialised by a per-sandbox lock; different sandboxes proceed in parallel.
+Commands and file operations run concurrently on a running sandbox.
+
+Each lifecycle operation writes its intent to the store before touching the host
+and its outcome after, so :meth:`recover` can finish or roll back whatever a
+killed daemon left half-done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from .. import faults
+from ..backends import Backend, BoxRef, HostState, create_backend
+from ..errors import (
+    GuestDisconnected,
+    InvalidRequest,
+    StasisError,
+    StateError,
+)
+from ..guest.channel import GuestChannel, b64decode, b64encode
+from ..images import ImageStore
+from ..models import (
+    CreateSandboxRequest,
+    FileEntry,
+    ProcessInfo,
+    ProcessOutput,
+    RunRequest,
+    RunResult,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxStatus,
+    StartProcessRequest,
+)
+from ..paths import Paths
+from .states import WHY_NOT
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+S = SandboxStatus
+FILE_CHUNK = 1 << 20  # bytes per write request to the agent (1.4 MB of base64 on the wire)
+READ_CHUNK = 4 << 20
+ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def new_sandbox_id() -> str:
+    return "sb-" + "".join(secrets.choice(ID_ALPHABET) for _ in range(12))
+
+
+class SandboxService:
+    def __init__(self, paths: Paths) -> None:
+        self.paths = paths
+        self.store = Store(paths.database)
+        self.images = ImageStore(paths.images)
+        self.backends: dict[str, Backend] = {}
+        self._channels: dict[str, GuestChannel] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._activity: dict[str, float] = {}
+
+    # ------------------------------------------------------------ start-up and shutdown
+
+    async def start(self) -> None:
+        backend = create_backend("gvisor", self.paths.home)
+        await backend.initialize()
+        self.backends[backend.name] = backend
+        await self.recover()
+
+    async def close(self) -> None:
+        """Stop serving. Sandboxes keep running; the next daemon re-adopts them."""
+        for sandbox_id, last in self._activity.items():
+            self.store.touch_at(sandbox_id, last)
+        for channel in list(self._channels.values()):
+            await channel.close()
+        self._channels.clear()
+        self.store.close()
+
+    def describe_backends(self) -> dict[str, dict[str, Any]]:
+        return {name: backend.describe() for name, backend in self.backends.items()}
+
+    # ------------------------------------------------------------ helpers
+
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    def _box(self, info: SandboxInfo) -> BoxRef:
+        return BoxRef(
+            id=info.id,
+            hostname=info.name or info.id,
+            spec=info.spec,
+            directory=self.paths.sandboxes / info.id,
+            image_rootfs=self.images.rootfs(info.spec.image),
+            backend_state=info.backend,
+        )
+
+    def _backend(self, info: SandboxInfo) -> Backend:
+        backend = self.backends.get(info.spec.backend)
+        if backend is None:
+            raise InvalidRequest(f"backend {info.spec.backend!r} is not available on this host")
+        return backend
+
+    def _with_activity(self, info: SandboxInfo) -> SandboxInfo:
+        last = self._activity.get(info.id)
+        return info.model_copy(update={"last_activity": last}) if last else info
+
+    def get(self, ref: str) -> SandboxInfo:
+        return self._with_activity(self.store.get(ref))
+
+    def list(self, include_terminated: bool = False) -> list[SandboxInfo]:
+        return [self._with_activity(info) for info in self.store.list(include_terminated)]
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def create(self, request: CreateSandboxRequest) -> SandboxInfo:
+        spec_model = SandboxSpec.model_validate(request.model_dump(exclude={"name"}))
+        backend = self.backends.get(spec_model.backend)
+        if backend is None:
+            raise InvalidRequest(f"backend {spec_model.backend!r} is not available on this host; see `stasis doctor`")
+        if spec_model.network:
+            raise InvalidRequest("network access inside sandboxes is not supported yet; leave network off")
+        self.images.get(spec_model.image)  # refuse before anything exists on the host
+        info = self.store.insert(new_sandbox_id(), request.name, spec_model)
+        async with self._lock(info.id):
+            box = self._box(info)
+            faults.point("create.after_intent")
+            started = time.monotonic()
+            try:
+                channel, backend_state = await backend.start(box)
+            except BaseException as exc:
+                await self._discard(info, box, f"start failed: {exc}")
+                raise
+            self._channels[info.id] = channel
+            faults.point("create.before_outcome")
+            info = self.store.transition(info.id, S.RUNNING, "started", backend_state=backend_state)
+            log.info("created %s (%s) in %.3fs", info.id, info.name, time.monotonic() - started)
+            return info
+
+    async def _discard(self, info: SandboxInfo, box: BoxRef, reason: str) -> None:
+        """Roll back a create: nothing stays on the host, the record says why."""
+        with contextlib.suppress(Exception):
+            await self._backend(info).destroy(box)
+        current = self.store.get(info.id).status
+        if current != S.TERMINATING:
+            self.store.transition(info.id, S.TERMINATING, reason)
+        self.store.transition(info.id, S.TERMINATED, reason, error=reason)
+
+    async def suspend(self, ref: str) -> SandboxInfo:
+        info = self.store.get(ref)
+        async with self._lock(info.id):
+            info = self.store.get(info.id)
+            if info.status == S.SUSPENDED:
+                return info
+            self._require(info, S.RUNNING)
+            backend, box = self._backend(info), self._box(info)
+            channel = await self._channel(info)
+            self.store.transition(info.id, S.SUSPENDING)
+            faults.point("suspend.after_intent")
+            started = time.monotonic()
+            try:
+                await backend.suspend(box, channel)
+            except BaseException as exc:
+                await self._rollback_suspend(info, box, exc)
+                raise
+            self._channels.pop(info.id, None)
+            elapsed = time.monotonic() - started
+            faults.point("suspend.before_outcome")
+            info = self.store.transition(info.id, S.SUSPENDED, f"{elapsed:.3f}s", last_suspend_seconds=elapsed)
+            log.info("suspended %s in %.3fs", info.id, elapsed)
+            return info
+
+    async def _rollback_suspend(self, info: SandboxInfo, box: BoxRef, exc: BaseException) -> None:
+        """A failed suspend never turns into a kill: back to running if the sandbox still runs."""
+        backend = self._backend(info)
+        await backend.discard_partial(box)
+        if await backend.host_state(box) == HostState.RUNNING:
+            self._channels.pop(info.id, None)
+            with contextlib.suppress(Exception):
+                self._channels[info.id] = await backend.connect(box)
+            self.store.transition(info.id, S.RUNNING, "suspend rolled back", error=f"suspend failed: {exc}")
+        else:
+            self.store.transition(info.id, S.FAILED, error=f"suspend failed and the sandbox stopped: {exc}")
+
+    async def resume(self, ref: str) -> SandboxInfo:
+        info = self.store.get(ref)
+        async with self._lock(info.id):
+            info = self.store.get(info.id)
+            if info.status == S.RUNNING:
+                return info
+            self._require(info, S.SUSPENDED)
+            backend, box = self._backend(info), self._box(info)
+            self.store.transition(info.id, S.RESUMING)
+            faults.point("resume.after_intent")
+            started = time.monotonic()
+            try:
+                channel = await backend.resume(box)
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    await backend.stop(box)
+                self.store.transition(info.id, S.SUSPENDED, "resume rolled back", error=f"resume failed: {exc}")
+                raise
+            self._channels[info.id] = channel
+            elapsed = time.monotonic() - started
+            faults.point("resume.before_outcome")
+            info = self.store.transition(info.id, S.RUNNING, f"{elapsed:.3f}s", last_resume_seconds=elapsed)
+            self._activity[info.id] = time.time()
+            log.info("resumed %s in %.3fs", info.id, elapsed)
+            return info
+
+    async def terminate(self, ref: str) -> SandboxInfo:
+        info = self.store.get(ref)
+        async with self._lock(info.id):
+            info = self.store.get(info.id)
+            if info.status == S.TERMINATED:
+                return info
+            if info.status != S.TERMINATING:
+                self.store.transition(info.id, S.TERMINATING)
+            faults.point("terminate.after_intent")
+            channel = self._channels.pop(info.id, None)
+            if channel is not None:
+                await channel.close()
+            await self._backend(info).destroy(self._box_or_bare(info))
+            faults.point("terminate.before_outcome")
+            info = self.store.transition(info.id, S.TERMINATED)
+        self._locks.pop(info.id, None)
+        self._activity.pop(info.id, None)
+        log.info("terminated %s", info.id)
+        return info
+
+    def _box_or_bare(self, info: SandboxInfo) -> BoxRef:
+        """A BoxRef even if the image is gone: destroying must always work."""
+        try:
+            return self._box(info)
+        except StasisError:
+            return BoxRef(
+                info.id,
+                info.name or info.id,
+                info.spec,
+                self.paths.sandboxes / info.id,
+                Path("/"),
+                info.backend,
+            )
+
+    def _require(self, info: SandboxInfo, wanted: SandboxStatus) -> None:
+        if info.status != wanted:
+            why = WHY_NOT[info.status].format(name=info.name or info.id, error=info.error)
+            raise StateError(f"sandbox {info.name or info.id!r} {why}", status=info.status.value)
+
+    # ------------------------------------------------------------ recovery
+
+    async def recover(self) -> None:
+        """Make the store and the host agree after a restart, sandbox by sandbox."""
+        for info in self.store.list():
+            try:
+                await self._recover_one(info)
+            except Exception as exc:
+                log.exception("recovery of %s failed", info.id)
+                with contextlib.suppress(Exception):
+                    self.store.transition(info.id, S.FAILED, error=f"recovery failed: {exc}")
+        await self._reap_leftovers()
+
+    async def _recover_one(self, info: SandboxInfo) -> None:
+        backend = self._backend(info)
+        box = self._box_or_bare(info)
+        host = await backend.host_state(box)
+        log.info("recovering %s: store says %s, host says %s", info.id, info.status.value, host.value)
+        if info.status == S.PENDING:
+            await self._discard(info, box, "the daemon stopped while the sandbox was being created")
+        elif info.status == S.TERMINATING:
+            await self.terminate(info.id)
+        elif info.status in (S.RUNNING, S.SUSPENDING):
+            if host == HostState.RUNNING:
+                await backend.discard_partial(box)
+                await self._adopt(info, box, "re-adopted after daemon restart")
+            elif host == HostState.SUSPENDED:
+                await backend.finish_suspend(box)
+                if info.status == S.RUNNING:
+                    self.store.transition(info.id, S.SUSPENDING, "found suspended on the host")
+                self.store.transition(info.id, S.SUSPENDED, "suspend completed during recovery")
+            elif info.status == S.SUSPENDING and (channel := await backend.salvage(box)) is not None:
+                self._channels[info.id] = channel
+                self.store.transition(info.id, S.RUNNING, "suspend was cut off; restored from its image")
+            else:
+                await backend.stop(box)
+                reason = "its processes were gone when the daemon started (host restart or crash)"
+                self.store.transition(info.id, S.FAILED, error=reason)
+        elif info.status == S.RESUMING:
+            if host == HostState.RUNNING:
+                await backend.discard_suspend_image(box)
+                await self._adopt(info, box, "resume completed during recovery")
+            else:
+                await backend.stop(box)
+                self.store.transition(info.id, S.SUSPENDED, "resume rolled back during recovery")
+        elif info.status == S.SUSPENDED:
+            await backend.finish_suspend(box)  # nothing may run for a suspended sandbox
+            if host == HostState.STOPPED:
+                self.store.transition(info.id, S.FAILED, error="its suspend image is missing")
+
+    async def _adopt(self, info: SandboxInfo, box: BoxRef, detail: str) -> None:
+        channel = await self._backend(info).connect(box)
+        self._channels[info.id] = channel
+        if info.status != S.RUNNING:
+            self.store.transition(info.id, S.RUNNING, detail)
+
+    async def _reap_leftovers(self) -> None:
+        live = {info.id for info in self.store.list()}
+        for backend in self.backends.values():
+            for sandbox_id in await backend.leftovers(live):
+                log.warning("reaping runsc container %s that no live sandbox owns", sandbox_id)
+                await backend.delete_container(sandbox_id)
+        for directory in self.paths.sandboxes.iterdir() if self.paths.sandboxes.exists() else []:
+            if directory.name not in live:
+                log.warning("removing %s: no live sandbox owns it", directory)
+                await asyncio.to_thread(shutil.rmtree, directory, True)
+
+    # ------------------------------------------------------------ the guest
+
+    async def _channel(self, info: SandboxInfo) -> GuestChannel:
+        channel = self._channels.get(info.id)
+        if channel is None or channel.closed:
+            channel = await self._backend(info).connect(self._box(info))
+            self._channels[info.id] = channel
+        return channel
+
+    @contextlib.asynccontextmanager
+    async def _guest(self, ref: str) -> AsyncIterator[GuestChannel]:
+        """The channel of a running sandbox, with the activity clock held for the duration."""
+        info = self.store.get(ref)
+        self._require(info, S.RUNNING)
+        self._activity[info.id] = time.time()
+        channel = await self._channel(info)
+        try:
+            yield channel
+        except GuestDisconnected:
+            await self._check_alive(info)
+            raise
+        finally:
+            self._activity[info.id] = time.time()
+
+    async def _check_alive(self, info: SandboxInfo) -> None:
+        current = self.store.get(info.id)
+        if current.status != S.RUNNING:
+            return
+        backend = self._backend(current)
+        if await backend.host_state(self._box(current)) != HostState.RUNNING:
+            reason = "the sandbox stopped unexpectedly (out of memory, or killed on the host)"
+            self._channels.pop(info.id, None)
+            self.store.transition(info.id, S.FAILED, error=reason)
+            raise StateError(f"sandbox {current.name or current.id!r}: {reason}")
+
+    async def run(self, ref: str, request: RunRequest) -> RunResult:
+        args: dict[str, Any] = request.model_dump(exclude={"stdin_b64"}, exclude_none=True)
+        if request.stdin_b64 is not None:
+            args["stdin"] = True
+            args["stdin_data"] = request.stdin_b64
+        async with self._guest(ref) as channel:
+            result = await channel.call("exec", args, timeout=None)
+        return RunResult(
+            exec_id=result["exec_id"],
+            exit_code=result["exit_code"],
+            stdout_b64=result["stdout"],
+            stderr_b64=result["stderr"],
+            stdout_truncated=result["stdout_truncated"],
+            stderr_truncated=result["stderr_truncated"],
+            timed_out=result["timed_out"],
+            duration=result["duration"],
+        )
+
+    async def exec_status(self, ref: str, exec_id: str) -> dict[str, Any]:
+        async with self._guest(ref) as channel:
+            return await channel.call("exec_status", {"exec_id": exec_id})
+
+    async def start_process(self, ref: str, request: StartProcessRequest) -> ProcessInfo:
+        async with self._guest(ref) as channel:
+            return ProcessInfo.model_validate(await channel.call("process_start", request.model_dump()))
+
+    async def list_processes(self, ref: str) -> list[ProcessInfo]:
+        async with self._guest(ref) as channel:
+            result = await channel.call("process_list")
+        return [ProcessInfo.model_validate(p) for p in result["processes"]]
+
+    async def get_process(self, ref: str, process_id: str) -> ProcessInfo:
+        async with self._guest(ref) as channel:
+            return ProcessInfo.model_validate(await channel.call("process_get", {"id": process_id}))
+
+    async def process_output(
+        self, ref: str, process_id: str, stream: str, offset: int, max_bytes: int, wait: float
+    ) -> ProcessOutput:
+        args = {"id": process_id, "stream": stream, "offset": offset, "max_bytes": max_bytes, "wait": wait}
+        async with self._guest(ref) as channel:
+            result = await channel.call("process_output", args, timeout=wait + 30)
+        result["data_b64"] = result.pop("data")
+        return ProcessOutput.model_validate(result)
+
+    async def signal_process(self, ref: str, process_id: str, signal: str) -> ProcessInfo:
+        async with self._guest(ref) as channel:
+            return ProcessInfo.model_validate(
+                await channel.call("process_signal", {"id": process_id, "signal": signal})
+            )
+
+    async def write_stdin(self, ref: str, process_id: str, data_b64: str, close: bool) -> None:
+        async with self._guest(ref) as channel:
+            await channel.call("process_stdin", {"id": process_id, "data": data_b64, "close": close})
+
+    # ------------------------------------------------------------ files
+
+    async def read_file(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """The file's bytes in chunks; errors (missing file, directory) surface before the first chunk."""
+        async with self._guest(ref) as channel:
+            first = await channel.call("file_read", {"path": path, "offset": 0, "length": READ_CHUNK})
+
+        async def chunks() -> AsyncIterator[bytes]:
+            data = b64decode(first["data"])
+            yield data
+            offset, eof = len(data), first["eof"]
+            while not eof:
+                async with self._guest(ref) as channel:
+                    part = await channel.call("file_read", {"path": path, "offset": offset, "length": READ_CHUNK})
+                data = b64decode(part["data"])
+                if not data:
+                    break
+                yield data
+                offset += len(data)
+                eof = part["eof"]
+
+        return chunks()
+
+    async def write_file(self, ref: str, path: str, data: bytes, mode: int = 0o644) -> FileEntry:
+        upload_id = secrets.token_hex(6)
+        async with self._guest(ref) as channel:
+            offset = 0
+            while True:
+                chunk = data[offset : offset + FILE_CHUNK]
+                final = offset + len(chunk) >= len(data)
+                args = {"path": path, "data": b64encode(chunk), "offset": offset, "final": final}
+                await channel.call("file_write", {**args, "upload_id": upload_id, "mode": mode}, timeout=120)
+                offset += len(chunk)
+                if final:
+                    break
+            return FileEntry.model_validate(await channel.call("file_stat", {"path": path}))
+
+    async def list_directory(self, ref: str, path: str) -> list[FileEntry]:
+        async with self._guest(ref) as channel:
+            result = await channel.call("file_list", {"path": path})
+        return [FileEntry.model_validate(e) for e in result["entries"]]
+
+    async def stat(self, ref: str, path: str) -> FileEntry:
+        async with self._guest(ref) as channel:
+            return FileEntry.model_validate(await channel.call("file_stat", {"path": path}))
+
+    async def delete_file(self, ref: str, path: str, recursive: bool) -> None:
+        async with self._guest(ref) as channel:
+            await channel.call("file_delete", {"path": path, "recursive": recursive})
+
+    async def mkdir(self, ref: str, path: str) -> FileEntry:
+        async with self._guest(ref) as channel:
+            await channel.call("mkdir", {"path": path})
+            return FileEntry.model_validate(await channel.call("file_stat", {"path": path}))

@@ -1,0 +1,50 @@
+"""The sandbox state machine, as data.
+
+    pending ──► running ◄──────────────► suspending ──► suspended ──► resuming ──► running
+       │          │   ▲ (rollback)            │            ▲ (rollback)  │
+       └──────────┴───┴──► terminating ──► terminated      └─────────────┘
+    any live state ──► failed ──► terminating
+
+States ending in -ing are *intents*: they are written before the work starts,
+and replaced by an *outcome* when it ends. A daemon that finds an intent on
+start-up knows the work was cut off and finishes or rolls it back.
+"""
+
+from __future__ import annotations
+
+from ..errors import StateError
+from ..models import SandboxStatus as S
+
+TRANSITIONS: dict[S, frozenset[S]] = {
+    S.PENDING: frozenset({S.RUNNING, S.TERMINATING, S.FAILED}),
+    S.RUNNING: frozenset({S.SUSPENDING, S.TERMINATING, S.FAILED}),
+    S.SUSPENDING: frozenset({S.SUSPENDED, S.RUNNING, S.FAILED}),
+    S.SUSPENDED: frozenset({S.RESUMING, S.TERMINATING, S.FAILED}),
+    S.RESUMING: frozenset({S.RUNNING, S.SUSPENDED, S.FAILED}),
+    S.TERMINATING: frozenset({S.TERMINATED}),
+    S.FAILED: frozenset({S.TERMINATING}),
+    S.TERMINATED: frozenset(),
+}
+
+INTENTS = frozenset({S.PENDING, S.SUSPENDING, S.RESUMING, S.TERMINATING})
+
+# What a user asked for, per state it cannot be done in: the message says what to do instead.
+WHY_NOT: dict[S, str] = {
+    S.PENDING: "is still being created; try again in a moment",
+    S.SUSPENDING: "is being suspended; try again in a moment",
+    S.SUSPENDED: "is suspended; resume it first (`stasis resume {name}`)",
+    S.RESUMING: "is being resumed; try again in a moment",
+    S.TERMINATING: "is being removed",
+    S.TERMINATED: "was removed",
+    S.FAILED: "has failed ({error}); remove it with `stasis rm {name}`",
+    S.RUNNING: "is running",
+}
+
+
+def check_transition(current: S, target: S) -> None:
+    if target not in TRANSITIONS[current]:
+        raise StateError(f"illegal transition {current.value} → {target.value}")
+
+
+def phase(target: S) -> str:
+    return "intent" if target in INTENTS else "outcome"

@@ -1,0 +1,175 @@
+"""The daemon's durable state: one SQLite file, written only by the daemon.
+
+Every status change is one transaction that updates the sandbox row and appends
+to the ``transitions`` journal, with ``synchronous=FULL`` so that what the
+journal says survived a power cut.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import NameTaken, SandboxNotFound
+from ..models import ID_PATTERN, SandboxInfo, SandboxSpec, SandboxStatus
+from .states import check_transition, phase
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    status TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    backend_state TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    last_activity REAL NOT NULL,
+    error TEXT,
+    last_suspend_seconds REAL,
+    last_resume_seconds REAL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_live_name
+    ON sandboxes(name) WHERE name IS NOT NULL AND status != 'terminated';
+CREATE TABLE IF NOT EXISTS transitions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sandbox_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    phase TEXT NOT NULL,
+    from_status TEXT,
+    to_status TEXT NOT NULL,
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS transitions_by_sandbox ON transitions(sandbox_id, seq);
+"""
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------ reads
+
+    def get(self, ref: str) -> SandboxInfo:
+        """By id, or by the name of a sandbox that is not terminated."""
+        if ID_PATTERN.fullmatch(ref):
+            row = self.db.execute("SELECT * FROM sandboxes WHERE id = ?", (ref,)).fetchone()
+        else:
+            row = self.db.execute(
+                "SELECT * FROM sandboxes WHERE name = ? AND status != 'terminated'", (ref,)
+            ).fetchone()
+        if row is None:
+            shown = ref if len(ref) <= 80 else ref[:80] + "..."
+            raise SandboxNotFound(f"no sandbox named or with id {shown!r}; `stasis ls` lists them", ref=shown)
+        return _info(row)
+
+    def list(self, include_terminated: bool = False) -> list[SandboxInfo]:
+        query = "SELECT * FROM sandboxes"
+        if not include_terminated:
+            query += " WHERE status != 'terminated'"
+        return [_info(row) for row in self.db.execute(query + " ORDER BY created_at")]
+
+    def transitions(self, sandbox_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT at, phase, from_status, to_status, detail FROM transitions WHERE sandbox_id = ? ORDER BY seq",
+            (sandbox_id,),
+        )
+        return [dict(row) for row in rows]
+
+    # ------------------------------------------------------------ writes
+
+    def insert(self, sandbox_id: str, name: str | None, spec: SandboxSpec) -> SandboxInfo:
+        now = time.time()
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                self.db.execute(
+                    "INSERT INTO sandboxes (id, name, status, spec, created_at, updated_at, last_activity)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (sandbox_id, name, SandboxStatus.PENDING.value, spec.model_dump_json(), now, now, now),
+                )
+                self._journal(sandbox_id, None, SandboxStatus.PENDING, "create")
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(
+                f"a sandbox named {name!r} already exists; pick another name or remove it with `stasis rm {name}`",
+                name=name,
+            ) from exc
+        return self.get(sandbox_id)
+
+    def transition(
+        self,
+        sandbox_id: str,
+        target: SandboxStatus,
+        detail: str | None = None,
+        *,
+        error: str | None = None,
+        **fields: Any,
+    ) -> SandboxInfo:
+        """Move a sandbox to ``target`` (checked against the state table), journalled atomically."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.db.execute("SELECT status FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+            if row is None:
+                raise SandboxNotFound(f"no sandbox with id {sandbox_id!r}")
+            current = SandboxStatus(row["status"])
+            check_transition(current, target)
+            values: dict[str, Any] = {
+                "status": target.value,
+                "updated_at": time.time(),
+                "error": error,
+                **fields,
+            }
+            if "backend_state" in values:
+                values["backend_state"] = json.dumps(values["backend_state"])
+            assignments = ", ".join(f"{column} = ?" for column in values)
+            self.db.execute(f"UPDATE sandboxes SET {assignments} WHERE id = ?", (*values.values(), sandbox_id))
+            self._journal(sandbox_id, current, target, detail or error)
+        return self.get(sandbox_id)
+
+    def record_error(self, sandbox_id: str, error: str | None) -> None:
+        """Note a failure that did not change the state (e.g. a suspend that was rolled back)."""
+        self.db.execute("UPDATE sandboxes SET error = ?, updated_at = ? WHERE id = ?", (error, time.time(), sandbox_id))
+
+    def touch_at(self, sandbox_id: str, when: float) -> None:
+        self.db.execute("UPDATE sandboxes SET last_activity = ? WHERE id = ?", (when, sandbox_id))
+
+    def _journal(
+        self, sandbox_id: str, current: SandboxStatus | None, target: SandboxStatus, detail: str | None
+    ) -> None:
+        self.db.execute(
+            "INSERT INTO transitions (sandbox_id, at, phase, from_status, to_status, detail) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                sandbox_id,
+                time.time(),
+                phase(target),
+                current.value if current else None,
+                target.value,
+                detail,
+            ),
+        )
+
+
+def _info(row: sqlite3.Row) -> SandboxInfo:
+    return SandboxInfo(
+        id=row["id"],
+        name=row["name"],
+        status=SandboxStatus(row["status"]),
+        spec=SandboxSpec.model_validate_json(row["spec"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        last_activity=row["last_activity"],
+        error=row["error"],
+        backend=json.loads(row["backend_state"]),
+        last_suspend_seconds=row["last_suspend_seconds"],
+        last_resume_seconds=row["last_resume_seconds"],
+    )

@@ -1,0 +1,145 @@
+"""The one exception hierarchy, shared by the daemon and the SDK.
+
+    StasisError
+    ├── InvalidRequest (ValueError)          400  fix the request: a bad name, spec, path or signal
+    ├── NotFound (LookupError)               404
+    │   ├── SandboxNotFound
+    │   ├── ImageNotFound
+    │   ├── ProcessNotFound
+    │   └── FileNotFound (FileNotFoundError)
+    ├── FileError (OSError)                  400  the path exists but is the wrong kind of thing
+    ├── Conflict                             409
+    │   ├── NameTaken
+    │   └── StateError                           the sandbox is in the wrong state for this
+    ├── BackendError                         500  runsc/QEMU failed; the message has its output
+    │   └── StartupError
+    ├── GuestError                           502  the agent inside the sandbox failed
+    │   ├── GuestDisconnected (ConnectionError)
+    │   └── GuestTimeout (TimeoutError)
+    └── DaemonUnavailable (ConnectionError)  503  the SDK could not reach or start the daemon
+
+Over HTTP an error travels as ``{"type": ..., "message": ..., "details": {...}}`` with
+the status code above; the SDK turns it back into the class named by ``type``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class StasisError(Exception):
+    status_code: ClassVar[int] = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"type": type(self).__name__, "message": self.message, "details": self.details}
+
+
+class InvalidRequest(StasisError, ValueError):
+    status_code = 400
+
+
+class NotFound(StasisError, LookupError):
+    status_code = 404
+
+
+class SandboxNotFound(NotFound):
+    pass
+
+
+class ImageNotFound(NotFound):
+    pass
+
+
+class ProcessNotFound(NotFound):
+    pass
+
+
+class FileNotFound(NotFound, FileNotFoundError):
+    pass
+
+
+class FileError(StasisError, OSError):
+    status_code = 400
+
+
+class Conflict(StasisError):
+    status_code = 409
+
+
+class NameTaken(Conflict):
+    pass
+
+
+class StateError(Conflict):
+    pass
+
+
+class BackendError(StasisError):
+    status_code = 500
+
+
+class StartupError(BackendError):
+    pass
+
+
+class GuestError(StasisError):
+    status_code = 502
+
+
+class GuestDisconnected(GuestError, ConnectionError):
+    pass
+
+
+class GuestTimeout(GuestError, TimeoutError):
+    pass
+
+
+class DaemonUnavailable(StasisError, ConnectionError):
+    status_code = 503
+
+
+def _all_subclasses(cls: type[StasisError]) -> dict[str, type[StasisError]]:
+    found = {cls.__name__: cls}
+    for sub in cls.__subclasses__():
+        found.update(_all_subclasses(sub))
+    return found
+
+
+ERROR_TYPES: dict[str, type[StasisError]] = _all_subclasses(StasisError)
+
+
+def error_from_payload(payload: dict[str, Any], status_code: int) -> StasisError:
+    """Rebuild an error sent by the daemon; unknown types become the base class."""
+    cls = ERROR_TYPES.get(str(payload.get("type")), StasisError)
+    details = payload.get("details") or {}
+    error = cls(str(payload.get("message") or f"daemon answered HTTP {status_code}"), **details)
+    return error
+
+
+# What the guest agent reports, mapped onto the hierarchy.
+_GUEST_ERRORS: dict[str, type[StasisError]] = {
+    "FileNotFoundError": FileNotFound,
+    "IsADirectoryError": FileError,
+    "NotADirectoryError": FileError,
+    "FileExistsError": FileError,
+    "PermissionError": FileError,
+    "OSError": FileError,
+    "ProcessNotFound": ProcessNotFound,
+    "ProcessExited": StateError,
+    "ValueError": InvalidRequest,
+    "CommandNotFound": InvalidRequest,
+}
+
+
+def error_from_guest(error: dict[str, Any]) -> StasisError:
+    kind = str(error.get("type", "AgentError"))
+    cls = _GUEST_ERRORS.get(kind, GuestError)
+    return cls(str(error.get("message", kind)), guest_error=kind)

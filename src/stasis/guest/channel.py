@@ -1,0 +1,167 @@
+"""Host side of the guest protocol: JSON-lines RPC with the agent over a byte stream.
+
+One reader task matches replies to waiting callers by request id. Replies nobody
+waits for (left in the pipe by a previous daemon, or for a caller that gave up)
+are dropped. When the stream closes every waiter gets ``GuestDisconnected``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from ..errors import GuestDisconnected, GuestTimeout, error_from_guest
+
+log = logging.getLogger(__name__)
+
+STREAM_LIMIT = 64 << 20  # longest reply line (a 4 MiB chunk is ~5.6 MB of base64)
+
+
+def b64encode(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64decode(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+class GuestChannel:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: _PipeWriter,
+        label: str,
+        read_transport: asyncio.BaseTransport | None = None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._read_transport = read_transport
+        self._label = label
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._prefix = secrets.token_hex(4)  # ids never collide with a previous daemon's
+        self._closed = False
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_replies())
+
+    @classmethod
+    async def open_fifos(cls, to_guest: Path, from_guest: Path, label: str) -> GuestChannel:
+        """Open our own ends of the FIFO pair (O_RDWR: never EOF, never blocks on open)."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        read_file = os.fdopen(os.open(from_guest, os.O_RDWR | os.O_CLOEXEC), "rb", buffering=0)
+        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), read_file)
+        writer = _PipeWriter(os.open(to_guest, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK))
+        return cls(reader, writer, label, read_transport)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def call(self, op: str, args: dict[str, Any] | None = None, timeout: float | None = 30.0) -> Any:
+        """Send one request and wait for its reply; raise the mapped error if the agent failed."""
+        if self._closed:
+            raise GuestDisconnected(f"channel to {self._label} is closed")
+        req_id = f"{self._prefix}-{next(self._ids)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = future
+        line = json.dumps({"id": req_id, "op": op, "args": args or {}}, separators=(",", ":")) + "\n"
+        try:
+            await self._writer.write(line.encode())
+            reply = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise GuestTimeout(
+                f"the agent in {self._label} did not answer {op!r} within {timeout:.0f}s", op=op
+            ) from None
+        finally:
+            self._pending.pop(req_id, None)
+        if not reply.get("ok"):
+            raise error_from_guest(reply.get("error") or {})
+        return reply.get("result")
+
+    async def wait_ready(self, timeout: float) -> dict[str, Any]:
+        """Poll ``health`` until the agent answers (it may still be starting)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                return await self.call("health", timeout=max(0.05, min(1.0, deadline - loop.time())))
+            except GuestTimeout:
+                if loop.time() >= deadline:
+                    raise GuestTimeout(f"the agent in {self._label} did not start within {timeout:.0f}s") from None
+
+    async def _read_replies(self) -> None:
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                try:
+                    reply = json.loads(line)
+                except ValueError:
+                    log.warning("%s: unparseable line from agent: %.200r", self._label, line)
+                    continue
+                future = self._pending.get(str(reply.get("id")))
+                if future is not None and not future.done():
+                    future.set_result(reply)
+        except (OSError, ValueError, asyncio.LimitOverrunError) as exc:
+            log.warning("%s: channel read failed: %s", self._label, exc)
+        finally:
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        self._closed = True
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(GuestDisconnected(f"lost the connection to the agent in {self._label}"))
+
+    async def close(self) -> None:
+        if self._reader_task.done() and self._closed:
+            return
+        self._writer.close()
+        if self._read_transport is not None:
+            self._read_transport.close()
+        self._reader_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader_task
+        self._fail_pending()
+
+
+class _PipeWriter:
+    """Non-blocking writes to our end of a FIFO.
+
+    asyncio's write-pipe transport treats a readable fd as "peer closed"; our FIFO
+    end is opened O_RDWR (so it never sees EOF) and is readable whenever a request
+    waits in it, so that transport would close itself. This writer only writes.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = asyncio.Lock()
+
+    async def write(self, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        async with self._lock:  # one request's bytes are never interleaved with another's
+            while view:
+                try:
+                    view = view[os.write(self._fd, view) :]
+                except BlockingIOError:
+                    writable = loop.create_future()
+                    loop.add_writer(self._fd, writable.set_result, None)
+                    try:
+                        await writable
+                    finally:
+                        loop.remove_writer(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

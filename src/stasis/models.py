@@ -1,0 +1,157 @@
+"""Wire models of the HTTP API, shared by the daemon and the SDK."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ID_PATTERN = re.compile(r"^sb-[0-9a-z]{12}$")
+EXEC_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def validate_name(name: str) -> str:
+    """A sandbox name: 1-63 of letters, digits, '.', '_', '-', starting with a letter or digit."""
+    if not NAME_PATTERN.fullmatch(name) or ".." in name:
+        shown = name if len(name) <= 80 else name[:80] + "..."
+        raise ValueError(
+            f"invalid sandbox name {shown!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (no '/', '..', spaces or control characters)"
+        )
+    if ID_PATTERN.fullmatch(name):
+        raise ValueError(f"invalid sandbox name {name!r}: names of the form sb-xxxxxxxxxxxx are reserved for ids")
+    return name
+
+
+class SandboxStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDING = "suspending"
+    SUSPENDED = "suspended"
+    RESUMING = "resuming"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SandboxSpec(_Strict):
+    image: str = "default"
+    backend: Literal["gvisor"] = "gvisor"
+    cpus: float = Field(1.0, gt=0, le=64)
+    memory_mb: int = Field(1024, ge=128, le=262144)
+    network: bool = False
+    timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
+    on_idle: Literal["suspend", "terminate"] | None = None
+
+
+class CreateSandboxRequest(SandboxSpec):
+    name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str | None) -> str | None:
+        return None if name is None else validate_name(name)
+
+
+class SandboxInfo(BaseModel):
+    id: str
+    name: str | None
+    status: SandboxStatus
+    spec: SandboxSpec
+    created_at: float
+    updated_at: float
+    last_activity: float
+    error: str | None = None
+    backend: dict[str, Any] = Field(default_factory=dict)
+    last_suspend_seconds: float | None = None
+    last_resume_seconds: float | None = None
+
+
+class RunRequest(_Strict):
+    cmd: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    timeout: float | None = Field(None, gt=0)
+    max_output: int = Field(1 << 20, ge=1, le=64 << 20)
+    exec_id: str | None = Field(None, description="idempotency key: a known id reattaches to that run")
+    stdin_b64: str | None = None
+
+    @field_validator("exec_id")
+    @classmethod
+    def _valid_exec_id(cls, exec_id: str | None) -> str | None:
+        if exec_id is not None and not EXEC_ID_PATTERN.fullmatch(exec_id):
+            raise ValueError("exec_id must be 1-128 letters, digits, '.', '_', ':' or '-'")
+        return exec_id
+
+
+class RunResult(BaseModel):
+    exec_id: str
+    exit_code: int
+    stdout_b64: str
+    stderr_b64: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    duration: float
+
+
+class StartProcessRequest(_Strict):
+    cmd: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    name: str | None = None
+    stdin: bool = False
+
+
+class ProcessInfo(BaseModel):
+    id: str
+    pid: int
+    name: str | None
+    cmd: list[str]
+    status: Literal["running", "exited"]
+    exit_code: int | None
+    started_at: float
+    finished_at: float | None
+    stdout_bytes: int
+    stderr_bytes: int
+
+
+class ProcessOutput(BaseModel):
+    data_b64: str
+    offset: int
+    next_offset: int
+    lost: int
+    eof: bool
+    exit_code: int | None
+
+
+class SignalRequest(_Strict):
+    signal: str = "SIGTERM"
+
+
+class StdinRequest(_Strict):
+    data_b64: str = ""
+    close: bool = False
+
+
+class FileEntry(BaseModel):
+    name: str
+    path: str
+    type: Literal["file", "directory", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+
+
+class DaemonInfo(BaseModel):
+    version: str
+    pid: int
+    home: str
+    backends: dict[str, dict[str, Any]]

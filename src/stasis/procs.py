@@ -1,0 +1,129 @@
+"""Running host commands (runsc, qemu-img, ...) from the daemon, and reaping what they leave.
+
+``runsc run -detach`` forks a sandbox and exits; the orphaned sandbox is
+re-parented to the nearest *subreaper*. If that is the host's init, it may reap
+slowly (here: 1-2 s), and ``runsc delete`` waits for it. So the process that
+drives runsc makes itself a child subreaper and reaps every child in one thread
+with ``waitpid(-1)``, handing each exit status to whoever started that pid.
+
+Nothing else in such a process may wait for children (``subprocess.run``,
+asyncio subprocesses): use :func:`run` and :func:`spawn` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass
+class Completed:
+    argv: list[str]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def output(self) -> str:
+        return (self.stderr or self.stdout).decode(errors="replace").strip()
+
+
+class _Reaper:
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._waiters: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]] = {}
+        self._started = False
+
+    def _start(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            log.warning("could not become a child subreaper (errno %d)", ctypes.get_errno())
+        threading.Thread(target=self._reap_forever, name="child-reaper", daemon=True).start()
+        self._started = True
+
+    def _reap_forever(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                with self._lock:
+                    self._lock.wait(1.0)
+                continue
+            with self._lock:
+                waiter = self._waiters.pop(pid, None)
+            if waiter is not None:
+                loop, future = waiter
+                code = os.waitstatus_to_exitcode(status)
+                loop.call_soon_threadsafe(_resolve, future, code)
+
+    def spawn(self, argv: Sequence[str], **popen_kwargs: Any) -> tuple[subprocess.Popen, asyncio.Future[int]]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        with self._lock:  # the reaper cannot dispatch this pid before it is registered
+            if not self._started:
+                self._start()
+            proc = subprocess.Popen(list(argv), **popen_kwargs)
+            self._waiters[proc.pid] = (loop, future)
+            self._lock.notify_all()
+        proc.returncode = 0  # never let Popen call waitpid itself: the reaper owns that
+        return proc, future
+
+
+def _resolve(future: asyncio.Future[int], code: int) -> None:
+    if not future.done():
+        future.set_result(code)
+
+
+_reaper = _Reaper()
+
+
+def spawn(argv: Sequence[str], **popen_kwargs: Any) -> tuple[subprocess.Popen, asyncio.Future[int]]:
+    """Start a process; the future resolves to its exit code (negative: killed by that signal)."""
+    return _reaper.spawn(argv, close_fds=True, **popen_kwargs)
+
+
+async def run(
+    argv: Sequence[str],
+    *,
+    stdin: int | IO[Any] | None = subprocess.DEVNULL,
+    stdout: int | IO[Any] | None = subprocess.PIPE,
+    stderr: int | IO[Any] | None = subprocess.PIPE,
+    pass_fds: Sequence[int] = (),
+    timeout: float | None = None,
+) -> Completed:
+    """Run a command to completion without blocking the event loop."""
+    proc, exited = spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=tuple(pass_fds))
+    loop = asyncio.get_running_loop()
+    reads = [
+        loop.run_in_executor(None, pipe.read) if pipe is not None else _empty() for pipe in (proc.stdout, proc.stderr)
+    ]
+    try:
+        out, err = await asyncio.wait_for(asyncio.gather(*reads), timeout)
+        code = await asyncio.wait_for(exited, timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        await exited
+        raise
+    finally:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    return Completed(list(argv), code, out, err)
+
+
+async def _empty() -> bytes:
+    return b""

@@ -1,0 +1,55 @@
+"""The stasis Python SDK."""
+
+from ..errors import (
+    BackendError,
+    Conflict,
+    DaemonUnavailable,
+    FileError,
+    FileNotFound,
+    GuestDisconnected,
+    GuestError,
+    GuestTimeout,
+    ImageNotFound,
+    InvalidRequest,
+    NameTaken,
+    NotFound,
+    ProcessNotFound,
+    SandboxNotFound,
+    StartupError,
+    StasisError,
+    StateError,
+)
+from ..models import FileEntry, ProcessInfo, ProcessOutput, SandboxInfo, SandboxSpec, SandboxStatus
+from ._client import AsyncClient, Client
+from ._sandbox import AsyncSandbox, CommandResult, Sandbox
+
+__all__ = [
+    "AsyncClient",
+    "AsyncSandbox",
+    "BackendError",
+    "Client",
+    "CommandResult",
+    "Conflict",
+    "DaemonUnavailable",
+    "FileEntry",
+    "FileError",
+    "FileNotFound",
+    "GuestDisconnected",
+    "GuestError",
+    "GuestTimeout",
+    "ImageNotFound",
+    "InvalidRequest",
+    "NameTaken",
+    "NotFound",
+    "ProcessInfo",
+    "ProcessNotFound",
+    "ProcessOutput",
+    "Sandbox",
+    "SandboxInfo",
+    "SandboxNotFound",
+    "SandboxSpec",
+    "SandboxStatus",
+    "StartupError",
+    "StasisError",
+    "StateError",
+]
