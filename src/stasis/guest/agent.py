@@ -25,6 +25,7 @@ import base64
 import contextlib
 import json
 import os
+import select
 import signal
 import stat
 import sys
@@ -32,6 +33,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 VERSION = 1
@@ -174,7 +176,7 @@ class ProcessTable:
         env.update(args.get("env") or {})
         cwd = args.get("cwd") or env.get("HOME", "/")
         if not os.path.isdir(cwd):
-            raise RequestError("NotADirectoryError", f"working directory {cwd!r} does not exist in the sandbox")
+            raise RequestError("ValueError", f"working directory {cwd!r} does not exist in the sandbox")
         with self.lock:
             self.counter += 1
             proc_id = proc_id or f"p-{self.counter}"
@@ -307,10 +309,37 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"), validate=True)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte. The runtime may hand us a non-blocking pipe: short writes and EAGAIN happen."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [], 0.05)
+
+
+def read_lines(fd: int) -> Iterator[bytes]:
+    """Lines from a byte stream that may be non-blocking and never ends."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            select.select([fd], [], [], 1.0)
+            continue
+        if not chunk:  # the host end is held open; EOF only if the runtime is going away
+            time.sleep(0.1)
+            continue
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield from lines
+
+
 class Agent:
-    def __init__(self, reader: BinaryIO, writer: BinaryIO) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, reader_fd: int, writer_fd: int) -> None:
+        self.reader_fd = reader_fd
+        self.writer_fd = writer_fd
         self.write_lock = threading.Lock()
         self.procs = ProcessTable()
         self.started_at = time.time()
@@ -318,12 +347,9 @@ class Agent:
     # -- plumbing
 
     def serve(self) -> None:
-        while True:
-            line = self.reader.readline()
-            if not line:  # the host end is held open; EOF only if the runtime is gone
-                time.sleep(0.1)
-                continue
-            threading.Thread(target=self.handle, args=(line,), daemon=True).start()
+        for line in read_lines(self.reader_fd):
+            if line.strip():
+                threading.Thread(target=self.handle, args=(line,), daemon=True).start()
 
     def handle(self, line: bytes) -> None:
         req_id: Any = None
@@ -344,8 +370,7 @@ class Agent:
             reply = {"id": req_id, "ok": False, "error": {"type": "AgentError", "message": repr(exc)}}
         data = json.dumps(reply, separators=(",", ":")).encode() + b"\n"
         with self.write_lock:
-            self.writer.write(data)
-            self.writer.flush()
+            write_all(self.writer_fd, data)
 
     # -- health and lifecycle
 
@@ -603,7 +628,7 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # pid 1 stays up until the runtime stops the sandbox
     os.chdir("/")
-    Agent(sys.stdin.buffer, sys.stdout.buffer).serve()
+    Agent(sys.stdin.fileno(), sys.stdout.fileno()).serve()
 
 
 if __name__ == "__main__":

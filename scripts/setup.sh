@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install what stasis needs on a Debian/Ubuntu host, idempotently and quickly when already done:
+# system packages (runsc, mmdebstrap, ...), the virtualenv, and the default image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+
+need_apt=()
+for tool in runsc mmdebstrap tmux mkfs.ext4; do
+  command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
+done
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  say "installing system packages (missing: ${need_apt[*]})"
+  # runsc from bookworm-backports has --platform=systrap and faster checkpoints; add that suite,
+  # reusing the mirror this host already uses.
+  if grep -qs 'bookworm' /etc/os-release && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    mirror=$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | grep -v security | head -n1 | awk '{print $2}')
+    [ -n "$mirror" ] || mirror=$(grep -hs '^deb ' /etc/apt/sources.list | grep -v security | head -n1 | awk '{print $2}')
+    if [ -n "$mirror" ]; then
+      printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+        "$mirror" | $SUDO tee /etc/apt/sources.list.d/stasis-backports.sources >/dev/null
+    fi
+  fi
+  $SUDO apt-get update -qq
+  if ! command -v runsc >/dev/null 2>&1; then
+    $SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports runsc >/dev/null 2>&1 \
+      || $SUDO apt-get install -y -qq --no-install-recommends runsc >/dev/null
+  fi
+  $SUDO apt-get install -y -qq --no-install-recommends mmdebstrap tmux e2fsprogs uidmap ca-certificates >/dev/null
+fi
+say "runsc: $(runsc --version | head -n1)"
+
+stamp=.venv/.stasis-installed
+if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "creating .venv with stasis and its dev dependencies"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+
+say "default image"
+.venv/bin/stasis image build default

@@ -1,0 +1,184 @@
+"""Fixtures: a real daemon on a real unix socket, over a temporary STASIS_HOME.
+
+Images are shared with the user's cache (built by `make setup`) through
+STASIS_IMAGE_DIR, so tests do not rebuild a 500 MB root filesystem.
+The session ends by checking that nothing leaked: no runsc process, no mount
+and no directory of the test homes survives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stasis import Client, Sandbox
+from stasis.paths import Paths, default_home
+
+IMAGE_DIR = Path(os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images")
+TEST_ROOT = Path(tempfile.gettempdir()) / f"stasis-tests-{os.getpid()}"
+
+
+class Daemon:
+    """A `stasis serve` process we started, by pid, and can kill and restart."""
+
+    def __init__(self, home: Path) -> None:
+        self.paths = Paths(home=home, images=IMAGE_DIR)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "STASIS_KILL_POINT"}
+        return {**env, "STASIS_HOME": str(self.paths.home), "STASIS_IMAGE_DIR": str(self.paths.images)}
+
+    def start(self, **extra_env: str) -> Daemon:
+        """Start (or restart) the daemon; ``extra_env`` (e.g. STASIS_KILL_POINT) applies to this run only."""
+        env = {**self.env, **extra_env}
+        self.paths.home.mkdir(parents=True, exist_ok=True)
+        log = open(self.paths.home / "daemon-test.log", "ab")  # noqa: SIM115 - the daemon keeps writing to it
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stasis", "serve", "--log-level", "DEBUG"],
+            env=env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        transport = httpx.HTTPTransport(uds=str(self.paths.socket))
+        with httpx.Client(transport=transport, base_url="http://stasis") as http:
+            while True:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited with {self.proc.returncode}; see {self.paths.home}/daemon-test.log")
+                try:
+                    http.get("/v1/health", timeout=30).raise_for_status()
+                    return
+                except httpx.TransportError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def client(self) -> Client:
+        return Client(paths=self.paths)
+
+    def log(self) -> str:
+        return (self.paths.home / "daemon-test.log").read_text(errors="replace")
+
+
+def terminate_all(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        for info in Sandbox.list(client=client):
+            Sandbox(info, client).terminate()
+
+
+def runsc_processes_under(home: Path) -> list[str]:
+    """Command lines of runsc processes whose state lives under ``home``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "runsc" in cmdline and str(home) in cmdline:
+            found.append(f"{entry}: {cmdline[:200]}")
+    return found
+
+
+def mounts_under(home: Path) -> list[str]:
+    with open("/proc/self/mounts") as mounts:
+        return [line.split()[1] for line in mounts if line.split()[1].startswith(str(home))]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leak_check() -> Iterator[None]:
+    if not any(IMAGE_DIR.glob("default-*/image.json")):
+        pytest.exit(f"the default image is not built in {IMAGE_DIR}; run `make setup` first", returncode=2)
+    TEST_ROOT.mkdir(parents=True, exist_ok=True)
+    yield
+    leaked_processes = runsc_processes_under(TEST_ROOT)
+    leaked_mounts = mounts_under(TEST_ROOT)
+    leftover = [str(p) for p in TEST_ROOT.glob("*/sandboxes/*")]
+    shutil.rmtree(TEST_ROOT, ignore_errors=True)
+    assert not leaked_processes, f"runsc processes leaked: {leaked_processes}"
+    assert not leaked_mounts, f"mounts leaked: {leaked_mounts}"
+    assert not leftover, f"sandbox directories leaked: {leftover}"
+    assert not TEST_ROOT.exists(), f"{TEST_ROOT} could not be removed"
+
+
+def new_home(name: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=TEST_ROOT))
+
+
+@pytest.fixture(scope="session")
+def daemon() -> Iterator[Daemon]:
+    """One daemon shared by the tests that do not kill it."""
+    d = Daemon(new_home("shared")).start()
+    yield d
+    terminate_all(d)
+    d.stop()
+
+
+@pytest.fixture
+def own_daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """A daemon of the test's own, on its own home: the test may kill and restart it."""
+    d = Daemon(new_home(request.node.name[:40].replace("/", "_")))
+    yield d
+    if d.proc is not None and d.proc.poll() is not None:
+        d.start()  # a killed daemon recovers first, so that everything can be removed cleanly
+    if d.proc is not None:
+        terminate_all(d)
+        d.stop()
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[Client]:
+    with daemon.client() as c:
+        yield c
+
+
+@pytest.fixture
+def sandbox(client: Client, request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    sbx = Sandbox.create(client=client, memory_mb=512)
+    yield sbx
+    sbx.terminate()
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
