@@ -63,7 +63,9 @@ class Daemon:
             while True:
                 assert self.proc is not None
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"daemon exited with {self.proc.returncode}; see {self.paths.home}/daemon-test.log")
+                    raise RuntimeError(
+                        f"daemon exited with {self.proc.returncode}; see {self.paths.home}/daemon-test.log"
+                    )
                 try:
                     http.get("/v1/health", timeout=30).raise_for_status()
                     return
@@ -110,7 +112,7 @@ def runsc_processes_under(home: Path) -> list[str]:
         except OSError:
             continue
         if "runsc" in cmdline and str(home) in cmdline:
-            found.append(f"{entry}: {cmdline[:200]}")
+            found.append(f"{entry}: {cmdline}")
     return found
 
 
@@ -128,6 +130,9 @@ def leak_check() -> Iterator[None]:
     leaked_processes = runsc_processes_under(TEST_ROOT)
     leaked_mounts = mounts_under(TEST_ROOT)
     leftover = [str(p) for p in TEST_ROOT.glob("*/sandboxes/*")]
+    leftover += [str(p) for home in TEST_ROOT.iterdir() for p in Paths(home, IMAGE_DIR).runsc_root.glob("*")]
+    for home in TEST_ROOT.iterdir():
+        shutil.rmtree(Paths(home, IMAGE_DIR).runtime, ignore_errors=True)
     shutil.rmtree(TEST_ROOT, ignore_errors=True)
     assert not leaked_processes, f"runsc processes leaked: {leaked_processes}"
     assert not leaked_mounts, f"mounts leaked: {leaked_mounts}"

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InvalidRequest
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ID_PATTERN = re.compile(r"^sb-[0-9a-z]{12}$")
@@ -24,6 +28,24 @@ def validate_name(name: str) -> str:
     if ID_PATTERN.fullmatch(name):
         raise ValueError(f"invalid sandbox name {name!r}: names of the form sb-xxxxxxxxxxxx are reserved for ids")
     return name
+
+
+def describe_validation_errors(errors: list[Any]) -> str:
+    """pydantic's error list as one readable sentence: 'name: invalid sandbox name ...; cpus: ...'."""
+    problems = []
+    for err in errors:
+        where = ".".join(str(part) for part in err.get("loc", ()) if part != "body")
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems) or "invalid request"
+
+
+def build(model: type[ModelT], **fields: Any) -> ModelT:
+    """Validate client-side, raising the same InvalidRequest the daemon would send."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise InvalidRequest(describe_validation_errors(exc.errors())) from None
 
 
 class SandboxStatus(StrEnum):

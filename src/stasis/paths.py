@@ -9,6 +9,7 @@ $STASIS_HOME/
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +56,22 @@ class Paths:
         return self.home / "sandboxes"
 
     @property
+    def runtime(self) -> Path:
+        """Per-boot state (runsc's container records): on tmpfs, so a host reboot clears it.
+
+        Kept short on purpose: runsc puts unix sockets below it, and those paths are
+        limited to 108 bytes, which a deep STASIS_HOME would exceed.
+        """
+        digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
+        base = Path("/run") if os.access("/run", os.W_OK) else Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
+        return base / "stasis" / digest
+
+    @property
     def runsc_root(self) -> Path:
-        return self.home / "run" / "runsc"
+        return self.runtime / "runsc"
 
     def ensure(self) -> None:
         for directory in (self.home, self.sandboxes, self.images, self.runsc_root):
             directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.home, 0o700)
+        os.chmod(self.runtime, 0o700)

@@ -20,7 +20,9 @@ report()
 while True:
     time.sleep(1)
 """
-COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /root/counter.tmp; mv /root/counter.tmp /root/counter; sleep 0.1; done"
+COUNTER = (
+    "i=0; while :; do i=$((i+1)); echo $i > /root/counter.tmp; mv /root/counter.tmp /root/counter; sleep 0.1; done"
+)
 
 
 def holder_report(sbx: Sandbox, pid: int | None = None) -> dict:
@@ -40,7 +42,7 @@ def test_processes_memory_and_files_survive_a_daemon_kill(own_daemon: Daemon) ->
     sbx = Sandbox.create("survivor", memory_mb=1024, client=client)
 
     sbx.write_file("/root/holder.py", HOLDER)
-    holder = sbx.start_process("python3 /root/holder.py", name="holder")
+    holder = sbx.start_process(["python3", "/root/holder.py"], name="holder")
     counting = sbx.start_process(COUNTER, name="counter")
     sbx.run("tmux new-session -d -s work -x 120 -y 30 && tmux send-keys -t work 'echo marker-$((6*7))' Enter")
     before = holder_report(sbx)
@@ -98,7 +100,9 @@ def test_suspended_sandbox_has_no_process_on_the_host(daemon: Daemon) -> None:
 def test_repeated_suspend_resume_keeps_state(daemon: Daemon) -> None:
     with daemon.client() as client:
         sbx = Sandbox.create(client=client, memory_mb=256)
-        proc = sbx.start_process("python3 -c 'import time\nn=0\nwhile True:\n n+=1; open(\"/root/n\",\"w\").write(str(n)); time.sleep(0.05)'")
+        proc = sbx.start_process(
+            'python3 -c \'import time\nn=0\nwhile True:\n n+=1; open("/root/n","w").write(str(n)); time.sleep(0.05)\''
+        )
         wait_until(lambda: sbx.run("test -s /root/n").exit_code == 0)
         last = 0
         for cycle in range(5):

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from ..paths import Paths
 from .base import Backend, BoxRef, HostState
 
 
-def create_backend(name: str, home: Path) -> Backend:
+def create_backend(name: str, paths: Paths) -> Backend:
     if name == "gvisor":
         from .gvisor import GvisorBackend  # lazy: a backend's dependencies load only when chosen
 
-        return GvisorBackend(home)
+        return GvisorBackend(paths)
     raise ValueError(f"unknown backend {name!r}")
 
 

@@ -27,6 +27,7 @@ from ..models import (
     SignalRequest,
     StartProcessRequest,
     StdinRequest,
+    describe_validation_errors,
 )
 from ..paths import Paths
 from .service import SandboxService
@@ -67,11 +68,7 @@ def create_app(paths: Paths, token: str | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(part) for part in err.get("loc", ()) if part != "body")
-            problems.append(f"{where}: {err.get('msg', 'invalid')}".removeprefix(": ").removeprefix("Value error, "))
-        return _error(InvalidRequest("; ".join(problems) or "invalid request"))
+        return _error(InvalidRequest(describe_validation_errors(list(exc.errors()))))
 
     # -------------------------------------------------------- daemon
 

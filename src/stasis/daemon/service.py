@@ -72,7 +72,7 @@ class SandboxService:
     # ------------------------------------------------------------ start-up and shutdown
 
     async def start(self) -> None:
-        backend = create_backend("gvisor", self.paths.home)
+        backend = create_backend("gvisor", self.paths)
         await backend.initialize()
         self.backends[backend.name] = backend
         await self.recover()

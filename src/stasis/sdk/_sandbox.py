@@ -19,6 +19,7 @@ from ..models import (
     SandboxInfo,
     SandboxStatus,
     StartProcessRequest,
+    build,
 )
 from ._client import AsyncClient, Client
 
@@ -83,7 +84,8 @@ def run_body(
     exec_id: str | None,
     stdin: bytes | str | None,
 ) -> dict[str, Any]:
-    request = RunRequest(
+    request = build(
+        RunRequest,
         cmd=command_argv(command, args),
         env=env or {},
         cwd=working_dir,
@@ -95,14 +97,25 @@ def run_body(
     return request.model_dump(exclude_none=True)
 
 
+def process_body(
+    command: str | list[str],
+    args: list[str] | None,
+    env: dict[str, str] | None,
+    working_dir: str | None,
+    name: str | None,
+    stdin: bool,
+) -> dict[str, Any]:
+    cmd = command_argv(command, args)
+    return build(StartProcessRequest, cmd=cmd, env=env or {}, cwd=working_dir, name=name, stdin=stdin).model_dump()
+
+
 def _bytes(data: bytes | str) -> bytes:
     return data.encode() if isinstance(data, str) else data
 
 
 def create_body(name: str | None, **spec: Any) -> dict[str, Any]:
-    return CreateSandboxRequest(name=name, **{k: v for k, v in spec.items() if v is not None}).model_dump(
-        exclude_none=True
-    )
+    fields = {k: v for k, v in spec.items() if v is not None}
+    return build(CreateSandboxRequest, name=name, **fields).model_dump(exclude_none=True)
 
 
 class _SandboxBase:
@@ -220,9 +233,7 @@ class Sandbox(_SandboxBase):
         name: str | None = None,
         stdin: bool = False,
     ) -> ProcessInfo:
-        body = StartProcessRequest(
-            cmd=command_argv(command, args), env=env or {}, cwd=working_dir, name=name, stdin=stdin
-        ).model_dump()
+        body = process_body(command, args, env, working_dir, name, stdin)
         return ProcessInfo.model_validate(self._client.json("POST", f"{self._base}/processes", json=body))
 
     def list_processes(self) -> list[ProcessInfo]:
@@ -368,9 +379,7 @@ class AsyncSandbox(_SandboxBase):
         name: str | None = None,
         stdin: bool = False,
     ) -> ProcessInfo:
-        body = StartProcessRequest(
-            cmd=command_argv(command, args), env=env or {}, cwd=working_dir, name=name, stdin=stdin
-        ).model_dump()
+        body = process_body(command, args, env, working_dir, name, stdin)
         return ProcessInfo.model_validate(await self._client.json("POST", f"{self._base}/processes", json=body))
 
     async def list_processes(self) -> list[ProcessInfo]:

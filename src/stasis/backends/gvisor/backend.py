@@ -28,6 +28,7 @@ from ... import faults
 from ...errors import BackendError, StartupError, StateError
 from ...fsutil import atomic_write, fsync_dir, fsync_tree
 from ...guest.channel import GuestChannel
+from ...paths import Paths
 from ..base import BoxRef, HostState
 from . import mounts
 from .bundle import AGENT_PATH, oci_config
@@ -42,18 +43,18 @@ READY_TIMEOUT = 30.0
 class GvisorBackend:
     name = "gvisor"
 
-    def __init__(self, home: Path) -> None:
-        self.home = home
+    def __init__(self, paths: Paths) -> None:
+        self.paths = paths
         self.binary = find_runsc()
         self.version = "unknown"
         self.platform = "unknown"
         self.platform_reason = ""
-        self.runsc = Runsc(self.binary, home / "run" / "runsc", "ptrace")
+        self.runsc = Runsc(self.binary, paths.runsc_root, "ptrace")
 
     async def initialize(self) -> None:
         self.version = await runsc_version(self.binary)
-        self.platform, self.platform_reason = await choose_platform(self.binary, self.version, self.home / "run")
-        self.runsc = Runsc(self.binary, self.home / "run" / "runsc", self.platform)
+        self.platform, self.platform_reason = await choose_platform(self.binary, self.version, self.paths.home)
+        self.runsc = Runsc(self.binary, self.paths.runsc_root, self.platform)
         self.runsc.root.mkdir(parents=True, exist_ok=True)
 
     def describe(self) -> dict[str, Any]:
@@ -127,7 +128,8 @@ class GvisorBackend:
         try:
             await runsc.call(*args, stdin=stdin, stdout=stdout, stderr=console)
         except BackendError as exc:
-            raise StartupError(f"{exc}; see {p['console']}") from exc
+            tail = p["console"].read_text(errors="replace").strip().splitlines()[-3:]
+            raise StartupError(f"{exc}{' '.join(tail)} (log: {p['console']})") from exc
         finally:
             for fd in (stdin, stdout, console):
                 os.close(fd)

@@ -54,7 +54,7 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
     forced = os.environ.get("STASIS_RUNSC_PLATFORM")
     if forced:
         return forced, "set by STASIS_RUNSC_PLATFORM"
-    cache = cache_dir / "runsc-platform.json"
+    cache = cache_dir / "runsc-platform.json"  # a probe costs ~1 s: once per runsc build
     try:
         cached = json.loads(cache.read_text())
         if cached.get("version") == version:

@@ -1,0 +1,122 @@
+"""A daemon SIGKILLed at any step of a transition recovers: each sandbox ends where it was or where
+it was going, with processes and files intact, and nothing half-way or orphaned on the host."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stasis import DaemonUnavailable, Sandbox, SandboxStatus
+from tests.conftest import Daemon, runsc_processes_under, wait_until
+
+S = SandboxStatus
+
+SUSPEND_POINTS = [
+    "suspend.after_intent",
+    "gvisor.suspend.before_checkpoint",
+    "gvisor.suspend.after_checkpoint",
+    "gvisor.suspend.after_rename",
+    "suspend.before_outcome",
+]
+RESUME_POINTS = [
+    "resume.after_intent",
+    "gvisor.resume.before_restore",
+    "gvisor.resume.after_restore",
+    "resume.before_outcome",
+]
+CREATE_POINTS = ["create.after_intent", "create.before_outcome"]
+TERMINATE_POINTS = ["terminate.after_intent", "terminate.before_outcome"]
+
+
+def prepare(sbx: Sandbox) -> int:
+    sbx.write_file("/root/keep.txt", b"precious")
+    proc = sbx.start_process(["sh", "-c", "while :; do date +%s%N > /root/tick; sleep 0.05; done"])
+    wait_until(lambda: sbx.run("test -s /root/tick").exit_code == 0)
+    return proc.pid
+
+
+def assert_intact(sbx: Sandbox, pid: int) -> None:
+    if sbx.status == S.SUSPENDED:
+        sbx.resume()
+    assert sbx.status == S.RUNNING
+    assert sbx.read_file("/root/keep.txt") == b"precious"
+    assert str(pid) in sbx.run("ps -eo pid").stdout.split()
+    first = sbx.read_file("/root/tick")
+    wait_until(lambda: sbx.read_file("/root/tick") != first)
+
+
+def crash_during(daemon: Daemon, action) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DaemonUnavailable):
+        action()
+    assert daemon.proc is not None
+    daemon.proc.wait(timeout=60)
+    assert daemon.proc.returncode == -9, "the daemon did not reach its kill point"
+    daemon.start()
+
+
+def live_runsc(daemon: Daemon) -> set[str]:
+    """Ids of sandboxes with runsc processes on the host."""
+    return {
+        m for line in runsc_processes_under(daemon.paths.home) for m in re.findall(r"sandboxes/(sb-[0-9a-z]{12})", line)
+    }
+
+
+@pytest.mark.parametrize("point", SUSPEND_POINTS)
+def test_kill_during_suspend(own_daemon: Daemon, point: str) -> None:
+    own_daemon.start(STASIS_KILL_POINT=point)
+    sbx = Sandbox.create("victim", memory_mb=256, client=own_daemon.client())
+    pid = prepare(sbx)
+    crash_during(own_daemon, sbx.suspend)
+    sbx = Sandbox.connect("victim", client=own_daemon.client())
+    assert sbx.status in (S.RUNNING, S.SUSPENDED), f"{sbx.status} after recovery"
+    assert live_runsc(own_daemon) == ({sbx.id} if sbx.status == S.RUNNING else set())
+    assert_intact(sbx, pid)
+
+
+@pytest.mark.parametrize("point", RESUME_POINTS)
+def test_kill_during_resume(own_daemon: Daemon, point: str) -> None:
+    own_daemon.start(STASIS_KILL_POINT=point)
+    sbx = Sandbox.create("victim", memory_mb=256, client=own_daemon.client())
+    pid = prepare(sbx)
+    sbx.suspend()
+    crash_during(own_daemon, sbx.resume)
+    sbx = Sandbox.connect("victim", client=own_daemon.client())
+    assert sbx.status in (S.RUNNING, S.SUSPENDED), f"{sbx.status} after recovery"
+    assert live_runsc(own_daemon) == ({sbx.id} if sbx.status == S.RUNNING else set())
+    assert_intact(sbx, pid)
+
+
+@pytest.mark.parametrize("point", CREATE_POINTS)
+def test_kill_during_create(own_daemon: Daemon, point: str) -> None:
+    own_daemon.start(STASIS_KILL_POINT=point)
+    crash_during(own_daemon, lambda: Sandbox.create("newborn", memory_mb=256, client=own_daemon.client()))
+    client = own_daemon.client()
+    listed = Sandbox.list(client=client)
+    # A create cut off is rolled back: the name is free again and nothing runs.
+    assert listed == []
+    assert live_runsc(own_daemon) == set()
+    assert list(own_daemon.paths.sandboxes.iterdir()) == []
+    assert Sandbox.create("newborn", memory_mb=256, client=client).run("echo ok").stdout == "ok\n"
+
+
+@pytest.mark.parametrize("point", TERMINATE_POINTS)
+def test_kill_during_terminate(own_daemon: Daemon, point: str) -> None:
+    own_daemon.start(STASIS_KILL_POINT=point)
+    sbx = Sandbox.create("doomed", memory_mb=256, client=own_daemon.client())
+    crash_during(own_daemon, sbx.terminate)
+    assert Sandbox.list(client=own_daemon.client()) == []
+    assert live_runsc(own_daemon) == set()
+    assert list(own_daemon.paths.sandboxes.iterdir()) == []
+
+
+def test_unknown_runsc_containers_and_directories_are_reaped(own_daemon: Daemon) -> None:
+    own_daemon.start()
+    keep = Sandbox.create("keeper", memory_mb=256, client=own_daemon.client())
+    stray = own_daemon.paths.sandboxes / "sb-strayleftovr"
+    stray.mkdir()
+    own_daemon.kill()
+    own_daemon.start()
+    assert not stray.exists()
+    assert live_runsc(own_daemon) == {keep.id}
+    assert Sandbox.connect("keeper", client=own_daemon.client()).run("echo still").stdout == "still\n"
