@@ -104,7 +104,7 @@ def list_sandboxes(
     out.print(table if sandboxes else "no sandboxes; create one with `stasis create NAME`")
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command()
 def run(
     name: Annotated[str, typer.Argument(help="Sandbox name or id.")],
     command: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],

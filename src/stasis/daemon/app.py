@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -35,7 +35,7 @@ from .service import SandboxService
 Path_ = Annotated[str, Query(min_length=1, max_length=4096, description="path inside the sandbox")]
 
 
-def create_app(paths: Paths, token: str | None = None) -> FastAPI:
+def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     service = SandboxService(paths)
 
     @asynccontextmanager
@@ -43,6 +43,8 @@ def create_app(paths: Paths, token: str | None = None) -> FastAPI:
         await service.start()
         yield
         await service.close()
+        if on_shutdown is not None:  # uvicorn re-raises SIGTERM after this: code after run() may never run
+            on_shutdown()
 
     app = FastAPI(title="stasis", version=__version__, lifespan=lifespan)
     app.state.service = service

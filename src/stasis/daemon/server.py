@@ -71,12 +71,16 @@ def serve(paths: Paths, tcp: str | None = None, token: str | None = None, log_le
     if tcp:
         sockets.append(_tcp_socket(tcp))
     atomic_write(paths.pidfile, f"{os.getpid()}\n".encode())
-    app = create_app(paths, token=token if tcp else None)
+
+    def remove_traces() -> None:
+        paths.socket.unlink(missing_ok=True)
+        paths.pidfile.unlink(missing_ok=True)  # last: its absence means the daemon is fully gone
+
+    app = create_app(paths, token=token if tcp else None, on_shutdown=remove_traces)
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5)
     log.info("stasis daemon pid %d serving %s%s", os.getpid(), paths.socket, f" and tcp {tcp}" if tcp else "")
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:
-        paths.pidfile.unlink(missing_ok=True)
-        paths.socket.unlink(missing_ok=True)
+        remove_traces()
         os.close(lock_fd)

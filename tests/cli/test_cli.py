@@ -1,0 +1,96 @@
+"""The CLI contract other tools script against, run through Typer's runner against the real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from stasis.cli import app
+from tests.conftest import Daemon, new_home, wait_until
+
+
+@pytest.fixture
+def cli(daemon: Daemon, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("STASIS_HOME", str(daemon.paths.home))
+    monkeypatch.setenv("STASIS_IMAGE_DIR", str(daemon.paths.images))
+    runner = CliRunner()
+
+    def invoke(*args: str):  # type: ignore[no-untyped-def]
+        return runner.invoke(app, list(args), catch_exceptions=False)
+
+    return invoke
+
+
+def test_create_run_suspend_resume_info_rm(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli("create", "cli-box", "--cpus", "1", "--memory-mb", "256")
+    assert result.exit_code == 0, result.output
+    assert "created cli-box" in result.output
+
+    listed = json.loads(cli("ls", "--json").stdout)
+    assert [s["name"] for s in listed] == ["cli-box"]
+    assert listed[0]["status"] == "running"
+
+    result = cli("run", "cli-box", "--", "sh", "-c", "echo to-out; echo to-err >&2; exit 5")
+    assert result.exit_code == 5
+    assert result.stdout == "to-out\n"
+    assert result.stderr == "to-err\n"
+
+    assert cli("run", "cli-box", "--", "ls", "-d", "/root").stdout == "/root\n"  # flags after -- are the command's
+
+    assert cli("suspend", "cli-box").exit_code == 0
+    info = json.loads(cli("info", "cli-box", "--json").stdout)
+    assert info["status"] == "suspended"
+    assert info["last_suspend_seconds"] > 0
+
+    assert cli("resume", "cli-box").exit_code == 0
+    assert json.loads(cli("info", "cli-box", "--json").stdout)["status"] == "running"
+    human = cli("info", "cli-box").stdout
+    assert "platform" in human and "running" in human
+
+    assert cli("rm", "cli-box").exit_code == 0
+    assert json.loads(cli("ls", "--json").stdout) == []
+
+
+def test_run_timeout_exits_124(cli) -> None:  # type: ignore[no-untyped-def]
+    assert cli("create", "cli-timeout", "--memory-mb", "256").exit_code == 0
+    result = cli("run", "cli-timeout", "--timeout", "0.5", "--", "sleep", "30")
+    assert result.exit_code == 124
+    assert "timed out" in result.stderr
+    cli("rm", "cli-timeout")
+
+
+def test_errors_are_one_clear_line_and_exit_1(daemon: Daemon) -> None:
+    env = {**daemon.env}
+    result = subprocess.run(
+        [sys.executable, "-m", "stasis", "run", "nope", "--", "true"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: no sandbox named or with id 'nope'")
+    assert "Traceback" not in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "stasis", "create", "bad/name"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert "invalid sandbox name" in result.stderr
+
+
+def test_image_ls_lists_the_default_image(cli) -> None:  # type: ignore[no-untyped-def]
+    images = json.loads(cli("image", "ls", "--json").stdout)
+    assert "default" in {i["name"] for i in images}
+
+
+def test_cli_starts_the_daemon_when_none_runs() -> None:
+    daemon = Daemon(new_home("autostart"))
+    env = daemon.env
+    result = subprocess.run([sys.executable, "-m", "stasis", "ls", "--json"], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+    pid = int(daemon.paths.pidfile.read_text())
+    os.kill(pid, 15)
+    wait_until(lambda: not daemon.paths.pidfile.exists())
+    assert not daemon.paths.socket.exists()
