@@ -8,7 +8,7 @@ test: setup
 	.venv/bin/pytest -v -rs
 
 demo: setup
-	.venv/bin/python demo/demo.py
+	.venv/bin/python demo/demo.py $(ARGS)
 
 bench: setup
 	.venv/bin/python benchmarks/lifecycle.py

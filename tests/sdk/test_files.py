@@ -31,7 +31,7 @@ def test_text_and_relative_paths_land_in_home(sandbox: Sandbox) -> None:
 
 
 def test_missing_file_and_directory_give_clear_errors(sandbox: Sandbox) -> None:
-    with pytest.raises(FileNotFound, match="/root/missing.txt"):
+    with pytest.raises(FileNotFound, match=r"/root/missing\.txt"):
         sandbox.read_file("/root/missing.txt")
     with pytest.raises(FileError, match="is a directory"):
         sandbox.read_file("/etc")

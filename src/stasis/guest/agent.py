@@ -205,6 +205,7 @@ class ProcessTable:
                 self._finish(proc, self.early_exits.pop(popen.pid))
             else:
                 self.by_pid[popen.pid] = proc
+            self.lock.notify_all()  # wake the reaper if it idles for lack of children
         for stream, buffer in ((popen.stdout, proc.stdout), (popen.stderr, proc.stderr)):
             reader = threading.Thread(target=self._pump, args=(stream, buffer), daemon=True)
             reader.start()

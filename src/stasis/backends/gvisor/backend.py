@@ -32,12 +32,14 @@ from ...paths import Paths
 from ..base import BoxRef, HostState
 from . import mounts
 from .bundle import AGENT_PATH, oci_config
-from .runsc import Runsc, choose_platform, find_runsc, runsc_version
+from .runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags
 
 log = logging.getLogger(__name__)
 
 AGENT_SOURCE = Path(__file__).resolve().parents[2] / "guest" / "agent.py"
 READY_TIMEOUT = 30.0
+# Uncompressed and without zero pages: measured 0.67 s vs 1.45 s (flate) to suspend 200 MB of live data.
+PREFERRED_CHECKPOINT_FLAGS = ("--compression=none", "--exclude-committed-zero-pages")
 
 
 class GvisorBackend:
@@ -49,6 +51,7 @@ class GvisorBackend:
         self.version = "unknown"
         self.platform = "unknown"
         self.platform_reason = ""
+        self.checkpoint_flags: tuple[str, ...] = ()
         self.runsc = Runsc(self.binary, paths.runsc_root, "ptrace")
 
     async def initialize(self) -> None:
@@ -56,6 +59,7 @@ class GvisorBackend:
         self.platform, self.platform_reason = await choose_platform(self.binary, self.version, self.paths.home)
         self.runsc = Runsc(self.binary, self.paths.runsc_root, self.platform)
         self.runsc.root.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_flags = await supported_flags(self.binary, "checkpoint", PREFERRED_CHECKPOINT_FLAGS)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -63,6 +67,7 @@ class GvisorBackend:
             "runsc_version": self.version,
             "platform": self.platform,
             "platform_reason": self.platform_reason,
+            "checkpoint_flags": " ".join(self.checkpoint_flags),
         }
 
     # ------------------------------------------------------------ layout
@@ -154,7 +159,7 @@ class GvisorBackend:
         p["partial"].mkdir()
         faults.point("gvisor.suspend.before_checkpoint")
         started = time.monotonic()
-        await runsc.call("checkpoint", "--image-path", str(p["partial"]), box.id, timeout=600)
+        await runsc.call("checkpoint", *self.checkpoint_flags, "--image-path", str(p["partial"]), box.id, timeout=600)
         log.info("checkpointed %s in %.3fs", box.id, time.monotonic() - started)
         faults.point("gvisor.suspend.after_checkpoint")
         await asyncio.to_thread(fsync_tree, p["partial"])

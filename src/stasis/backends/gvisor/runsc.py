@@ -35,6 +35,13 @@ async def runsc_version(binary: str) -> str:
     return first.removeprefix("runsc version ").strip() or "unknown"
 
 
+async def supported_flags(binary: str, command: str, wanted: tuple[str, ...]) -> tuple[str, ...]:
+    """The subset of ``wanted`` flags that this runsc build's ``command`` knows (older builds lack some)."""
+    result = await procs.run([binary, command, "--help"], timeout=30)
+    text = (result.stdout + result.stderr).decode(errors="replace")
+    return tuple(flag for flag in wanted if "-" + flag.lstrip("-").split("=")[0] in text)
+
+
 async def probe_platform(binary: str, platform: str, timeout: float = 20.0) -> tuple[bool, str]:
     """Run `true` in a throwaway sandbox on ``platform``. Returns (works, reason)."""
     with tempfile.TemporaryDirectory(prefix="stasis-probe-") as root:
