@@ -41,7 +41,7 @@ from stasis.backends.gvisor.runsc import Runsc, choose_platform, find_runsc, run
 from stasis.models import SandboxSpec
 from stasis.paths import Paths, default_home
 
-console = Console()
+console = Console(width=130)
 RESULTS = Path(__file__).parent / "results"
 
 
