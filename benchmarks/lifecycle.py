@@ -7,6 +7,7 @@ Rows (medians over N rounds):
   exec round trip       stasis: run(["true"]) over HTTP + daemon     raw: subprocess.run(["true"]) on the host
   suspend               stasis: suspend()                            raw: `runsc checkpoint` + `runsc delete`
   resume → first exec   stasis: resume() + run(["true"])             raw: `runsc restore --detach` + first reply
+  run when suspended    stasis: run(["true"]), resumed on demand     baseline: explicit resume() + run(["true"])
 
 Both sides run the same workload (the guest agent, plus a process holding --hold-mb of
 random bytes for suspend/resume), the same runsc flags and the same child reaping.
@@ -196,6 +197,9 @@ async def one_round(client: AsyncClient, raw: RawBox, hold_mb: int, samples: dic
 
     samples["resume_first_exec"].append(await timed(resume))
     samples["raw_resume_first_exec"].append(await timed(raw_resume))
+
+    await sbx.suspend()  # and once more, resumed on demand by the first request
+    samples["auto_resume_first_exec"].append(await timed(lambda: sbx.run(["true"])))
     await sbx.terminate()
     await raw.destroy()
 
@@ -216,7 +220,7 @@ async def bench(rounds: int, hold_mb: int) -> dict:
     client = AsyncClient(paths)
     samples: dict[str, list[float]] = {k: [] for k in (
         "create_first_exec", "raw_create_first_exec", "exec", "raw_exec", "suspend", "raw_suspend",
-        "resume_first_exec", "raw_resume_first_exec", "agent_exec",
+        "resume_first_exec", "raw_resume_first_exec", "agent_exec", "auto_resume_first_exec",
     )}  # fmt: skip
     try:
         for n in range(rounds):
@@ -238,6 +242,13 @@ async def bench(rounds: int, hold_mb: int) -> dict:
         ("exec round trip (true)", "exec", "agent_exec", "agent over FIFO, no daemon", None),
         ("suspend", "suspend", "raw_suspend", "runsc checkpoint + delete", None),
         ("resume → first exec", "resume_first_exec", "raw_resume_first_exec", "runsc restore + first reply", None),
+        (
+            "run on a suspended sandbox",
+            "auto_resume_first_exec",
+            "resume_first_exec",
+            "explicit resume, then run",
+            None,
+        ),
     ]
     report = {
         "rounds": rounds,

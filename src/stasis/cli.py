@@ -48,6 +48,11 @@ def _ago(ts: float | None) -> str:
     return f"{int(seconds)}s ago"
 
 
+def _in(ts: float) -> str:
+    seconds = max(0, ts - time.time())
+    return f"in {seconds:.0f}s" if seconds < 120 else f"in {seconds / 60:.0f}m"
+
+
 STATUS_STYLE = {"running": "green", "suspended": "cyan", "failed": "red", "terminated": "dim"}
 
 
@@ -180,7 +185,10 @@ def info(name: Annotated[str, typer.Argument(help="Sandbox name or id.")], as_js
         ("network", "on" if data.spec.network else "off"),
         ("created", datetime.fromtimestamp(data.created_at).isoformat(sep=" ", timespec="seconds")),
         ("last activity", _ago(data.last_activity)),
+        ("idle timeout", f"{data.spec.timeout_secs}s" if data.spec.timeout_secs else "never"),
     ]
+    if data.idle_action_at:
+        rows.append((f"idle {data.idle_action}", _in(data.idle_action_at)))
     for key, value in sorted(data.backend.items()):
         rows.append((key.replace("_", " "), value))
     if data.last_suspend_seconds is not None:

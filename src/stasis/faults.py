@@ -1,8 +1,9 @@
 """Fault injection for crash-safety tests.
 
 ``STASIS_KILL_POINT=<name>`` makes the process SIGKILL itself when it reaches
-:func:`point` with that name; every point reached is logged at debug level so a
-test can list them. Costs one dict lookup when unset.
+:func:`point` with that name; ``STASIS_FAIL_POINT=<name>`` makes it raise a
+``BackendError`` there instead. Costs two dict lookups when unset. Every name
+passed to :func:`point` is listed in ``POINTS`` (a test keeps the list honest).
 """
 
 from __future__ import annotations
@@ -11,12 +12,41 @@ import logging
 import os
 import signal
 
+from .errors import BackendError
+
 log = logging.getLogger(__name__)
 
 _KILL_POINT = os.environ.get("STASIS_KILL_POINT")
+_FAIL_POINT = os.environ.get("STASIS_FAIL_POINT")
+
+POINTS = (
+    "create.after_intent",
+    "gvisor.start.after_mount",
+    "gvisor.start.after_launch",
+    "create.before_outcome",
+    "suspend.after_intent",
+    "gvisor.suspend.after_sync",
+    "gvisor.suspend.before_checkpoint",
+    "gvisor.suspend.after_checkpoint",
+    "gvisor.suspend.after_rename",
+    "gvisor.suspend.after_delete",
+    "suspend.before_outcome",
+    "resume.after_intent",
+    "gvisor.resume.before_mount",
+    "gvisor.resume.before_restore",
+    "gvisor.resume.after_restore",
+    "resume.before_outcome",
+    "terminate.after_intent",
+    "terminate.after_close",
+    "gvisor.destroy.after_stop",
+    "terminate.before_outcome",
+)
 
 
 def point(name: str) -> None:
     if _KILL_POINT is not None and name == _KILL_POINT:
         log.warning("kill point %s reached: SIGKILL", name)
         os.kill(os.getpid(), signal.SIGKILL)
+    if _FAIL_POINT is not None and name == _FAIL_POINT:
+        log.warning("fail point %s reached", name)
+        raise BackendError(f"injected failure at {name}")

@@ -94,6 +94,8 @@ class SandboxInfo(BaseModel):
     backend: dict[str, Any] = Field(default_factory=dict)
     last_suspend_seconds: float | None = None
     last_resume_seconds: float | None = None
+    idle_action: Literal["suspend", "terminate"] | None = None
+    idle_action_at: float | None = None
 
 
 class RunRequest(_Strict):

@@ -4,29 +4,32 @@ it was going, with processes and files intact, and nothing half-way or orphaned 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from stasis import DaemonUnavailable, Sandbox, SandboxStatus
+from stasis import DaemonUnavailable, Sandbox, SandboxStatus, faults
 from tests.conftest import Daemon, runsc_processes_under, wait_until
 
 S = SandboxStatus
 
-SUSPEND_POINTS = [
-    "suspend.after_intent",
-    "gvisor.suspend.before_checkpoint",
-    "gvisor.suspend.after_checkpoint",
-    "gvisor.suspend.after_rename",
-    "suspend.before_outcome",
-]
-RESUME_POINTS = [
-    "resume.after_intent",
-    "gvisor.resume.before_restore",
-    "gvisor.resume.after_restore",
-    "resume.before_outcome",
-]
-CREATE_POINTS = ["create.after_intent", "create.before_outcome"]
-TERMINATE_POINTS = ["terminate.after_intent", "terminate.before_outcome"]
+
+def points(*prefixes: str) -> list[str]:
+    return [p for p in faults.POINTS if p.startswith(prefixes)]
+
+
+CREATE_POINTS = points("create.", "gvisor.start.")
+SUSPEND_POINTS = points("suspend.", "gvisor.suspend.")
+RESUME_POINTS = points("resume.", "gvisor.resume.")
+TERMINATE_POINTS = points("terminate.", "gvisor.destroy.")
+
+
+def test_every_kill_point_in_the_code_is_listed_and_tested() -> None:
+    source = Path(faults.__file__).parent
+    used = {m for f in source.rglob("*.py") for m in re.findall(r'faults\.point\("([^"]+)"\)', f.read_text())}
+    assert used == set(faults.POINTS)
+    assert set(CREATE_POINTS + SUSPEND_POINTS + RESUME_POINTS + TERMINATE_POINTS) == set(faults.POINTS)
+    assert len(faults.POINTS) >= 20
 
 
 def prepare(sbx: Sandbox) -> int:

@@ -80,6 +80,11 @@ def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[],
             version=__version__, pid=os.getpid(), home=str(paths.home), backends=service.describe_backends()
         )
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        body = service.metrics.render(service.list(include_terminated=True))
+        return Response(body, media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/images")
     async def images() -> list[ImageInfo]:
         return service.images.list()

@@ -44,6 +44,7 @@ from ..models import (
     StartProcessRequest,
 )
 from ..paths import Paths
+from .metrics import Metrics
 from .states import WHY_NOT
 from .store import Store
 
@@ -53,6 +54,14 @@ S = SandboxStatus
 FILE_CHUNK = 1 << 20  # bytes per write request to the agent (1.4 MB of base64 on the wire)
 READ_CHUNK = 4 << 20
 ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+IDLE_TICK = 0.5  # seconds between looks for idle sandboxes
+
+
+def idle_action(info: SandboxInfo) -> str:
+    """Named sandboxes are kept (suspended); unnamed ones are disposable (terminated)."""
+    return info.spec.on_idle or ("suspend" if info.name else "terminate")
 
 
 def new_sandbox_id() -> str:
@@ -67,7 +76,11 @@ class SandboxService:
         self.backends: dict[str, Backend] = {}
         self._channels: dict[str, GuestChannel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._activity: dict[str, float] = {}
+        self._activity: dict[str, float] = {}  # last use, in memory: a write per exec would cost an fsync
+        self._inflight: dict[str, int] = {}  # operations under way: a sandbox in use is never idle
+        self._idle_task: asyncio.Task[None] | None = None
+        self._idle_busy: set[str] = set()
+        self.metrics = Metrics()
 
     # ------------------------------------------------------------ start-up and shutdown
 
@@ -76,11 +89,15 @@ class SandboxService:
         await backend.initialize()
         self.backends[backend.name] = backend
         await self.recover()
+        self._idle_task = asyncio.get_running_loop().create_task(self._idle_loop())
 
     async def close(self) -> None:
         """Stop serving. Sandboxes keep running; the next daemon re-adopts them."""
-        for sandbox_id, last in self._activity.items():
-            self.store.touch_at(sandbox_id, last)
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._idle_task
+        self._persist_activity()
         for channel in list(self._channels.values()):
             await channel.close()
         self._channels.clear()
@@ -111,8 +128,16 @@ class SandboxService:
         return backend
 
     def _with_activity(self, info: SandboxInfo) -> SandboxInfo:
-        last = self._activity.get(info.id)
-        return info.model_copy(update={"last_activity": last}) if last else info
+        last = self._activity.get(info.id) or info.last_activity
+        update: dict[str, Any] = {"last_activity": last}
+        if info.status == S.RUNNING and info.spec.timeout_secs is not None:
+            update["idle_action"] = idle_action(info)
+            update["idle_action_at"] = last + info.spec.timeout_secs
+        return info.model_copy(update=update)
+
+    def _persist_activity(self) -> None:
+        for sandbox_id, last in self._activity.items():
+            self.store.touch_at(sandbox_id, last)
 
     def get(self, ref: str) -> SandboxInfo:
         return self._with_activity(self.store.get(ref))
@@ -143,6 +168,8 @@ class SandboxService:
             self._channels[info.id] = channel
             faults.point("create.before_outcome")
             info = self.store.transition(info.id, S.RUNNING, "started", backend_state=backend_state)
+            self._activity[info.id] = time.time()
+            self.metrics.create_seconds.observe(time.monotonic() - started)
             log.info("created %s (%s) in %.3fs", info.id, info.name, time.monotonic() - started)
             return info
 
@@ -155,7 +182,7 @@ class SandboxService:
             self.store.transition(info.id, S.TERMINATING, reason)
         self.store.transition(info.id, S.TERMINATED, reason, error=reason)
 
-    async def suspend(self, ref: str) -> SandboxInfo:
+    async def suspend(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
         info = self.store.get(ref)
         async with self._lock(info.id):
             info = self.store.get(info.id)
@@ -164,7 +191,9 @@ class SandboxService:
             self._require(info, S.RUNNING)
             backend, box = self._backend(info), self._box(info)
             channel = await self._channel(info)
-            self.store.transition(info.id, S.SUSPENDING)
+            if only_if_idle and not self._is_idle(info):
+                return info  # used since the reaper looked: no await between this check and the intent
+            self.store.transition(info.id, S.SUSPENDING, "idle" if only_if_idle else None)
             faults.point("suspend.after_intent")
             started = time.monotonic()
             try:
@@ -176,7 +205,8 @@ class SandboxService:
             elapsed = time.monotonic() - started
             faults.point("suspend.before_outcome")
             info = self.store.transition(info.id, S.SUSPENDED, f"{elapsed:.3f}s", last_suspend_seconds=elapsed)
-            log.info("suspended %s in %.3fs", info.id, elapsed)
+            self.metrics.suspend_seconds.observe(elapsed)
+            log.info("suspended %s in %.3fs%s", info.id, elapsed, " (idle)" if only_if_idle else "")
             return info
 
     async def _rollback_suspend(self, info: SandboxInfo, box: BoxRef, exc: BaseException) -> None:
@@ -197,31 +227,43 @@ class SandboxService:
             info = self.store.get(info.id)
             if info.status == S.RUNNING:
                 return info
-            self._require(info, S.SUSPENDED)
             backend, box = self._backend(info), self._box(info)
-            self.store.transition(info.id, S.RESUMING)
+            # A failed sandbox whose files survived (e.g. the host rebooted under it) boots again with them.
+            cold = info.status == S.FAILED and box.directory.exists()
+            if not cold:
+                self._require(info, S.SUSPENDED)
+            self.store.transition(info.id, S.RESUMING, "cold boot with its files" if cold else None)
             faults.point("resume.after_intent")
             started = time.monotonic()
             try:
-                channel = await backend.resume(box)
+                if cold:
+                    channel, backend_state = await backend.start(box)
+                else:
+                    channel, backend_state = await backend.resume(box), info.backend
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await backend.stop(box)
-                self.store.transition(info.id, S.SUSPENDED, "resume rolled back", error=f"resume failed: {exc}")
+                back = S.FAILED if cold else S.SUSPENDED
+                self.store.transition(info.id, back, "resume rolled back", error=f"resume failed: {exc}")
                 raise
             self._channels[info.id] = channel
             elapsed = time.monotonic() - started
             faults.point("resume.before_outcome")
-            info = self.store.transition(info.id, S.RUNNING, f"{elapsed:.3f}s", last_resume_seconds=elapsed)
+            info = self.store.transition(
+                info.id, S.RUNNING, f"{elapsed:.3f}s", last_resume_seconds=elapsed, backend_state=backend_state
+            )
             self._activity[info.id] = time.time()
+            self.metrics.resume_seconds.observe(elapsed)
             log.info("resumed %s in %.3fs", info.id, elapsed)
             return info
 
-    async def terminate(self, ref: str) -> SandboxInfo:
+    async def terminate(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
         info = self.store.get(ref)
         async with self._lock(info.id):
             info = self.store.get(info.id)
             if info.status == S.TERMINATED:
+                return info
+            if only_if_idle and (info.status != S.RUNNING or not self._is_idle(info)):
                 return info
             if info.status != S.TERMINATING:
                 self.store.transition(info.id, S.TERMINATING)
@@ -229,12 +271,14 @@ class SandboxService:
             channel = self._channels.pop(info.id, None)
             if channel is not None:
                 await channel.close()
+            faults.point("terminate.after_close")
             await self._backend(info).destroy(self._box_or_bare(info))
             faults.point("terminate.before_outcome")
             info = self.store.transition(info.id, S.TERMINATED)
         self._locks.pop(info.id, None)
         self._activity.pop(info.id, None)
-        log.info("terminated %s", info.id)
+        self._inflight.pop(info.id, None)
+        log.info("terminated %s%s", info.id, " (idle)" if only_if_idle else "")
         return info
 
     def _box_or_bare(self, info: SandboxInfo) -> BoxRef:
@@ -292,7 +336,10 @@ class SandboxService:
                 self.store.transition(info.id, S.RUNNING, "suspend was cut off; restored from its image")
             else:
                 await backend.stop(box)
-                reason = "its processes were gone when the daemon started (host restart or crash)"
+                reason = (
+                    "its processes were gone when the daemon started (host restart or crash); "
+                    "its files are kept and resuming boots it again with them"
+                )
                 self.store.transition(info.id, S.FAILED, error=reason)
         elif info.status == S.RESUMING:
             if host == HostState.RUNNING:
@@ -300,7 +347,10 @@ class SandboxService:
                 await self._adopt(info, box, "resume completed during recovery")
             else:
                 await backend.stop(box)
-                self.store.transition(info.id, S.SUSPENDED, "resume rolled back during recovery")
+                if host == HostState.SUSPENDED:
+                    self.store.transition(info.id, S.SUSPENDED, "resume rolled back during recovery")
+                else:
+                    self.store.transition(info.id, S.FAILED, error="a cold boot was interrupted; resume to retry")
         elif info.status == S.SUSPENDED:
             await backend.finish_suspend(box)  # nothing may run for a suspended sandbox
             if host == HostState.STOPPED:
@@ -309,6 +359,7 @@ class SandboxService:
     async def _adopt(self, info: SandboxInfo, box: BoxRef, detail: str) -> None:
         channel = await self._backend(info).connect(box)
         self._channels[info.id] = channel
+        self._activity[info.id] = time.time()  # a restarted daemon gives every sandbox a full idle window
         if info.status != S.RUNNING:
             self.store.transition(info.id, S.RUNNING, detail)
 
@@ -334,18 +385,74 @@ class SandboxService:
 
     @contextlib.asynccontextmanager
     async def _guest(self, ref: str) -> AsyncIterator[GuestChannel]:
-        """The channel of a running sandbox, with the activity clock held for the duration."""
+        """The channel of the sandbox, resumed first if it was suspended.
+
+        While the block runs the sandbox counts as in use, so the idle reaper leaves it alone.
+        """
         info = self.store.get(ref)
-        self._require(info, S.RUNNING)
+        self._inflight[info.id] = self._inflight.get(info.id, 0) + 1
         self._activity[info.id] = time.time()
-        channel = await self._channel(info)
         try:
-            yield channel
-        except GuestDisconnected:
-            await self._check_alive(info)
-            raise
+            info = await self._ensure_running(info)
+            channel = await self._channel(info)
+            try:
+                yield channel
+            except GuestDisconnected:
+                await self._check_alive(info)
+                raise
         finally:
+            self._inflight[info.id] -= 1
             self._activity[info.id] = time.time()
+
+    async def _ensure_running(self, info: SandboxInfo) -> SandboxInfo:
+        """Auto-resume. Concurrent callers queue on the sandbox's lock and share one resume."""
+        if info.status == S.RUNNING:
+            return info
+        if info.status in (S.SUSPENDED, S.SUSPENDING, S.RESUMING):
+            resumed = await self.resume(info.id)
+            if resumed.status == S.RUNNING:
+                if info.status != S.RUNNING:
+                    self.metrics.auto_resumes.inc()
+                return resumed
+            info = resumed
+        self._require(info, S.RUNNING)
+        return info
+
+    # ------------------------------------------------------------ idleness
+
+    def _is_idle(self, info: SandboxInfo) -> bool:
+        if info.spec.timeout_secs is None or self._inflight.get(info.id, 0) > 0:
+            return False
+        last = self._activity.get(info.id, info.last_activity)
+        return time.time() - last >= info.spec.timeout_secs
+
+    async def _idle_loop(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(IDLE_TICK)
+            ticks += 1
+            if ticks % 30 == 0:
+                self._persist_activity()
+            for info in self.store.list():
+                if info.status == S.RUNNING and info.id not in self._idle_busy and self._is_idle(info):
+                    self._idle_busy.add(info.id)
+                    task = asyncio.get_running_loop().create_task(self._idle_action(info))
+                    task.add_done_callback(lambda _t, sid=info.id: self._idle_busy.discard(sid))
+
+    async def _idle_action(self, info: SandboxInfo) -> None:
+        action = idle_action(info)
+        try:
+            if action == "terminate":
+                done = await self.terminate(info.id, only_if_idle=True)
+                acted = done.status == S.TERMINATED
+            else:
+                done = await self.suspend(info.id, only_if_idle=True)
+                acted = done.status == S.SUSPENDED
+            if acted:
+                self.metrics.idle_actions.labels(action).inc()
+        except Exception as exc:  # a failed idle suspend leaves the sandbox running, with the error on record
+            log.warning("idle %s of %s failed: %s", action, info.id, exc)
+            self.metrics.idle_failures.inc()
 
     async def _check_alive(self, info: SandboxInfo) -> None:
         current = self.store.get(info.id)
@@ -363,8 +470,19 @@ class SandboxService:
         if request.stdin_b64 is not None:
             args["stdin"] = True
             args["stdin_data"] = request.stdin_b64
-        async with self._guest(ref) as channel:
-            result = await channel.call("exec", args, timeout=None)
+        args.setdefault("exec_id", "x-" + secrets.token_hex(8))  # so an interrupted run can be reattached
+        try:
+            async with self._guest(ref) as channel:
+                result = await channel.call("exec", args, timeout=None)
+        except GuestDisconnected as exc:
+            status = self.store.get(ref).status
+            if status in (S.SUSPENDING, S.SUSPENDED):
+                raise StateError(
+                    f"the sandbox was suspended while the command ran; it goes on after resume: "
+                    f"run again with exec_id={args['exec_id']!r} to collect its result",
+                    exec_id=args["exec_id"],
+                ) from exc
+            raise
         return RunResult(
             exec_id=result["exec_id"],
             exit_code=result["exit_code"],

@@ -3,7 +3,7 @@
     pending ──► running ◄──────────────► suspending ──► suspended ──► resuming ──► running
        │          │   ▲ (rollback)            │            ▲ (rollback)  │
        └──────────┴───┴──► terminating ──► terminated      └─────────────┘
-    any live state ──► failed ──► terminating
+    any live state ──► failed ──► terminating, or ──► resuming (a cold boot with its files)
 
 States ending in -ing are *intents*: they are written before the work starts,
 and replaced by an *outcome* when it ends. A daemon that finds an intent on
@@ -22,7 +22,7 @@ TRANSITIONS: dict[S, frozenset[S]] = {
     S.SUSPENDED: frozenset({S.RESUMING, S.TERMINATING, S.FAILED}),
     S.RESUMING: frozenset({S.RUNNING, S.SUSPENDED, S.FAILED}),
     S.TERMINATING: frozenset({S.TERMINATED}),
-    S.FAILED: frozenset({S.TERMINATING}),
+    S.FAILED: frozenset({S.TERMINATING, S.RESUMING}),  # resuming a failed sandbox boots it with its files
     S.TERMINATED: frozenset(),
 }
 
@@ -36,7 +36,9 @@ WHY_NOT: dict[S, str] = {
     S.RESUMING: "is being resumed; try again in a moment",
     S.TERMINATING: "is being removed",
     S.TERMINATED: "was removed",
-    S.FAILED: "has failed ({error}); remove it with `stasis rm {name}`",
+    S.FAILED: (
+        "has failed ({error}); `stasis resume {name}` boots it again with its files, `stasis rm {name}` removes it"
+    ),
     S.RUNNING: "is running",
 }
 

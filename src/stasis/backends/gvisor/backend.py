@@ -111,13 +111,16 @@ class GvisorBackend:
         agent_dir = p["upper"] / AGENT_PATH.lstrip("/")
         agent_dir.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(AGENT_SOURCE, agent_dir)
+        await self.runsc.delete(box.id)  # a stale record, when booting a failed sandbox again
         config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]))
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
         mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
         state = {"runsc_version": self.version, "platform": self.platform}
         runsc = Runsc(self.binary, self.runsc.root, self.platform)
         try:
+            faults.point("gvisor.start.after_mount")
             await self._launch(runsc, box, "run", "-detach", "--bundle", str(p["bundle"]), box.id)
+            faults.point("gvisor.start.after_launch")
             channel = await self._connect(box, p)
         except BaseException:
             await self.stop(box)
@@ -155,6 +158,7 @@ class GvisorBackend:
         p = self._paths(box)
         runsc = self._runsc_for(box)
         await channel.call("sync", timeout=60)
+        faults.point("gvisor.suspend.after_sync")
         shutil.rmtree(p["partial"], ignore_errors=True)
         p["partial"].mkdir()
         faults.point("gvisor.suspend.before_checkpoint")
@@ -168,6 +172,7 @@ class GvisorBackend:
         faults.point("gvisor.suspend.after_rename")
         await channel.close()
         await runsc.delete(box.id)
+        faults.point("gvisor.suspend.after_delete")
         mounts.unmount(p["rootfs"])
 
     async def resume(self, box: BoxRef) -> GuestChannel:
@@ -176,6 +181,7 @@ class GvisorBackend:
             raise StateError(f"sandbox {box.id} has no suspend image to resume from")
         runsc = self._runsc_for(box)
         await runsc.delete(box.id)  # a stale record from an interrupted resume
+        faults.point("gvisor.resume.before_mount")
         mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
         faults.point("gvisor.resume.before_restore")
         try:
@@ -244,6 +250,7 @@ class GvisorBackend:
 
     async def destroy(self, box: BoxRef) -> None:
         await self.stop(box)
+        faults.point("gvisor.destroy.after_stop")
         if box.directory.exists():
             await asyncio.to_thread(shutil.rmtree, box.directory)
 
