@@ -122,15 +122,16 @@ def main() -> int:
                 reached = False
             except DaemonUnavailable:
                 reached = True
-            daemon.wait(timeout=60) if reached else None
+            if reached:
+                daemon.wait(timeout=60)
             if daemon.poll() is None:
                 daemon.send_signal(signal.SIGTERM)
                 daemon.wait(timeout=60)
             daemon = start_daemon(paths, None)
             client = Client(paths)
             client.autostart = False
-            problems = check(client, paths)
             states = ",".join(sorted(i.status.value for i in Sandbox.list(client=client))) or "gone"
+            problems = check(client, paths)  # resumes what it reads: look at the states first
             outcomes[f"{point} → {states}"] += 1
             console.print(
                 f"{n + 1:>3} {point:<36} killed={reached!s:<5} after restart: {states:<10} "
