@@ -9,12 +9,13 @@ import time
 from datetime import datetime
 from typing import Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from .errors import InvalidRequest, StasisError
-from .models import SandboxInfo
+from .models import DiskUsage, SandboxInfo
 from .paths import Paths
 from .sdk import Client, Sandbox
 from .sdk._sandbox import EXIT_CODE_TIMEOUT
@@ -27,6 +28,8 @@ app = typer.Typer(
 )
 image_app = typer.Typer(help="Root filesystem images.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
+checkpoints_app = typer.Typer(help="List (the default) and remove checkpoints.", invoke_without_command=True)
+app.add_typer(checkpoints_app, name="checkpoints")
 
 out = Console()
 err = Console(stderr=True)
@@ -73,15 +76,23 @@ def create(
     timeout_secs: Annotated[int, typer.Option("--timeout-secs", help="Idle seconds before the idle action.")] = 600,
     on_idle: Annotated[str | None, typer.Option("--on-idle", help="suspend | terminate")] = None,
     backend: Annotated[str, typer.Option(help="Isolation backend.")] = "gvisor",
+    from_checkpoint: Annotated[
+        str | None, typer.Option("--from", help="Checkpoint id or name to create it from.")
+    ] = None,
     as_json: Json = False,
 ) -> None:
-    """Create a sandbox and start it."""
+    """Create a sandbox and start it (from an image, or from a checkpoint with --from)."""
+    ctx = click.get_current_context()
+    explicit = {
+        key: value
+        for key, value in (("image", image), ("cpus", cpus), ("memory_mb", memory_mb), ("timeout_secs", timeout_secs))
+        if ctx.get_parameter_source(key) != click.core.ParameterSource.DEFAULT or from_checkpoint is None
+    }
     with err.status(f"creating sandbox {name}..."):
         started = time.monotonic()
         sbx = Sandbox.create(
-            name, image=image, cpus=cpus, memory_mb=memory_mb, timeout_secs=timeout_secs,
-            on_idle=on_idle, backend=backend, client=_client(),
-        )  # fmt: skip
+            name, on_idle=on_idle, backend=backend, snapshot_id=from_checkpoint, client=_client(), **explicit
+        )
     if as_json:
         out.print_json(sbx.info().model_dump_json())
     else:
@@ -210,6 +221,84 @@ def remove(names: Annotated[list[str], typer.Argument(help="Sandbox names or ids
         with err.status(f"removing {name}..."):
             Sandbox.connect(name, client=client).terminate()
         out.print(f"removed [bold]{name}[/bold]")
+
+
+@app.command()
+def checkpoint(
+    name: Annotated[str, typer.Argument(help="Sandbox name or id.")],
+    type_: Annotated[str, typer.Option("--type", help="memory (processes too) | filesystem (files only)")] = "memory",
+    checkpoint_name: Annotated[str | None, typer.Option("--name", help="A unique name for the checkpoint.")] = None,
+    ttl_secs: Annotated[int | None, typer.Option("--ttl-secs", help="Delete it after this long.")] = None,
+) -> None:
+    """Checkpoint a sandbox; it keeps running. Prints the checkpoint id."""
+    sbx = Sandbox.connect(name, client=_client())
+    with err.status(f"checkpointing {name} ({type_})..."):
+        started = time.monotonic()
+        info = sbx.checkpoint(type_, name=checkpoint_name, ttl_secs=ttl_secs)
+    err.print(f"{type_} checkpoint of {name}: {info.size_bytes / 1e6:.1f} MB in {time.monotonic() - started:.2f}s")
+    print(info.id)
+
+
+@checkpoints_app.callback()
+def checkpoints(ctx: typer.Context, as_json: Json = False) -> None:
+    """List checkpoints."""
+    if ctx.invoked_subcommand is not None:
+        return
+    items = Sandbox.list_checkpoints(client=_client())
+    if as_json:
+        print(json.dumps([c.model_dump(mode="json") for c in items], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "TYPE", "FROM", "SIZE", "CREATED", "EXPIRES"):
+        table.add_column(column, no_wrap=True)
+    for c in items:
+        expires = _in(c.expires_at) if c.expires_at else "never"
+        table.add_row(
+            c.id, c.name or "-", c.type.value, c.sandbox_name or c.sandbox_id, f"{c.size_bytes / 1e6:.1f} MB",
+            _ago(c.created_at), expires,
+        )  # fmt: skip
+    out.print(table if items else "no checkpoints; make one with `stasis checkpoint NAME`")
+
+
+@checkpoints_app.command("rm")
+def checkpoints_rm(ids: Annotated[list[str], typer.Argument(help="Checkpoint ids or names.")]) -> None:
+    """Delete checkpoints."""
+    client = _client()
+    for checkpoint_id in ids:
+        Sandbox.delete_checkpoint(checkpoint_id, client=client)
+        out.print(f"deleted checkpoint {checkpoint_id}")
+
+
+@app.command()
+def fork(
+    name: Annotated[str, typer.Argument(help="Sandbox name or id.")],
+    count: Annotated[int, typer.Option("--count", "-n", help="How many copies.")] = 1,
+) -> None:
+    """Live copies of a running sandbox: they continue from now (memory, processes, files), then diverge."""
+    sbx = Sandbox.connect(name, client=_client())
+    with err.status(f"forking {name} x{count}..."):
+        started = time.monotonic()
+        children = sbx.copy(times=count)
+    err.print(f"{count} fork(s) of {name} in {time.monotonic() - started:.2f}s")
+    for child in children:
+        print(child.name or child.id)
+
+
+@app.command()
+def df(as_json: Json = False) -> None:
+    """Disk used by sandboxes, checkpoints and images."""
+    usage = DiskUsage.model_validate(_client().json("GET", "/v1/df"))
+    if as_json:
+        print(usage.model_dump_json(indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("KIND", "COUNT", "SIZE"):
+        table.add_column(column)
+    table.add_row("sandboxes", str(len(usage.sandboxes)), f"{usage.sandboxes_bytes / 1e6:.1f} MB")
+    table.add_row("checkpoints", str(len(usage.checkpoints)), f"{usage.checkpoints_bytes / 1e6:.1f} MB")
+    table.add_row("images", "", f"{usage.images_bytes / 1e6:.1f} MB")
+    out.print(table)
+    out.print(f"[dim]{usage.shared_note}[/dim]")
 
 
 # ------------------------------------------------------------ daemon

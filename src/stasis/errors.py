@@ -6,11 +6,13 @@
     │   ├── SandboxNotFound
     │   ├── ImageNotFound
     │   ├── ProcessNotFound
+    │   ├── CheckpointNotFound
     │   └── FileNotFound (FileNotFoundError)
     ├── FileError (OSError)                  400  the path exists but is the wrong kind of thing
     ├── Conflict                             409
     │   ├── NameTaken
-    │   └── StateError                           the sandbox is in the wrong state for this
+    │   ├── StateError                           the sandbox is in the wrong state for this
+    │   └── CheckpointCorrupt                    its bytes changed, or another runsc made it
     ├── BackendError                         500  runsc/QEMU failed; the message has its output
     │   └── StartupError
     ├── GuestError                           502  the agent inside the sandbox failed
@@ -62,6 +64,10 @@ class ProcessNotFound(NotFound):
     pass
 
 
+class CheckpointNotFound(NotFound):
+    pass
+
+
 class FileNotFound(NotFound, FileNotFoundError):
     pass
 
@@ -79,6 +85,10 @@ class NameTaken(Conflict):
 
 
 class StateError(Conflict):
+    pass
+
+
+class CheckpointCorrupt(Conflict):
     pass
 
 

@@ -51,6 +51,7 @@ def build(model: type[ModelT], **fields: Any) -> ModelT:
 class SandboxStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
+    SNAPSHOTTING = "snapshotting"
     SUSPENDING = "suspending"
     SUSPENDED = "suspended"
     RESUMING = "resuming"
@@ -75,6 +76,7 @@ class SandboxSpec(_Strict):
 
 class CreateSandboxRequest(SandboxSpec):
     name: str | None = None
+    snapshot_id: str | None = Field(None, description="create from this checkpoint (id or name)")
 
     @field_validator("name")
     @classmethod
@@ -179,3 +181,52 @@ class DaemonInfo(BaseModel):
     pid: int
     home: str
     backends: dict[str, dict[str, Any]]
+
+
+class CheckpointType(StrEnum):
+    MEMORY = "memory"  # memory, running processes and files: restores warm
+    FILESYSTEM = "filesystem"  # files only: restores with a fresh boot
+
+
+class CreateCheckpointRequest(_Strict):
+    type: CheckpointType = CheckpointType.MEMORY
+    name: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    ttl_secs: int | None = Field(None, ge=1, description="delete after this long; None: keep forever")
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str | None) -> str | None:
+        if name is not None and not NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"invalid checkpoint name {name[:80]!r}: use 1-63 letters, digits, '.', '_' or '-'")
+        return name
+
+
+class CheckpointInfo(BaseModel):
+    id: str
+    name: str | None
+    type: CheckpointType
+    sandbox_id: str
+    sandbox_name: str | None
+    image: str
+    spec: SandboxSpec
+    backend: str
+    backend_state: dict[str, Any]
+    created_at: float
+    expires_at: float | None
+    sha256: str | None
+    size_bytes: int
+    metadata: dict[str, Any]
+
+
+class ForkRequest(_Strict):
+    times: int = Field(1, ge=1, le=64)
+
+
+class DiskUsage(BaseModel):
+    sandboxes_bytes: int
+    checkpoints_bytes: int
+    images_bytes: int
+    sandboxes: dict[str, int]
+    checkpoints: dict[str, int]
+    shared_note: str

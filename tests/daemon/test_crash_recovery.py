@@ -22,14 +22,19 @@ CREATE_POINTS = points("create.", "gvisor.start.")
 SUSPEND_POINTS = points("suspend.", "gvisor.suspend.")
 RESUME_POINTS = points("resume.", "gvisor.resume.")
 TERMINATE_POINTS = points("terminate.", "gvisor.destroy.")
+CHECKPOINT_POINTS = points("checkpoint.", "gvisor.checkpoint.")
+FORK_POINTS = points("fork.")
+RESTORE_POINTS = points("gvisor.start_from.")
 
 
 def test_every_kill_point_in_the_code_is_listed_and_tested() -> None:
     source = Path(faults.__file__).parent
     used = {m for f in source.rglob("*.py") for m in re.findall(r'faults\.point\("([^"]+)"\)', f.read_text())}
     assert used == set(faults.POINTS)
-    assert set(CREATE_POINTS + SUSPEND_POINTS + RESUME_POINTS + TERMINATE_POINTS) == set(faults.POINTS)
-    assert len(faults.POINTS) >= 20
+    tested = CREATE_POINTS + SUSPEND_POINTS + RESUME_POINTS + TERMINATE_POINTS + CHECKPOINT_POINTS + FORK_POINTS
+    tested += RESTORE_POINTS
+    assert set(tested) == set(faults.POINTS)
+    assert len(faults.POINTS) >= 30
 
 
 def prepare(sbx: Sandbox) -> int:
@@ -111,6 +116,59 @@ def test_kill_during_terminate(own_daemon: Daemon, point: str) -> None:
     assert Sandbox.list(client=own_daemon.client()) == []
     assert live_runsc(own_daemon) == set()
     assert list(own_daemon.paths.sandboxes.iterdir()) == []
+
+
+def no_partial_checkpoints(daemon: Daemon) -> None:
+    root = daemon.paths.home / "checkpoints"
+    visible = {c.id for c in Sandbox.list_checkpoints(client=daemon.client())}
+    on_disk = {p.name for p in root.iterdir()} if root.exists() else set()
+    assert on_disk == visible, f"partial artifacts on disk: {on_disk - visible}"
+
+
+@pytest.mark.parametrize("point", CHECKPOINT_POINTS)
+def test_kill_during_checkpoint(own_daemon: Daemon, point: str) -> None:
+    own_daemon.start(STASIS_KILL_POINT=point)
+    sbx = Sandbox.create("victim", memory_mb=256, client=own_daemon.client())
+    pid = prepare(sbx)
+    crash_during(own_daemon, lambda: sbx.checkpoint("memory", name="snap"))
+    no_partial_checkpoints(own_daemon)
+    sbx = Sandbox.connect("victim", client=own_daemon.client())
+    assert sbx.status == S.RUNNING, f"{sbx.status} after recovery"
+    assert_intact(sbx, pid)
+    for ckpt in Sandbox.list_checkpoints(client=own_daemon.client()):  # only a sealed one survives, and works
+        restored = Sandbox.create(snapshot_id=ckpt.id, client=own_daemon.client())
+        assert restored.read_file("/root/keep.txt") == b"precious"
+
+
+@pytest.mark.parametrize("point", FORK_POINTS)
+def test_kill_during_fork(own_daemon: Daemon, point: str) -> None:
+    own_daemon.start(STASIS_KILL_POINT=point)
+    sbx = Sandbox.create("victim", memory_mb=256, client=own_daemon.client())
+    pid = prepare(sbx)
+    crash_during(own_daemon, lambda: sbx.copy(times=2))
+    no_partial_checkpoints(own_daemon)
+    assert Sandbox.list_checkpoints(client=own_daemon.client()) == []  # a fork's checkpoint never outlives it
+    client = own_daemon.client()
+    for info in Sandbox.list(client=client):
+        assert info.status == S.RUNNING
+        child = Sandbox(info, client)
+        assert child.read_file("/root/keep.txt") == b"precious"
+    assert live_runsc(own_daemon) == {i.id for i in Sandbox.list(client=client)}
+    assert_intact(Sandbox.connect("victim", client=client), pid)
+
+
+@pytest.mark.parametrize("point", RESTORE_POINTS)
+def test_kill_during_create_from_checkpoint(own_daemon: Daemon, point: str) -> None:
+    own_daemon.start(STASIS_KILL_POINT=point)
+    sbx = Sandbox.create("origin", memory_mb=256, client=own_daemon.client())
+    pid = prepare(sbx)
+    ckpt = sbx.checkpoint("memory")
+    crash_during(own_daemon, lambda: Sandbox.create("copy", snapshot_id=ckpt.id, client=own_daemon.client()))
+    client = own_daemon.client()
+    assert [i.name for i in Sandbox.list(client=client)] == ["origin"]  # the cut-off create is rolled back
+    assert live_runsc(own_daemon) == {sbx.id}
+    restored = Sandbox.create("copy", snapshot_id=ckpt.id, client=client)  # the checkpoint is intact
+    assert_intact(restored, pid)
 
 
 def test_unknown_runsc_containers_and_directories_are_reaped(own_daemon: Daemon) -> None:

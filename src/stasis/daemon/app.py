@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 from collections.abc import AsyncIterator, Callable
@@ -16,9 +17,13 @@ from .. import __version__
 from ..errors import InvalidRequest, StasisError
 from ..images import ImageInfo
 from ..models import (
+    CheckpointInfo,
+    CreateCheckpointRequest,
     CreateSandboxRequest,
     DaemonInfo,
+    DiskUsage,
     FileEntry,
+    ForkRequest,
     ProcessInfo,
     ProcessOutput,
     RunRequest,
@@ -114,6 +119,30 @@ def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[],
     @app.post("/v1/sandboxes/{ref}/resume")
     async def resume(ref: str) -> SandboxInfo:
         return await service.resume(ref)
+
+    @app.post("/v1/sandboxes/{ref}/checkpoints", status_code=201)
+    async def checkpoint(ref: str, request: CreateCheckpointRequest) -> CheckpointInfo:
+        return await service.checkpoint(ref, request)
+
+    @app.post("/v1/sandboxes/{ref}/fork", status_code=201)
+    async def fork(ref: str, request: ForkRequest) -> list[SandboxInfo]:
+        return await service.fork(ref, request.times)
+
+    @app.get("/v1/checkpoints")
+    async def list_checkpoints() -> list[CheckpointInfo]:
+        return service.list_checkpoints()
+
+    @app.get("/v1/checkpoints/{ref}")
+    async def get_checkpoint(ref: str) -> CheckpointInfo:
+        return service.get_checkpoint(ref)
+
+    @app.delete("/v1/checkpoints/{ref}")
+    async def delete_checkpoint(ref: str) -> CheckpointInfo:
+        return service.delete_checkpoint(ref)
+
+    @app.get("/v1/df")
+    async def disk_usage() -> DiskUsage:
+        return await asyncio.to_thread(service.disk_usage)
 
     @app.get("/v1/sandboxes/{ref}/transitions")
     async def transitions(ref: str) -> list[dict]:

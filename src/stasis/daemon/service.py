@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 import time
@@ -32,7 +33,11 @@ from ..errors import (
 from ..guest.channel import GuestChannel, b64decode, b64encode
 from ..images import ImageStore
 from ..models import (
+    CheckpointInfo,
+    CheckpointType,
+    CreateCheckpointRequest,
     CreateSandboxRequest,
+    DiskUsage,
     FileEntry,
     ProcessInfo,
     ProcessOutput,
@@ -44,6 +49,7 @@ from ..models import (
     StartProcessRequest,
 )
 from ..paths import Paths
+from .checkpoints import CheckpointFiles
 from .metrics import Metrics
 from .states import WHY_NOT
 from .store import Store
@@ -68,11 +74,25 @@ def new_sandbox_id() -> str:
     return "sb-" + "".join(secrets.choice(ID_ALPHABET) for _ in range(12))
 
 
+def new_checkpoint_id() -> str:
+    return "ck-" + "".join(secrets.choice(ID_ALPHABET) for _ in range(12))
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
 class SandboxService:
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
         self.store = Store(paths.database)
         self.images = ImageStore(paths.images)
+        self.checkpoint_files = CheckpointFiles(paths.home / "checkpoints")
         self.backends: dict[str, Backend] = {}
         self._channels: dict[str, GuestChannel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -117,9 +137,13 @@ class SandboxService:
             hostname=info.name or info.id,
             spec=info.spec,
             directory=self.paths.sandboxes / info.id,
-            image_rootfs=self.images.rootfs(info.spec.image),
+            image_rootfs=self._image_rootfs(info),
             backend_state=info.backend,
         )
+
+    def _image_rootfs(self, info: SandboxInfo) -> Path:
+        key = info.backend.get("image_key")
+        return self.images.rootfs_by_key(key) if key else self.images.rootfs(info.spec.image)
 
     def _backend(self, info: SandboxInfo) -> Backend:
         backend = self.backends.get(info.spec.backend)
@@ -147,31 +171,63 @@ class SandboxService:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def create(self, request: CreateSandboxRequest) -> SandboxInfo:
-        spec_model = SandboxSpec.model_validate(request.model_dump(exclude={"name"}))
+    async def create(self, request: CreateSandboxRequest, *, verify: bool = True) -> SandboxInfo:
+        checkpoint = None
+        if request.snapshot_id is not None:
+            checkpoint = self.store.get_checkpoint(request.snapshot_id)
+            spec_model = self._spec_from_checkpoint(checkpoint, request)
+        else:
+            spec_model = SandboxSpec.model_validate(request.model_dump(exclude={"name", "snapshot_id"}))
         backend = self.backends.get(spec_model.backend)
         if backend is None:
             raise InvalidRequest(f"backend {spec_model.backend!r} is not available on this host; see `stasis doctor`")
         if spec_model.network:
             raise InvalidRequest("network access inside sandboxes is not supported yet; leave network off")
-        self.images.get(spec_model.image)  # refuse before anything exists on the host
-        info = self.store.insert(new_sandbox_id(), request.name, spec_model)
+        # Refuse before anything exists on the host; pin the exact image build.
+        image_key = checkpoint.image if checkpoint else self.images.get(spec_model.image).key
+        self.images.rootfs_by_key(image_key)
+        if checkpoint is not None and verify:
+            sha = checkpoint.sha256
+            await asyncio.to_thread(self.checkpoint_files.verify, checkpoint.id, sha)
+        info = self.store.insert(new_sandbox_id(), request.name, spec_model, {"image_key": image_key})
         async with self._lock(info.id):
             box = self._box(info)
             faults.point("create.after_intent")
             started = time.monotonic()
             try:
-                channel, backend_state = await backend.start(box)
+                if checkpoint is None:
+                    channel, backend_state = await backend.start(box)
+                else:
+                    source = self.checkpoint_files.path(checkpoint.id)
+                    memory = checkpoint.type == CheckpointType.MEMORY
+                    channel, backend_state = await backend.start_from(box, source, memory, checkpoint.backend_state)
             except BaseException as exc:
                 await self._discard(info, box, f"start failed: {exc}")
                 raise
             self._channels[info.id] = channel
             faults.point("create.before_outcome")
-            info = self.store.transition(info.id, S.RUNNING, "started", backend_state=backend_state)
+            detail = f"from checkpoint {checkpoint.id}" if checkpoint else "started"
+            backend_state = {**backend_state, "image_key": image_key}
+            info = self.store.transition(info.id, S.RUNNING, detail, backend_state=backend_state)
             self._activity[info.id] = time.time()
             self.metrics.create_seconds.observe(time.monotonic() - started)
             log.info("created %s (%s) in %.3fs", info.id, info.name, time.monotonic() - started)
             return info
+
+    def _spec_from_checkpoint(self, checkpoint: CheckpointInfo, request: CreateSandboxRequest) -> SandboxSpec:
+        """The checkpoint's resources; a MEMORY restore must keep its memory size and backend."""
+        if request.backend != checkpoint.backend:
+            raise InvalidRequest(
+                f"checkpoint {checkpoint.id} was made on backend {checkpoint.backend!r}, not {request.backend!r}"
+            )
+        overrides = {k: getattr(request, k) for k in request.model_fields_set & {"timeout_secs", "on_idle", "cpus"}}
+        if checkpoint.type == CheckpointType.FILESYSTEM:
+            overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb"}}
+        elif "memory_mb" in request.model_fields_set and request.memory_mb != checkpoint.spec.memory_mb:
+            raise InvalidRequest(
+                f"a MEMORY checkpoint restores with the memory it was taken with ({checkpoint.spec.memory_mb} MiB)"
+            )
+        return checkpoint.spec.model_copy(update=overrides)
 
     async def _discard(self, info: SandboxInfo, box: BoxRef, reason: str) -> None:
         """Roll back a create: nothing stays on the host, the record says why."""
@@ -181,6 +237,133 @@ class SandboxService:
         if current != S.TERMINATING:
             self.store.transition(info.id, S.TERMINATING, reason)
         self.store.transition(info.id, S.TERMINATED, reason, error=reason)
+
+    # ------------------------------------------------------------ checkpoints and forks
+
+    async def checkpoint(self, ref: str, request: CreateCheckpointRequest, *, internal: bool = False) -> CheckpointInfo:
+        """Capture the sandbox (paused briefly) as an immutable artifact; it keeps running."""
+        info = await self._ensure_running(self.store.get(ref))
+        async with self._lock(info.id):
+            info = self.store.get(info.id)
+            self._require(info, S.RUNNING)
+            backend, box = self._backend(info), self._box(info)
+            channel = await self._channel(info)
+            now = time.time()
+            checkpoint = CheckpointInfo(
+                id=new_checkpoint_id(),
+                name=request.name,
+                type=request.type,
+                sandbox_id=info.id,
+                sandbox_name=info.name,
+                image=self.images.get(info.spec.image).key,
+                spec=info.spec,
+                backend=info.spec.backend,
+                backend_state=info.backend,
+                created_at=now,
+                expires_at=now + request.ttl_secs if request.ttl_secs else None,
+                sha256=None,
+                size_bytes=0,
+                metadata=request.metadata,
+            )
+            self.store.insert_checkpoint(checkpoint, internal=internal)  # intent: 'writing'
+            self.store.transition(info.id, S.SNAPSHOTTING, f"{request.type.value} checkpoint {checkpoint.id}")
+            faults.point("checkpoint.after_intent")
+            started = time.monotonic()
+            try:
+                partial = self.checkpoint_files.begin(checkpoint.id)
+                await backend.checkpoint(box, channel, partial, request.type == CheckpointType.MEMORY)
+                faults.point("checkpoint.before_seal")
+                sha256, size = await asyncio.to_thread(self.checkpoint_files.seal, checkpoint.id)
+                faults.point("checkpoint.after_seal")
+                checkpoint = checkpoint.model_copy(update={"sha256": sha256, "size_bytes": size})
+                self.store.seal_checkpoint(checkpoint)  # outcome: 'ready'
+            except BaseException as exc:
+                self.checkpoint_files.remove(checkpoint.id)
+                self.store.delete_checkpoint(checkpoint.id)
+                alive = await backend.host_state(box) == HostState.RUNNING
+                target = S.RUNNING if alive else S.FAILED
+                self.store.transition(info.id, target, "checkpoint rolled back", error=f"checkpoint failed: {exc}")
+                raise
+            faults.point("checkpoint.before_outcome")
+            self.store.transition(info.id, S.RUNNING, f"checkpoint {checkpoint.id} ready")
+            elapsed = time.monotonic() - started
+            self.metrics.checkpoint_seconds.observe(elapsed)
+            log.info("checkpoint %s (%s) of %s in %.3fs, %d bytes", checkpoint.id, request.type.value, info.id,
+                     elapsed, size)  # fmt: skip
+            return checkpoint
+
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        return self.store.list_checkpoints()
+
+    def get_checkpoint(self, ref: str) -> CheckpointInfo:
+        return self.store.get_checkpoint(ref)
+
+    def delete_checkpoint(self, ref: str) -> CheckpointInfo:
+        checkpoint = self.store.get_checkpoint(ref)
+        self.store.delete_checkpoint(checkpoint.id)  # the record first: a crash leaves a directory the sweep removes
+        self.checkpoint_files.remove(checkpoint.id)
+        log.info("deleted checkpoint %s", checkpoint.id)
+        return checkpoint
+
+    async def fork(self, ref: str, times: int) -> list[SandboxInfo]:
+        """Live copies: each continues from this instant (memory, processes, files), then diverges."""
+        parent = self.store.get(ref)
+        request = CreateCheckpointRequest(type=CheckpointType.MEMORY, metadata={"fork_of": parent.id})
+        checkpoint = await self.checkpoint(ref, request, internal=True)
+        faults.point("fork.after_checkpoint")
+        try:
+            spec = {"timeout_secs": parent.spec.timeout_secs, "on_idle": parent.spec.on_idle}
+            children = await asyncio.gather(
+                *(
+                    self.create(
+                        CreateSandboxRequest(
+                            name=f"{parent.name}-{secrets.token_hex(3)}" if parent.name else None,
+                            snapshot_id=checkpoint.id,
+                            backend=parent.spec.backend,
+                            **spec,
+                        ),
+                        verify=False,  # made a moment ago by this daemon
+                    )
+                    for _ in range(times)
+                ),
+                return_exceptions=True,
+            )
+            faults.point("fork.after_children")
+        finally:
+            self.store.delete_checkpoint(checkpoint.id)
+            self.checkpoint_files.remove(checkpoint.id)
+        failures = [c for c in children if isinstance(c, BaseException)]
+        if failures:
+            for child in children:
+                if isinstance(child, SandboxInfo):
+                    await self.terminate(child.id)
+            raise failures[0]
+        return [c for c in children if isinstance(c, SandboxInfo)]
+
+    def disk_usage(self) -> DiskUsage:
+        sandboxes = (
+            {p.name: _tree_bytes(p) for p in self.paths.sandboxes.iterdir()} if self.paths.sandboxes.exists() else {}
+        )
+        checkpoints = {c.id: c.size_bytes for c in self.store.list_checkpoints(include_internal=True)}
+        images = sum(i.size_bytes for i in self.images.list())
+        return DiskUsage(
+            sandboxes_bytes=sum(sandboxes.values()),
+            checkpoints_bytes=sum(checkpoints.values()),
+            images_bytes=images,
+            sandboxes=sandboxes,
+            checkpoints=checkpoints,
+            shared_note=(
+                "every sandbox and checkpoint shares its image read-only (counted once, under images); "
+                "checkpoint files are copies (reflinks where the filesystem supports them)"
+            ),
+        )
+
+    async def expire_checkpoints(self) -> None:
+        now = time.time()
+        for checkpoint in self.store.list_checkpoints():
+            if checkpoint.expires_at is not None and checkpoint.expires_at <= now:
+                log.warning("checkpoint %s (%s) reached its TTL: deleting it", checkpoint.id, checkpoint.name)
+                self.delete_checkpoint(checkpoint.id)
 
     async def suspend(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
         info = self.store.get(ref)
@@ -238,6 +421,7 @@ class SandboxService:
             try:
                 if cold:
                     channel, backend_state = await backend.start(box)
+                    backend_state = {**info.backend, **backend_state}
                 else:
                     channel, backend_state = await backend.resume(box), info.backend
             except BaseException as exc:
@@ -304,6 +488,11 @@ class SandboxService:
 
     async def recover(self) -> None:
         """Make the store and the host agree after a restart, sandbox by sandbox."""
+        for checkpoint_id in self.store.unfinished_checkpoints():
+            log.warning("removing checkpoint %s: its writing was cut off (or it was a fork's)", checkpoint_id)
+            self.store.delete_checkpoint(checkpoint_id)
+        for name in self.checkpoint_files.sweep(keep=self.store.all_checkpoint_ids()):
+            log.warning("removed checkpoint directory %s that no checkpoint owns", name)
         for info in self.store.list():
             try:
                 await self._recover_one(info)
@@ -322,6 +511,12 @@ class SandboxService:
             await self._discard(info, box, "the daemon stopped while the sandbox was being created")
         elif info.status == S.TERMINATING:
             await self.terminate(info.id)
+        elif info.status == S.SNAPSHOTTING:
+            if host == HostState.RUNNING:
+                await self._adopt(info, box, "checkpoint cut off; the sandbox goes on")  # connect() unpauses
+            else:
+                await backend.stop(box)
+                self.store.transition(info.id, S.FAILED, error="the sandbox stopped during a checkpoint")
         elif info.status in (S.RUNNING, S.SUSPENDING):
             if host == HostState.RUNNING:
                 await backend.discard_partial(box)
@@ -433,6 +628,8 @@ class SandboxService:
             ticks += 1
             if ticks % 30 == 0:
                 self._persist_activity()
+            if ticks % 10 == 0:
+                await self.expire_checkpoints()
             for info in self.store.list():
                 if info.status == S.RUNNING and info.id not in self._idle_busy and self._is_idle(info):
                     self._idle_busy.add(info.id)

@@ -3,6 +3,7 @@
     pending ──► running ◄──────────────► suspending ──► suspended ──► resuming ──► running
        │          │   ▲ (rollback)            │            ▲ (rollback)  │
        └──────────┴───┴──► terminating ──► terminated      └─────────────┘
+    running ──► snapshotting ──► running        (a checkpoint: paused briefly, then on)
     any live state ──► failed ──► terminating, or ──► resuming (a cold boot with its files)
 
 States ending in -ing are *intents*: they are written before the work starts,
@@ -17,7 +18,8 @@ from ..models import SandboxStatus as S
 
 TRANSITIONS: dict[S, frozenset[S]] = {
     S.PENDING: frozenset({S.RUNNING, S.TERMINATING, S.FAILED}),
-    S.RUNNING: frozenset({S.SUSPENDING, S.TERMINATING, S.FAILED}),
+    S.RUNNING: frozenset({S.SUSPENDING, S.SNAPSHOTTING, S.TERMINATING, S.FAILED}),
+    S.SNAPSHOTTING: frozenset({S.RUNNING, S.FAILED}),
     S.SUSPENDING: frozenset({S.SUSPENDED, S.RUNNING, S.FAILED}),
     S.SUSPENDED: frozenset({S.RESUMING, S.TERMINATING, S.FAILED}),
     S.RESUMING: frozenset({S.RUNNING, S.SUSPENDED, S.FAILED}),
@@ -26,12 +28,13 @@ TRANSITIONS: dict[S, frozenset[S]] = {
     S.TERMINATED: frozenset(),
 }
 
-INTENTS = frozenset({S.PENDING, S.SUSPENDING, S.RESUMING, S.TERMINATING})
+INTENTS = frozenset({S.PENDING, S.SUSPENDING, S.RESUMING, S.SNAPSHOTTING, S.TERMINATING})
 
 # What a user asked for, per state it cannot be done in: the message says what to do instead.
 WHY_NOT: dict[S, str] = {
     S.PENDING: "is still being created; try again in a moment",
     S.SUSPENDING: "is being suspended; try again in a moment",
+    S.SNAPSHOTTING: "is being checkpointed; try again in a moment",
     S.SUSPENDED: "is suspended; resume it first (`stasis resume {name}`)",
     S.RESUMING: "is being resumed; try again in a moment",
     S.TERMINATING: "is being removed",

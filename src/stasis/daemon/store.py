@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import NameTaken, SandboxNotFound
-from ..models import ID_PATTERN, SandboxInfo, SandboxSpec, SandboxStatus
+from ..errors import CheckpointNotFound, NameTaken, SandboxNotFound
+from ..models import ID_PATTERN, CheckpointInfo, SandboxInfo, SandboxSpec, SandboxStatus
 from .states import check_transition, phase
 
 SCHEMA = """
@@ -43,6 +43,13 @@ CREATE TABLE IF NOT EXISTS transitions (
     detail TEXT
 );
 CREATE INDEX IF NOT EXISTS transitions_by_sandbox ON transitions(sandbox_id, seq);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id TEXT PRIMARY KEY,
+    name TEXT UNIQUE,
+    status TEXT NOT NULL,            -- 'writing' (intent) or 'ready' (outcome)
+    internal INTEGER NOT NULL DEFAULT 0,
+    info TEXT NOT NULL
+);
 """
 
 
@@ -88,16 +95,17 @@ class Store:
 
     # ------------------------------------------------------------ writes
 
-    def insert(self, sandbox_id: str, name: str | None, spec: SandboxSpec) -> SandboxInfo:
+    def insert(
+        self, sandbox_id: str, name: str | None, spec: SandboxSpec, backend_state: dict[str, Any] | None = None
+    ) -> SandboxInfo:
         now = time.time()
         try:
             with self.db:
                 self.db.execute("BEGIN IMMEDIATE")
-                self.db.execute(
-                    "INSERT INTO sandboxes (id, name, status, spec, created_at, updated_at, last_activity)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (sandbox_id, name, SandboxStatus.PENDING.value, spec.model_dump_json(), now, now, now),
-                )
+                columns = "id, name, status, spec, backend_state, created_at, updated_at, last_activity"
+                values = (sandbox_id, name, SandboxStatus.PENDING.value, spec.model_dump_json())
+                values += (json.dumps(backend_state or {}), now, now, now)
+                self.db.execute(f"INSERT INTO sandboxes ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values)
                 self._journal(sandbox_id, None, SandboxStatus.PENDING, "create")
         except sqlite3.IntegrityError as exc:
             raise NameTaken(
@@ -142,6 +150,48 @@ class Store:
 
     def touch_at(self, sandbox_id: str, when: float) -> None:
         self.db.execute("UPDATE sandboxes SET last_activity = ? WHERE id = ?", (when, sandbox_id))
+
+    # ------------------------------------------------------------ checkpoints
+
+    def insert_checkpoint(self, info: CheckpointInfo, internal: bool = False) -> None:
+        try:
+            self.db.execute(
+                "INSERT INTO checkpoints (id, name, status, internal, info) VALUES (?, ?, 'writing', ?, ?)",
+                (info.id, info.name, int(internal), info.model_dump_json()),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(f"a checkpoint named {info.name!r} already exists; pick another name") from exc
+
+    def seal_checkpoint(self, info: CheckpointInfo) -> None:
+        self.db.execute(
+            "UPDATE checkpoints SET status = 'ready', info = ? WHERE id = ?", (info.model_dump_json(), info.id)
+        )
+
+    def delete_checkpoint(self, checkpoint_id: str) -> None:
+        self.db.execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))
+
+    def get_checkpoint(self, ref: str) -> CheckpointInfo:
+        row = self.db.execute(
+            "SELECT info FROM checkpoints WHERE status = 'ready' AND (id = ? OR name = ?)", (ref, ref)
+        ).fetchone()
+        if row is None:
+            raise CheckpointNotFound(f"no checkpoint named or with id {ref[:80]!r}; `stasis checkpoints` lists them")
+        return CheckpointInfo.model_validate_json(row["info"])
+
+    def list_checkpoints(self, include_internal: bool = False) -> list[CheckpointInfo]:
+        query = "SELECT info FROM checkpoints WHERE status = 'ready'" + (
+            "" if include_internal else " AND internal = 0"
+        )
+        infos = [CheckpointInfo.model_validate_json(row["info"]) for row in self.db.execute(query)]
+        return sorted(infos, key=lambda c: c.created_at)
+
+    def unfinished_checkpoints(self) -> list[str]:
+        """Checkpoints whose writing was cut off, and internal ones (a fork's) left by a crash."""
+        rows = self.db.execute("SELECT id FROM checkpoints WHERE status != 'ready' OR internal = 1")
+        return [row["id"] for row in rows]
+
+    def all_checkpoint_ids(self) -> set[str]:
+        return {row["id"] for row in self.db.execute("SELECT id FROM checkpoints")}
 
     def _journal(
         self, sandbox_id: str, current: SandboxStatus | None, target: SandboxStatus, detail: str | None

@@ -63,6 +63,13 @@ class ImageStore:
     def rootfs(self, name: str) -> Path:
         return Path(self.get(name).path) / "rootfs"
 
+    def rootfs_by_key(self, key: str) -> Path:
+        """The exact build a sandbox was made from: a rebuilt recipe must not change a sandbox's files."""
+        path = self.directory / key / "rootfs"
+        if not (self.directory / key / "image.json").exists():
+            raise ImageNotFound(f"image {key} that this sandbox was created from is gone from {self.directory}")
+        return path
+
     def list(self) -> list[ImageInfo]:
         images = []
         if self.directory.exists():

@@ -2,6 +2,8 @@
 
 from ..errors import (
     BackendError,
+    CheckpointCorrupt,
+    CheckpointNotFound,
     Conflict,
     DaemonUnavailable,
     FileError,
@@ -19,7 +21,16 @@ from ..errors import (
     StasisError,
     StateError,
 )
-from ..models import FileEntry, ProcessInfo, ProcessOutput, SandboxInfo, SandboxSpec, SandboxStatus
+from ..models import (
+    CheckpointInfo,
+    CheckpointType,
+    FileEntry,
+    ProcessInfo,
+    ProcessOutput,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxStatus,
+)
 from ._client import AsyncClient, Client
 from ._sandbox import AsyncSandbox, CommandResult, Sandbox
 
@@ -27,6 +38,10 @@ __all__ = [
     "AsyncClient",
     "AsyncSandbox",
     "BackendError",
+    "CheckpointCorrupt",
+    "CheckpointInfo",
+    "CheckpointNotFound",
+    "CheckpointType",
     "Client",
     "CommandResult",
     "Conflict",

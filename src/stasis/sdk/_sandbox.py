@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..models import (
+    CheckpointInfo,
+    CheckpointType,
+    CreateCheckpointRequest,
     CreateSandboxRequest,
     FileEntry,
     ProcessInfo,
@@ -109,13 +112,23 @@ def process_body(
     return build(StartProcessRequest, cmd=cmd, env=env or {}, cwd=working_dir, name=name, stdin=stdin).model_dump()
 
 
+def checkpoint_body(
+    checkpoint_type: CheckpointType | str, name: str | None, metadata: dict[str, Any] | None, ttl_secs: int | None
+) -> dict[str, Any]:
+    request = build(
+        CreateCheckpointRequest, type=CheckpointType(checkpoint_type), name=name, metadata=metadata or {},
+        ttl_secs=ttl_secs,
+    )  # fmt: skip
+    return request.model_dump(mode="json")
+
+
 def _bytes(data: bytes | str) -> bytes:
     return data.encode() if isinstance(data, str) else data
 
 
 def create_body(name: str | None, **spec: Any) -> dict[str, Any]:
     fields = {k: v for k, v in spec.items() if v is not None}
-    return build(CreateSandboxRequest, name=name, **fields).model_dump(exclude_none=True)
+    return build(CreateSandboxRequest, name=name, **fields).model_dump(exclude_unset=True)
 
 
 class _SandboxBase:
@@ -164,12 +177,14 @@ class Sandbox(_SandboxBase):
         on_idle: str | None = None,
         backend: str | None = None,
         network: bool | None = None,
+        snapshot_id: str | None = None,
         client: Client | None = None,
     ) -> Sandbox:
+        """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files)."""
         client = client or Client()
         body = create_body(
             name, image=image, cpus=cpus, memory_mb=memory_mb, timeout_secs=timeout_secs,
-            on_idle=on_idle, backend=backend, network=network,
+            on_idle=on_idle, backend=backend, network=network, snapshot_id=snapshot_id,
         )  # fmt: skip
         return cls(SandboxInfo.model_validate(client.json("POST", "/v1/sandboxes", json=body)), client)
 
@@ -203,6 +218,39 @@ class Sandbox(_SandboxBase):
     def close(self) -> None:
         """Close the connection to the daemon; the sandbox keeps running."""
         self._client.close()
+
+    # ---------------------------------------------------- checkpoints and forks
+
+    def checkpoint(
+        self,
+        checkpoint_type: CheckpointType | str = CheckpointType.MEMORY,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        ttl_secs: int | None = None,
+    ) -> CheckpointInfo:
+        """An immutable artifact of this instant; the sandbox keeps running. Restore with ``create(snapshot_id=)``."""
+        body = checkpoint_body(checkpoint_type, name, metadata, ttl_secs)
+        return CheckpointInfo.model_validate(self._client.json("POST", f"{self._base}/checkpoints", json=body))
+
+    def copy(self, times: int = 1) -> list[Sandbox]:
+        """Live forks: new running sandboxes that continue from this instant, then diverge."""
+        infos = self._client.json("POST", f"{self._base}/fork", json={"times": times})
+        return [Sandbox(SandboxInfo.model_validate(i), self._client) for i in infos]
+
+    @classmethod
+    def list_checkpoints(cls, client: Client | None = None) -> list[CheckpointInfo]:
+        client = client or Client()
+        return [CheckpointInfo.model_validate(c) for c in client.json("GET", "/v1/checkpoints")]
+
+    @classmethod
+    def get_checkpoint(cls, checkpoint_id: str, client: Client | None = None) -> CheckpointInfo:
+        client = client or Client()
+        return CheckpointInfo.model_validate(client.json("GET", f"/v1/checkpoints/{checkpoint_id}"))
+
+    @classmethod
+    def delete_checkpoint(cls, checkpoint_id: str, client: Client | None = None) -> CheckpointInfo:
+        client = client or Client()
+        return CheckpointInfo.model_validate(client.json("DELETE", f"/v1/checkpoints/{checkpoint_id}"))
 
     # ---------------------------------------------------- commands
 
@@ -312,12 +360,14 @@ class AsyncSandbox(_SandboxBase):
         on_idle: str | None = None,
         backend: str | None = None,
         network: bool | None = None,
+        snapshot_id: str | None = None,
         client: AsyncClient | None = None,
     ) -> AsyncSandbox:
+        """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files)."""
         client = client or AsyncClient()
         body = create_body(
             name, image=image, cpus=cpus, memory_mb=memory_mb, timeout_secs=timeout_secs,
-            on_idle=on_idle, backend=backend, network=network,
+            on_idle=on_idle, backend=backend, network=network, snapshot_id=snapshot_id,
         )  # fmt: skip
         return cls(SandboxInfo.model_validate(await client.json("POST", "/v1/sandboxes", json=body)), client)
 
@@ -350,6 +400,37 @@ class AsyncSandbox(_SandboxBase):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    # ---------------------------------------------------- checkpoints and forks
+
+    async def checkpoint(
+        self,
+        checkpoint_type: CheckpointType | str = CheckpointType.MEMORY,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        ttl_secs: int | None = None,
+    ) -> CheckpointInfo:
+        body = checkpoint_body(checkpoint_type, name, metadata, ttl_secs)
+        return CheckpointInfo.model_validate(await self._client.json("POST", f"{self._base}/checkpoints", json=body))
+
+    async def copy(self, times: int = 1) -> list[AsyncSandbox]:
+        infos = await self._client.json("POST", f"{self._base}/fork", json={"times": times})
+        return [AsyncSandbox(SandboxInfo.model_validate(i), self._client) for i in infos]
+
+    @classmethod
+    async def list_checkpoints(cls, client: AsyncClient | None = None) -> list[CheckpointInfo]:
+        client = client or AsyncClient()
+        return [CheckpointInfo.model_validate(c) for c in await client.json("GET", "/v1/checkpoints")]
+
+    @classmethod
+    async def get_checkpoint(cls, checkpoint_id: str, client: AsyncClient | None = None) -> CheckpointInfo:
+        client = client or AsyncClient()
+        return CheckpointInfo.model_validate(await client.json("GET", f"/v1/checkpoints/{checkpoint_id}"))
+
+    @classmethod
+    async def delete_checkpoint(cls, checkpoint_id: str, client: AsyncClient | None = None) -> CheckpointInfo:
+        client = client or AsyncClient()
+        return CheckpointInfo.model_validate(await client.json("DELETE", f"/v1/checkpoints/{checkpoint_id}"))
 
     # ---------------------------------------------------- commands
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ... import faults
+from ... import faults, procs
 from ...errors import BackendError, StartupError, StateError
 from ...fsutil import atomic_write, fsync_dir, fsync_tree
 from ...guest.channel import GuestChannel
@@ -152,7 +152,69 @@ class GvisorBackend:
         return channel
 
     async def connect(self, box: BoxRef) -> GuestChannel:
+        state = await self.runsc.state(box.id)
+        if state is not None and state.get("status") == "paused":  # a checkpoint was cut off mid-way
+            await self.runsc.call("resume", box.id)
         return await self._connect(box, self._paths(box))
+
+    # ------------------------------------------------------------ checkpoints
+
+    async def checkpoint(self, box: BoxRef, channel: GuestChannel, dest: Path, memory: bool) -> None:
+        """Write ``dest/files`` (and ``dest/memory`` for a MEMORY checkpoint); the sandbox keeps running.
+
+        The sandbox is paused while its files are copied and its memory saved, so both
+        are the same instant; then it continues, none the wiser.
+        """
+        p = self._paths(box)
+        runsc = self._runsc_for(box)
+        await channel.call("sync", timeout=60)
+        await runsc.call("pause", box.id)
+        try:
+            faults.point("gvisor.checkpoint.paused")
+            await copy_tree(p["upper"], dest / "files")
+            faults.point("gvisor.checkpoint.after_files")
+            if memory:
+                (dest / "memory").mkdir()
+                flags = self.checkpoint_flags
+                await runsc.call("checkpoint", "--leave-running", *flags, "--image-path", str(dest / "memory"), box.id)
+                faults.point("gvisor.checkpoint.after_memory")
+        finally:
+            await runsc.call("resume", box.id)
+
+    async def start_from(
+        self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
+    ) -> tuple[GuestChannel, dict[str, Any]]:
+        """A new sandbox from a checkpoint: its files, and (MEMORY) its processes where they were."""
+        p = self._paths(box)
+        if memory and source_state.get("runsc_version") != self.version:
+            raise StateError(
+                f"this checkpoint was made by runsc {source_state.get('runsc_version')} and cannot be restored "
+                f"by runsc {self.version}; restore it on a host with that runsc build, or make a FILESYSTEM checkpoint"
+            )
+        box.directory.mkdir(parents=True, exist_ok=True)
+        await copy_tree(source / "files", p["upper"])
+        faults.point("gvisor.start_from.after_copy")
+        if not memory:
+            return await self.start(box)
+        for fifo in (p["to_guest"], p["from_guest"]):
+            os.mkfifo(fifo, 0o600)
+        p["bundle"].mkdir()
+        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]))
+        atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
+        mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
+        state = {"runsc_version": self.version, "platform": source_state.get("platform", self.platform)}
+        runsc = Runsc(self.binary, self.runsc.root, state["platform"])
+        try:
+            image = str(source / "memory")
+            await self._launch(
+                runsc, box, "restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", image, box.id
+            )
+            faults.point("gvisor.start_from.after_restore")
+            channel = await self._connect(box, p)
+        except BaseException:
+            await self.stop(box)
+            raise
+        return channel, state
 
     async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
         p = self._paths(box)
@@ -208,7 +270,7 @@ class GvisorBackend:
     async def host_state(self, box: BoxRef) -> HostState:
         state = await self.runsc.state(box.id)
         # After a checkpoint runsc still says "running" until delete: look at the process too.
-        if state is not None and state.get("status") == "running" and _pid_alive(state.get("pid")):
+        if state is not None and state.get("status") in ("running", "paused") and _pid_alive(state.get("pid")):
             return HostState.RUNNING
         if (self._paths(box)["suspend"] / "checkpoint.img").exists():
             return HostState.SUSPENDED
@@ -259,6 +321,14 @@ class GvisorBackend:
 
     async def delete_container(self, sandbox_id: str) -> None:
         await self.runsc.delete(sandbox_id)
+
+
+async def copy_tree(source: Path, dest: Path) -> None:
+    """Copy a sandbox's writable layer (whiteouts and xattrs included); reflinks where the fs allows."""
+    dest.mkdir(parents=True, exist_ok=True)
+    result = await procs.run(["cp", "-a", "--reflink=auto", f"{source}/.", str(dest)], timeout=3600)
+    if result.returncode != 0:
+        raise BackendError(f"copying {source} to {dest} failed: {result.output}")
 
 
 def _pid_alive(pid: Any) -> bool:

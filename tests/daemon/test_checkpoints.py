@@ -1,0 +1,157 @@
+"""Checkpoints are durable artifacts: restore many times, fork live, refuse corrupt ones."""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+import time
+
+import pytest
+
+from stasis import CheckpointCorrupt, CheckpointType, Client, Sandbox, StateError
+from tests.conftest import Daemon, wait_until
+
+
+def repl_say(sbx: Sandbox, proc_id: str, code: str, offset: int) -> tuple[str, int]:
+    """Send a line to the REPL and wait for the line it prints."""
+    sbx.write_stdin(proc_id, code + "\n")
+    out = b""
+    deadline = time.monotonic() + 20
+    while not out.endswith(b"\n"):
+        chunk = sbx.process_output(proc_id, offset=offset, wait=2)
+        out += base64.b64decode(chunk.data_b64)
+        offset = chunk.next_offset
+        assert time.monotonic() < deadline, f"REPL did not answer {code!r}"
+    return out.decode().strip(), offset
+
+
+def test_memory_checkpoint_restores_a_repl_three_times_then_they_diverge(client: Client) -> None:
+    parent = Sandbox.create("repl-parent", memory_mb=512, client=client)
+    repl = parent.start_process(["python3", "-u", "-i", "-q"], stdin=True, name="repl")
+    answer, offset = repl_say(parent, repl.id, "state = {'n': 41, 'blob': bytes(range(256)) * 1000}; print('ready')", 0)
+    assert answer == "ready"
+    parent.write_file("/root/shared.txt", b"from the parent")
+
+    ckpt = parent.checkpoint(CheckpointType.MEMORY, name="repl-state", metadata={"notes": ["n is 41"]})
+    assert ckpt.type == CheckpointType.MEMORY and ckpt.sha256 and ckpt.size_bytes > 0
+    assert ckpt.metadata == {"notes": ["n is 41"]}
+    assert parent.run("echo still running").stdout == "still running\n"
+
+    children = [Sandbox.create(f"repl-child-{i}", snapshot_id=ckpt.id, client=client) for i in range(3)]
+    assert len({c.id for c in children}) == 3
+    offsets = {}
+    for i, child in enumerate(children):
+        answer, offsets[child.id] = repl_say(
+            child, repl.id, "state['n'] += 1; print(state['n'], len(state['blob']))", offset
+        )
+        assert answer == "42 256000", f"child {i} did not continue the REPL"
+        child.write_file("/root/mine.txt", f"child {i}".encode())
+
+    answer, offsets[children[0].id] = repl_say(
+        children[0], repl.id, "state['n'] = 100; print(state['n'])", offsets[children[0].id]
+    )
+    assert answer == "100"
+    for child in children[1:]:
+        answer, offsets[child.id] = repl_say(child, repl.id, "print(state['n'])", offsets[child.id])
+        assert answer == "42"
+    answer, _ = repl_say(parent, repl.id, "print(state['n'])", offset)
+    assert answer == "41"
+    for i, child in enumerate(children):
+        assert child.read_file("/root/mine.txt") == f"child {i}".encode()
+        assert child.read_file("/root/shared.txt") == b"from the parent"
+    assert parent.run("test -e /root/mine.txt").exit_code == 1
+
+    parent.terminate()  # checkpoints outlive their sandbox
+    again = Sandbox.create(snapshot_id="repl-state", client=client)
+    answer, _ = repl_say(again, repl.id, "print(state['n'])", offset)
+    assert answer == "41"
+    for sbx in (*children, again):
+        sbx.terminate()
+    Sandbox.delete_checkpoint(ckpt.id, client=client)
+
+
+def test_filesystem_checkpoint_restores_files_with_fresh_processes(client: Client) -> None:
+    sbx = Sandbox.create(memory_mb=256, client=client)
+    sbx.write_file("/srv/app/config.toml", b"answer = 42\n")
+    sbx.start_process(["sleep", "1000"], name="sleeper")
+    ckpt = sbx.checkpoint("filesystem")
+    restored = Sandbox.create(snapshot_id=ckpt.id, client=client)
+    assert restored.read_file("/srv/app/config.toml") == b"answer = 42\n"
+    assert restored.list_processes() == []
+    assert "sleep 1000" not in restored.run("ps -eo args").stdout
+    for s in (sbx, restored):
+        s.terminate()
+    Sandbox.delete_checkpoint(ckpt.id, client=client)
+
+
+def test_copy_forks_running_sandboxes_that_diverge(client: Client) -> None:
+    parent = Sandbox.create("forker", memory_mb=256, client=client)
+    counter = parent.start_process(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"])
+    wait_until(lambda: parent.run("test -s /tmp/n").exit_code == 0)
+    forks = parent.copy(times=2)
+    assert len(forks) == 2 and all(f.name.startswith("forker-") for f in forks)
+    for fork in forks:
+        assert fork.get_process(counter.id).status == "running"
+        first = int(fork.read_file("/tmp/n"))
+        wait_until(lambda fork=fork, first=first: int(fork.read_file("/tmp/n")) > first)
+    forks[0].write_file("/tmp/only-here", b"1")
+    assert forks[1].run("test -e /tmp/only-here").exit_code == 1
+    assert parent.run("test -e /tmp/only-here").exit_code == 1
+    assert Sandbox.list_checkpoints(client=client) == []  # a fork's checkpoint is not kept
+    for s in (parent, *forks):
+        s.terminate()
+
+
+def test_a_checkpoint_whose_bytes_changed_is_refused(daemon: Daemon, client: Client) -> None:
+    sbx = Sandbox.create(memory_mb=256, client=client)
+    sbx.write_file("/root/data", b"original")
+    ckpt = sbx.checkpoint("memory")
+    sbx.terminate()
+    target = daemon.paths.home / "checkpoints" / ckpt.id / "files" / "root" / "data"
+    target.write_bytes(b"tampered")
+    before = set(daemon.paths.sandboxes.iterdir())
+    with pytest.raises(CheckpointCorrupt, match=r"corrupt.*root/data"):
+        Sandbox.create(snapshot_id=ckpt.id, client=client)
+    assert set(daemon.paths.sandboxes.iterdir()) == before
+    Sandbox.delete_checkpoint(ckpt.id, client=client)
+
+
+def test_a_checkpoint_from_another_runsc_build_is_refused(daemon: Daemon, client: Client) -> None:
+    sbx = Sandbox.create(memory_mb=256, client=client)
+    ckpt = sbx.checkpoint("memory")
+    sbx.terminate()
+    with sqlite3.connect(daemon.paths.database) as db:
+        (info,) = db.execute("SELECT info FROM checkpoints WHERE id = ?", (ckpt.id,)).fetchone()
+        db.execute(
+            "UPDATE checkpoints SET info = ? WHERE id = ?",
+            (info.replace(ckpt.backend_state["runsc_version"], "0.0~19990101.0"), ckpt.id),
+        )
+    with pytest.raises(StateError, match=r"runsc 0\.0~19990101\.0"):
+        Sandbox.create(snapshot_id=ckpt.id, client=client)
+    Sandbox.delete_checkpoint(ckpt.id, client=client)
+
+
+def test_checkpoint_ttl_expires_visibly(client: Client) -> None:
+    sbx = Sandbox.create(memory_mb=256, client=client)
+    ckpt = sbx.checkpoint("filesystem", ttl_secs=1)
+    assert ckpt.expires_at is not None and ckpt.expires_at <= time.time() + 1.5
+    wait_until(lambda: ckpt.id not in {c.id for c in Sandbox.list_checkpoints(client=client)}, timeout=30)
+    sbx.terminate()
+
+
+@pytest.mark.slow
+def test_a_hundred_suspend_resume_cycles_keep_memory_and_files(client: Client) -> None:
+    sbx = Sandbox.create("cycler", memory_mb=256, client=client)
+    holder = sbx.start_process(["python3", "-u", "-i", "-q"], stdin=True)
+    _, offset = repl_say(sbx, holder.id, "import hashlib, os; blob = os.urandom(8 << 20); print('ok')", 0)
+    expected, offset = repl_say(sbx, holder.id, "print(hashlib.sha256(blob).hexdigest())", offset)
+    for cycle in range(100):
+        sbx.write_file(f"/root/cycles/{cycle}", str(cycle))
+        sbx.suspend()
+        sbx.resume()
+        digest, offset = repl_say(sbx, holder.id, "print(hashlib.sha256(blob).hexdigest())", offset)
+        assert digest == expected, f"memory changed at cycle {cycle}"
+        names = sorted(int(e.name) for e in sbx.list_directory("/root/cycles"))
+        assert names == list(range(cycle + 1)), f"files lost at cycle {cycle}"
+    assert sbx.get_process(holder.id).pid == holder.pid
+    sbx.terminate()
