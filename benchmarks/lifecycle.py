@@ -57,13 +57,23 @@ def holder_cmd(megabytes: int) -> list[str]:
 class RawBox:
     """A runsc container driven by hand: what stasis would cost if it were only runsc."""
 
-    def __init__(self, root: Path, runsc: Runsc, image: Path, checkpoint_flags: tuple[str, ...], n: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        runsc: Runsc,
+        image: Path,
+        checkpoint_flags: tuple[str, ...],
+        n: int,
+        files_from: Path | None = None,
+    ) -> None:
         self.dir = root / f"raw-{n}"
         self.id = f"raw-{os.getpid()}-{n}"
         self.runsc = runsc
         self.checkpoint_flags = checkpoint_flags
         self.bundle, self.rootfs = self.dir / "bundle", self.dir / "bundle" / "rootfs"
         (self.dir / "upper" / AGENT_PATH.lstrip("/")).parent.mkdir(parents=True)
+        if files_from is not None:  # a restore: the checkpoint's files first
+            subprocess.run(["cp", "-a", f"{files_from}/.", str(self.dir / "upper")], check=False)
         shutil.copyfile(AGENT_SOURCE, self.dir / "upper" / AGENT_PATH.lstrip("/"))
         self.bundle.mkdir()
         config = oci_config(self.id, self.id, SandboxSpec(memory_mb=1024), str(self.rootfs))

@@ -9,7 +9,6 @@ import time
 from datetime import datetime
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -69,6 +68,7 @@ def _status(info: SandboxInfo) -> str:
 
 @app.command()
 def create(
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Unique name of the sandbox.")],
     image: Annotated[str, typer.Option(help="Image to start from (`stasis image ls`).")] = "default",
     cpus: Annotated[float, typer.Option(help="CPU cores (fractions allowed).")] = 1.0,
@@ -82,11 +82,10 @@ def create(
     as_json: Json = False,
 ) -> None:
     """Create a sandbox and start it (from an image, or from a checkpoint with --from)."""
-    ctx = click.get_current_context()
     explicit = {
         key: value
         for key, value in (("image", image), ("cpus", cpus), ("memory_mb", memory_mb), ("timeout_secs", timeout_secs))
-        if ctx.get_parameter_source(key) != click.core.ParameterSource.DEFAULT or from_checkpoint is None
+        if from_checkpoint is None or ctx.get_parameter_source(key).name != "DEFAULT"
     }
     with err.status(f"creating sandbox {name}..."):
         started = time.monotonic()

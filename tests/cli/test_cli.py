@@ -94,3 +94,33 @@ def test_cli_starts_the_daemon_when_none_runs() -> None:
     os.kill(pid, 15)
     wait_until(lambda: not daemon.paths.pidfile.exists())
     assert not daemon.paths.socket.exists()
+
+
+def test_checkpoint_fork_df_and_create_from(cli) -> None:  # type: ignore[no-untyped-def]
+    assert cli("create", "cli-src", "--memory-mb", "256").exit_code == 0
+    assert cli("run", "cli-src", "--", "sh", "-c", "echo hello > /root/greeting").exit_code == 0
+
+    result = cli("checkpoint", "cli-src", "--type", "filesystem", "--name", "cli-ckpt")
+    assert result.exit_code == 0, result.output
+    checkpoint_id = result.stdout.strip()
+    assert checkpoint_id.startswith("ck-")
+
+    listed = json.loads(cli("checkpoints", "--json").stdout)
+    assert [(c["id"], c["name"], c["type"]) for c in listed] == [(checkpoint_id, "cli-ckpt", "filesystem")]
+
+    assert cli("create", "cli-copy", "--from", "cli-ckpt").exit_code == 0
+    assert cli("run", "cli-copy", "--", "cat", "/root/greeting").stdout == "hello\n"
+
+    forked = cli("fork", "cli-src", "--count", "2")
+    assert forked.exit_code == 0, forked.output
+    names = forked.stdout.split()
+    assert len(names) == 2 and all(n.startswith("cli-src-") for n in names)
+    assert cli("run", names[0], "--", "cat", "/root/greeting").stdout == "hello\n"
+
+    usage = json.loads(cli("df", "--json").stdout)
+    assert usage["checkpoints"][checkpoint_id] > 0
+    assert len(usage["sandboxes"]) >= 4 and usage["images_bytes"] > 0
+
+    assert cli("checkpoints", "rm", checkpoint_id).exit_code == 0
+    assert json.loads(cli("checkpoints", "--json").stdout) == []
+    assert cli("rm", "cli-src", "cli-copy", *names).exit_code == 0
