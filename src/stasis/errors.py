@@ -7,6 +7,7 @@
     │   ├── ImageNotFound
     │   ├── ProcessNotFound
     │   ├── CheckpointNotFound
+    │   ├── RunNotFound                      an agent run
     │   └── FileNotFound (FileNotFoundError)
     ├── FileError (OSError)                  400  the path exists but is the wrong kind of thing
     ├── Conflict                             409
@@ -65,6 +66,10 @@ class ProcessNotFound(NotFound):
 
 
 class CheckpointNotFound(NotFound):
+    pass
+
+
+class RunNotFound(NotFound):
     pass
 
 

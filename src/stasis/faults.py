@@ -54,6 +54,14 @@ POINTS = (
 )
 
 
+# The agent harness's own points (the harness is a client process, not the daemon).
+AGENT_POINTS = (
+    "agent.after_model_response",
+    "agent.after_tool_intent",
+    "agent.after_tool_result",
+)
+
+
 def point(name: str) -> None:
     if _KILL_POINT is not None and name == _KILL_POINT:
         log.warning("kill point %s reached: SIGKILL", name)

@@ -52,6 +52,10 @@ class Paths:
         return self.home / "stasis.db"
 
     @property
+    def agent_journal(self) -> Path:
+        return self.home / "agent.db"
+
+    @property
     def sandboxes(self) -> Path:
         return self.home / "sandboxes"
 

@@ -30,7 +30,7 @@ RESTORE_POINTS = points("gvisor.start_from.")
 def test_every_kill_point_in_the_code_is_listed_and_tested() -> None:
     source = Path(faults.__file__).parent
     used = {m for f in source.rglob("*.py") for m in re.findall(r'faults\.point\("([^"]+)"\)', f.read_text())}
-    assert used == set(faults.POINTS)
+    assert used == set(faults.POINTS) | set(faults.AGENT_POINTS)
     tested = CREATE_POINTS + SUSPEND_POINTS + RESUME_POINTS + TERMINATE_POINTS + CHECKPOINT_POINTS + FORK_POINTS
     tested += RESTORE_POINTS
     assert set(tested) == set(faults.POINTS)

@@ -208,6 +208,8 @@ class SandboxService:
             faults.point("create.before_outcome")
             detail = f"from checkpoint {checkpoint.id}" if checkpoint else "started"
             backend_state = {**backend_state, "image_key": image_key}
+            if checkpoint is not None:
+                backend_state["from_checkpoint"] = checkpoint.id
             info = self.store.transition(info.id, S.RUNNING, detail, backend_state=backend_state)
             self._activity[info.id] = time.time()
             self.metrics.create_seconds.observe(time.monotonic() - started)

@@ -1,0 +1,181 @@
+"""The harness's durable journal: SQLite under $STASIS_HOME, one row per thing that happened.
+
+Every model response is recorded before the harness acts on it; every tool call
+is recorded (``intent``) before it is executed and its result (``done``) after.
+A harness killed at any instant replays the journal: it never asks the model
+again for a response it has, and never starts a tool call twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunNotFound
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    sandbox TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    task TEXT NOT NULL,
+    max_steps INTEGER NOT NULL,
+    status TEXT NOT NULL,           -- running | completed | step_limit | failed
+    final TEXT,
+    error TEXT,
+    checkpoints TEXT NOT NULL DEFAULT '[]',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,             -- model_response | tool_call | tool_result
+    key TEXT NOT NULL,              -- the response's step number, or the tool call's id
+    payload TEXT NOT NULL,
+    at REAL NOT NULL,
+    seconds REAL,
+    PRIMARY KEY (run_id, seq),
+    UNIQUE (run_id, kind, key)      -- a step is never journalled twice
+);
+CREATE TABLE IF NOT EXISTS notes (
+    sandbox_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    note TEXT NOT NULL,
+    at REAL NOT NULL,
+    UNIQUE (run_id, key)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    kind: str
+    key: str
+    payload: dict[str, Any]
+    at: float
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    sandbox: str
+    sandbox_id: str
+    model: str
+    task: str
+    max_steps: int
+    status: str
+    final: str | None
+    error: str | None
+    checkpoints: list[str]
+    created_at: float
+    updated_at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------ runs
+
+    def create_run(self, run_id: str, sandbox: str, sandbox_id: str, model: str, task: str, max_steps: int) -> None:
+        now = time.time()
+        self.db.execute(
+            "INSERT INTO runs (id, sandbox, sandbox_id, model, task, max_steps, status, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+            (run_id, sandbox, sandbox_id, model, task, max_steps, now, now),
+        )
+
+    def run(self, run_id: str) -> RunRecord:
+        row = self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(f"no agent run {run_id!r}; `stasis agent ls` lists them")
+        return _run(row)
+
+    def runs(self) -> list[RunRecord]:
+        return [_run(row) for row in self.db.execute("SELECT * FROM runs ORDER BY created_at")]
+
+    def finish_run(self, run_id: str, status: str, final: str | None = None, error: str | None = None) -> None:
+        self.db.execute(
+            "UPDATE runs SET status = ?, final = ?, error = ?, updated_at = ? WHERE id = ?",
+            (status, final, error, time.time(), run_id),
+        )
+
+    def add_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
+        checkpoints = self.run(run_id).checkpoints
+        if checkpoint_id not in checkpoints:
+            self.db.execute(
+                "UPDATE runs SET checkpoints = ?, updated_at = ? WHERE id = ?",
+                (json.dumps([*checkpoints, checkpoint_id]), time.time(), run_id),
+            )
+
+    # ------------------------------------------------------------ events
+
+    def record(self, run_id: str, kind: str, key: str, payload: dict[str, Any], seconds: float | None = None) -> Event:
+        """Append an event; recording the same (kind, key) again returns the first one unchanged."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            existing = self.db.execute(
+                "SELECT * FROM events WHERE run_id = ? AND kind = ? AND key = ?", (run_id, kind, key)
+            ).fetchone()
+            if existing is not None:
+                return _event(existing)
+            (seq,) = self.db.execute(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            now = time.time()
+            self.db.execute(
+                "INSERT INTO events (run_id, seq, kind, key, payload, at, seconds) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, seq, kind, key, json.dumps(payload), now, seconds),
+            )
+            self.db.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (now, run_id))
+        return Event(seq, kind, key, payload, now, seconds)
+
+    def events(self, run_id: str) -> list[Event]:
+        rows = self.db.execute("SELECT * FROM events WHERE run_id = ? ORDER BY seq", (run_id,))
+        return [_event(row) for row in rows]
+
+    # ------------------------------------------------------------ notes
+
+    def remember(self, sandbox_id: str, run_id: str, key: str, note: str) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO notes (sandbox_id, run_id, key, note, at) VALUES (?, ?, ?, ?, ?)",
+            (sandbox_id, run_id, key, note, time.time()),
+        )
+
+    def notes(self, sandbox_id: str) -> list[str]:
+        rows = self.db.execute("SELECT note FROM notes WHERE sandbox_id = ? ORDER BY at", (sandbox_id,))
+        return [row["note"] for row in rows]
+
+    def run_notes(self, run_id: str) -> list[str]:
+        rows = self.db.execute("SELECT note FROM notes WHERE run_id = ? ORDER BY at", (run_id,))
+        return [row["note"] for row in rows]
+
+
+def _run(row: sqlite3.Row) -> RunRecord:
+    data = dict(row)
+    data["checkpoints"] = json.loads(data["checkpoints"])
+    return RunRecord(**data)
+
+
+def _event(row: sqlite3.Row) -> Event:
+    return Event(row["seq"], row["kind"], row["key"], json.loads(row["payload"]), row["at"], row["seconds"])

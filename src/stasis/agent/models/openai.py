@@ -1,0 +1,56 @@
+"""Chat completions through the `openai` package: OpenAI, vLLM, Ollama, llama.cpp, LiteLLM..."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from ...errors import StasisError
+
+
+class ModelError(StasisError):
+    """The model endpoint failed after its retries."""
+
+    status_code = 502
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    message: dict[str, Any]  # the assistant message, as it goes back into the conversation
+    finish_reason: str | None
+
+
+class OpenAIModel:
+    def __init__(
+        self,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_retries: int = 6,
+        timeout: float = 600.0,
+    ) -> None:
+        self.model = model or os.environ.get("STASIS_MODEL") or "gpt-4o-mini"
+        # Retries with exponential backoff on 429, 5xx and connection errors are the library's own.
+        self.client = openai.OpenAI(
+            base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
+            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "not-needed",
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply:
+        try:
+            response = self.client.chat.completions.create(model=self.model, messages=messages, tools=tools)
+        except openai.APIError as exc:
+            raise ModelError(f"the model endpoint failed: {exc}") from exc
+        if not response.choices:
+            raise ModelError("the model endpoint answered with no choices")
+        choice = response.choices[0]
+        message = choice.message.model_dump(exclude_none=True)
+        message.setdefault("content", None)
+        message = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
+        message["role"] = "assistant"
+        return ModelReply(message=message, finish_reason=choice.finish_reason)
