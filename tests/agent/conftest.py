@@ -1,107 +1,18 @@
-"""A real OpenAI-compatible chat-completions server that answers from a script.
-
-The answer is chosen by how many assistant messages the request already holds, so
-a harness that asks again after being killed gets the same answer: the script is
-the model's judgement, everything else on the path is real (HTTP, the openai client).
-"""
+"""The scripted OpenAI-compatible server (stasis.agent.scripted) as a fixture."""
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
-Step = dict[str, Any]
+from stasis.agent.scripted import ScriptedModel, call, final, serve_scripted, tools
 
-
-def call(name: str, raw_arguments: str | None = None, **arguments: Any) -> dict[str, Any]:
-    return {"name": name, "arguments": raw_arguments if raw_arguments is not None else json.dumps(arguments)}
-
-
-def tools(*calls: dict[str, Any]) -> Step:
-    return {"tool_calls": list(calls)}
-
-
-def final(text: str) -> Step:
-    return {"content": text}
-
-
-@dataclass
-class ScriptedModel:
-    script: list[Step] = field(default_factory=list)
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    failures: list[int] = field(default_factory=list)  # HTTP statuses to answer first, one per request
-    delay: float = 0.0
-    received: threading.Event = field(default_factory=threading.Event)
-    on_request: Callable[[dict[str, Any]], None] | None = None
-
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        self.requests.append(body)
-        self.received.set()
-        if self.failures:
-            status = self.failures.pop(0)
-            return status, {"error": {"message": f"scripted {status}", "type": "scripted"}}
-        step = sum(1 for m in body["messages"] if m["role"] == "assistant")
-        scripted = self.script[step] if step < len(self.script) else final("(script exhausted)")
-        message: dict[str, Any] = {"role": "assistant", "content": scripted.get("content")}
-        finish = "stop"
-        if scripted.get("tool_calls"):
-            message["tool_calls"] = [
-                {"id": f"call_{step}_{i}", "type": "function", "function": c}
-                for i, c in enumerate(scripted["tool_calls"])
-            ]
-            finish = "tool_calls"
-        return 200, {
-            "id": f"chatcmpl-{step}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "scripted"),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-
-    def system_prompts(self) -> list[str]:
-        return [r["messages"][0]["content"] for r in self.requests]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["ScriptedModel", "call", "final", "tools"]
 
 
 @pytest.fixture
 def model_server() -> Iterator[tuple[ScriptedModel, str]]:
     scripted = ScriptedModel()
-    app = FastAPI()
-
-    @app.post("/v1/chat/completions")
-    async def completions(request: Request) -> JSONResponse:
-        body = await request.json()
-        status, payload = scripted.answer(body)
-        deadline = time.monotonic() + scripted.delay
-        while time.monotonic() < deadline and scripted.delay:
-            import asyncio
-
-            await asyncio.sleep(0.05)
-        headers = {"retry-after": "0"} if status == 429 else {}
-        return JSONResponse(payload, status_code=status, headers=headers)
-
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield scripted, f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve_scripted(scripted) as url:
+        yield scripted, url
