@@ -75,6 +75,26 @@ def runsc_processes(sandbox_id: str) -> int:
     return count
 
 
+def agent_part(client: Client) -> None:
+    """With a model endpoint configured, an agent works in the resumed sandbox."""
+    if not os.environ.get("OPENAI_BASE_URL"):
+        console.print(
+            "[dim]agent part skipped: set OPENAI_BASE_URL (and OPENAI_API_KEY, STASIS_MODEL) to watch an agent "
+            "work in the sandbox, e.g. OPENAI_BASE_URL=http://localhost:11434/v1 STASIS_MODEL=qwen2.5 make demo[/dim]"
+        )
+        return
+    from stasis.agent import AgentRunner, Journal, OpenAIModel
+    from stasis.cli import _show_agent_event
+
+    console.rule("an agent in the same sandbox")
+    journal = Journal(Paths.from_env().agent_journal)
+    runner = AgentRunner(journal, OpenAIModel(), client, on_event=_show_agent_event)
+    task = "Find the Python version and the largest file under /root in this sandbox; remember both."
+    record = runner.start("demo", task, max_steps=12)
+    console.print(f"agent run {record.id}: {record.status}; `stasis agent log {record.id}` shows the transcript")
+    journal.close()
+
+
 def main() -> int:
     keep = "--keep" in sys.argv
     paths = Paths.from_env()
@@ -140,6 +160,8 @@ def main() -> int:
         table.add_row(label, str(was), str(now), f"[green]{verdict}[/green]" if good else f"[red]{verdict}[/red]")
     console.print(table)
     console.print(f"suspend {info.last_suspend_seconds:.3f}s · resume {info.last_resume_seconds:.3f}s")
+
+    agent_part(client)
 
     if keep:
         console.print("sandbox [bold]demo[/bold] keeps running: try `stasis run demo -- tmux capture-pane -p -t demo`")
