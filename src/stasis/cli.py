@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -143,18 +144,94 @@ def run(
             raise InvalidRequest(f"--env wants KEY=VALUE, got {item!r}")
         environment[key] = value
     sbx = Sandbox.connect(name, client=_client())
-    result = sbx.run(command, env=environment, working_dir=cwd, timeout=timeout)
-    sys.stdout.buffer.write(result.stdout_bytes)
-    sys.stdout.flush()
-    sys.stderr.buffer.write(result.stderr_bytes)
-    sys.stderr.flush()
-    if result.truncated:
-        err.print("[yellow]stasis: output was truncated to its last bytes[/yellow]")
-    if result.timed_out:
-        err.print(f"[yellow]stasis: command timed out after {timeout:g}s and was killed[/yellow]")
-        raise typer.Exit(EXIT_CODE_TIMEOUT)
-    code = result.exit_code
+    code = 0
+    for event in sbx.stream(command, env=environment, working_dir=cwd, timeout=timeout):  # printed as it comes
+        if event.kind == "exit":
+            if event.timed_out:
+                err.print(f"[yellow]stasis: command timed out after {timeout:g}s and was killed[/yellow]")
+                raise typer.Exit(EXIT_CODE_TIMEOUT)
+            code = event.exit_code if event.exit_code is not None else 1
+        else:
+            target = sys.stdout if event.kind == "stdout" else sys.stderr
+            target.buffer.write(event.data)
+            target.flush()
     raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+@app.command()
+def shell(
+    name: Annotated[str, typer.Argument(help="Sandbox name or id.")],
+    command: Annotated[list[str] | None, typer.Argument(help="Program instead of the tmux session (after --).")] = None,
+) -> None:
+    """Attach this terminal to the sandbox: a tmux session named after it. Ctrl-\\ detaches."""
+    from .shell import attach
+
+    info = Sandbox.connect(name, client=_client()).info()  # starts the daemon; clear errors for unknown names
+    err.print(f"[dim]attached to {info.name or info.id} ({info.status.value}); Ctrl-\\ detaches[/dim]")
+    reason = attach(Paths.from_env(), info.id, command or None)
+    err.print(f"\r\n[dim]{reason}[/dim]")
+
+
+@app.command()
+def ps(name: Annotated[str, typer.Argument(help="Sandbox name or id.")], as_json: Json = False) -> None:
+    """Processes started through stasis in a sandbox."""
+    processes = Sandbox.connect(name, client=_client()).list_processes()
+    if as_json:
+        print(json.dumps([p.model_dump() for p in processes], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "PID", "NAME", "STATUS", "EXIT", "STARTED", "COMMAND"):
+        table.add_column(column, no_wrap=column != "COMMAND")
+    for p in processes:
+        exit_code = "" if p.exit_code is None else str(p.exit_code)
+        table.add_row(p.id, str(p.pid), p.name or "", p.status, exit_code, _ago(p.started_at), " ".join(p.cmd)[:80])
+    out.print(table if processes else "no processes")
+
+
+def _process_id(sbx: Sandbox, ref: str) -> str:
+    """A process by id, or by the name it was started with."""
+    for p in sbx.list_processes():
+        if ref in (p.id, p.name):
+            return p.id
+    return ref
+
+
+@app.command()
+def logs(
+    name: Annotated[str, typer.Argument(help="Sandbox name or id.")],
+    process: Annotated[str, typer.Argument(help="Process id or name.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until it exits.")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="The error stream instead of stdout.")] = False,
+) -> None:
+    """Output of a background process."""
+    sbx = Sandbox.connect(name, client=_client())
+    process_id = _process_id(sbx, process)
+    stream = "stderr" if stderr else "stdout"
+    if follow:
+        for _offset, data in sbx.follow_output(process_id, stream=stream):
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        return
+    offset = 0
+    while True:
+        chunk = sbx.process_output(process_id, stream=stream, offset=offset)
+        sys.stdout.buffer.write(base64.b64decode(chunk.data_b64))
+        if chunk.next_offset == offset or chunk.eof:
+            break
+        offset = chunk.next_offset
+    sys.stdout.flush()
+
+
+@app.command()
+def kill(
+    name: Annotated[str, typer.Argument(help="Sandbox name or id.")],
+    process: Annotated[str, typer.Argument(help="Process id or name.")],
+    signal_name: Annotated[str, typer.Option("--signal", "-s", help="e.g. SIGTERM, SIGINT, SIGKILL.")] = "SIGKILL",
+) -> None:
+    """Send a signal to a background process (and its children)."""
+    sbx = Sandbox.connect(name, client=_client())
+    info = sbx.send_signal(_process_id(sbx, process), signal_name)
+    out.print(f"sent {signal_name.upper()} to {info.id} (pid {info.pid})")
 
 
 @app.command()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -36,6 +37,7 @@ from ..models import (
 )
 from ..paths import Paths
 from .service import SandboxService
+from .terminal import serve_terminal
 
 Path_ = Annotated[str, Query(min_length=1, max_length=4096, description="path inside the sandbox")]
 
@@ -153,6 +155,40 @@ def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[],
     @app.post("/v1/sandboxes/{ref}/exec")
     async def run(ref: str, request: RunRequest) -> RunResult:
         return await service.run(ref, request)
+
+    @app.post("/v1/sandboxes/{ref}/exec/stream")
+    async def run_stream(ref: str, request: RunRequest) -> StreamingResponse:
+        """The command's output as JSON lines while it runs; the last line has its exit code."""
+        events = service.run_stream(ref, request)
+        first = await anext(events)  # errors (unknown sandbox, bad cwd) become a proper HTTP error
+
+        async def lines() -> AsyncIterator[bytes]:
+            yield json.dumps(first).encode() + b"\n"
+            try:
+                async for event in events:
+                    yield json.dumps(event).encode() + b"\n"
+            except StasisError as exc:
+                yield json.dumps({"error": exc.to_payload()}).encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.websocket("/v1/sandboxes/{ref}/pty")
+    async def pty(websocket: WebSocket, ref: str, cols: int = 80, rows: int = 24, cmd: str | None = None) -> None:
+        """A terminal: binary frames are keystrokes and screen output; text frames are JSON control
+        messages ({"type": "resize", "cols": C, "rows": R}). Closing detaches; the program goes on
+        only if it is tmux (the default: a tmux session named after the sandbox)."""
+        if token and websocket.scope.get("server", (None, None))[1] is not None:
+            sent = websocket.headers.get("authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+                await websocket.close(code=4401, reason="missing or wrong API token")
+                return
+        await websocket.accept()
+        try:
+            await serve_terminal(service, websocket, ref, cols, rows, json.loads(cmd) if cmd else None)
+        except StasisError as exc:
+            await websocket.close(code=4400, reason=exc.message[:120])
+        except WebSocketDisconnect:
+            pass
 
     @app.get("/v1/sandboxes/{ref}/exec/{exec_id}")
     async def exec_status(ref: str, exec_id: str) -> dict:

@@ -693,6 +693,44 @@ class SandboxService:
             duration=result["duration"],
         )
 
+    async def run_stream(self, ref: str, request: RunRequest) -> AsyncIterator[dict[str, Any]]:
+        """Run a command and yield its output as it comes: {"stdout": b64} / {"stderr": b64}, then
+        {"exit_code", "timed_out", "exec_id"}. The command is a background process under ``exec_id``,
+        so a client that goes away can still collect it."""
+        exec_id = request.exec_id or "x-" + secrets.token_hex(8)
+        start = {"cmd": request.cmd, "env": request.env, "cwd": request.cwd, "id": exec_id}
+        async with self._guest(ref) as channel:
+            await channel.call("process_start", start)
+            yield {"exec_id": exec_id}
+            offsets = {"stdout": 0, "stderr": 0}
+            deadline = None if request.timeout is None else time.monotonic() + request.timeout
+            timed_out = False
+            while True:
+                read = {"id": exec_id, "stdout_offset": offsets["stdout"], "stderr_offset": offsets["stderr"]}
+                reply = await channel.call("process_read", {**read, "wait": 1.0}, timeout=60)
+                quiet = True
+                for name in ("stdout", "stderr"):
+                    part = reply[name]
+                    if part["data"]:
+                        quiet = False
+                        yield {name: part["data"]}
+                    offsets[name] = part["next_offset"]
+                drained = reply["stdout"]["eof"] and reply["stderr"]["eof"]
+                if reply["exit_code"] is not None and (drained or quiet):  # a daemonised grandchild may hold a pipe
+                    yield {"exit_code": reply["exit_code"], "timed_out": timed_out, "exec_id": exec_id}
+                    return
+                if deadline is not None and time.monotonic() > deadline and not timed_out:
+                    timed_out = True
+                    await channel.call("process_signal", {"id": exec_id, "signal": "SIGKILL"})
+
+    # ------------------------------------------------------------ terminals
+
+    @contextlib.asynccontextmanager
+    async def attached(self, ref: str) -> AsyncIterator[GuestChannel]:
+        """Hold a sandbox in use (never idle-suspended) for as long as a terminal is attached."""
+        async with self._guest(ref) as channel:
+            yield channel
+
     async def exec_status(self, ref: str, exec_id: str) -> dict[str, Any]:
         async with self._guest(ref) as channel:
             return await channel.call("exec_status", {"exec_id": exec_id})

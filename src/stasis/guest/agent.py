@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import select
 import signal
 import stat
+import struct
 import sys
+import termios
 import threading
 import time
 import traceback
@@ -457,6 +460,125 @@ class Agent:
         self.procs.wait(proc, timeout if timeout is None else float(timeout))
         return proc.info()
 
+    def op_process_read(self, args: dict[str, Any]) -> dict[str, Any]:
+        """New output of both streams from their offsets, waiting up to ``wait`` s for either to move."""
+        proc = self.procs.get(str(args.get("id")))
+        offsets = {"stdout": int(args.get("stdout_offset", 0)), "stderr": int(args.get("stderr_offset", 0))}
+        max_bytes = min(int(args.get("max_bytes", 1 << 20)), READ_CHUNK_LIMIT)
+        deadline = time.monotonic() + float(args.get("wait", 0))
+
+        def idle() -> bool:
+            return all(
+                getattr(proc, name).end <= offset and not getattr(proc, name).closed for name, offset in offsets.items()
+            )
+
+        with self.procs.lock:
+            while idle():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.procs.lock.wait(left)
+            reply: dict[str, Any] = {"exit_code": proc.exit_code, "timed_out": proc.timed_out}
+            for name, offset in offsets.items():
+                buffer: OutputBuffer = getattr(proc, name)
+                data, served_from, lost = buffer.read(offset, max_bytes)
+                reply[name] = {
+                    "data": _b64(data),
+                    "offset": served_from,
+                    "next_offset": served_from + len(data),
+                    "lost": lost,
+                    "eof": buffer.closed and served_from + len(data) >= buffer.end,
+                }
+            return reply
+
+    # -- terminals
+
+    def op_pty_open(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A command on a new pseudo-terminal; its screen output is kept like a process's stdout."""
+        cols, rows = _window(args)
+        master, slave = os.openpty()
+        _set_window(master, cols, rows)
+        env = dict(DEFAULT_ENV)
+        env.update(args.get("env") or {})
+        cmd = args.get("cmd") or ["/bin/bash", "-l"]
+        with self.procs.lock:
+            self.procs.counter += 1
+            pty_id = f"t-{self.procs.counter}"
+            env[MARKER_ENV] = pty_id
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(master)
+                os.close(slave)
+                raise
+            if pid == 0:  # the child: a session leader whose controlling terminal is the pty
+                try:
+                    os.setsid()
+                    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+                    for fd in (0, 1, 2):
+                        os.dup2(slave, fd)
+                    os.closerange(3, 4096)
+                    os.chdir(args.get("cwd") or env.get("HOME", "/"))
+                    os.execvpe(cmd[0], cmd, env)
+                finally:
+                    os._exit(127)
+            os.close(slave)
+            proc = Process(pid, pty_id, args.get("name"), cmd, PROCESS_OUTPUT_LIMIT)
+            proc.master = master  # type: ignore[attr-defined]
+            proc.stderr.closed = True
+            self.procs.by_id[pty_id] = proc
+            if pid in self.procs.early_exits:
+                self.procs._finish(proc, self.procs.early_exits.pop(pid))
+            else:
+                self.procs.by_pid[pid] = proc
+            self.procs.lock.notify_all()
+        threading.Thread(target=self._pump_pty, args=(proc, master), daemon=True).start()
+        return proc.info()
+
+    def _pump_pty(self, proc: Process, master: int) -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's last user is gone
+                chunk = b""
+            with self.procs.lock:
+                if not chunk:
+                    proc.stdout.closed = True
+                    self.procs.lock.notify_all()
+                    break
+                proc.stdout.append(chunk)
+                self.procs.lock.notify_all()
+        with contextlib.suppress(OSError):
+            os.close(master)
+
+    def _pty(self, args: dict[str, Any]) -> tuple[Process, int]:
+        proc = self.procs.get(str(args.get("id")))
+        master = getattr(proc, "master", None)
+        if master is None:
+            raise RequestError("ValueError", f"{proc.id!r} is a process, not a terminal")
+        if proc.stdout.closed:
+            raise RequestError("ProcessExited", f"terminal {proc.id!r} is closed")
+        return proc, master
+
+    def op_pty_write(self, args: dict[str, Any]) -> dict[str, Any]:
+        _proc, master = self._pty(args)
+        write_all(master, _unb64(args.get("data", "")))
+        return {}
+
+    def op_pty_resize(self, args: dict[str, Any]) -> dict[str, Any]:
+        _proc, master = self._pty(args)
+        cols, rows = _window(args)
+        _set_window(master, cols, rows)
+        return {"cols": cols, "rows": rows}
+
+    def op_pty_close(self, args: dict[str, Any]) -> dict[str, Any]:
+        proc = self.procs.get(str(args.get("id")))
+        if proc.exit_code is None:
+            # Hang up the terminal's session only: a tmux server it started lives on, detached.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGHUP)
+        return proc.info()
+
     def op_process_output(self, args: dict[str, Any]) -> dict[str, Any]:
         """Output of one stream from an absolute offset; waits up to ``wait`` seconds for new bytes."""
         proc = self.procs.get(str(args.get("id")))
@@ -596,6 +718,17 @@ class Agent:
         return {"path": path}
 
 
+def _window(args: dict[str, Any]) -> tuple[int, int]:
+    cols, rows = args.get("cols", 80), args.get("rows", 24)
+    if not (isinstance(cols, int) and isinstance(rows, int) and 1 <= cols <= 1000 and 1 <= rows <= 1000):
+        raise RequestError("ValueError", f"terminal size {cols}x{rows} is invalid; columns and rows must be 1-1000")
+    return cols, rows
+
+
+def _set_window(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
 def _abs(args: dict[str, Any]) -> str:
     path = args.get("path")
     if not isinstance(path, str) or not path or "\0" in path:
@@ -626,8 +759,10 @@ def _stat_dict(path: str, name: str) -> dict[str, Any]:
 def main() -> None:
     # Inherited descriptors above stdio would be captured by a checkpoint; drop them.
     os.closerange(3, 4096)
+    # pid 1 stays up until the runtime stops the sandbox. A handler, not SIG_IGN: an ignored signal
+    # would be inherited by every command, and `kill -TERM` or Ctrl-C would stop working in them.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)  # pid 1 stays up until the runtime stops the sandbox
+        signal.signal(sig, lambda *_: None)
     os.chdir("/")
     Agent(sys.stdin.fileno(), sys.stdout.fileno()).serve()
 

@@ -32,7 +32,7 @@ from ..models import (
     SandboxStatus,
 )
 from ._client import AsyncClient, Client
-from ._sandbox import AsyncSandbox, CommandResult, Sandbox
+from ._sandbox import AsyncSandbox, CommandResult, OutputEvent, Sandbox
 
 __all__ = [
     "AsyncClient",
@@ -56,6 +56,7 @@ __all__ = [
     "InvalidRequest",
     "NameTaken",
     "NotFound",
+    "OutputEvent",
     "ProcessInfo",
     "ProcessNotFound",
     "ProcessOutput",

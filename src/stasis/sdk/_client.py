@@ -8,8 +8,10 @@ served over TCP instead.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -89,6 +91,23 @@ class Client(_BaseClient):
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
 
+    def stream_lines(self, method: str, path: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """JSON lines of a streaming response, as they arrive."""
+        self.request("GET", "/v1/health")  # starts the daemon if needed; streams do not retry
+        try:
+            with self._http.stream(method, path, **kwargs) as response:
+                if not response.is_success:
+                    response.read()
+                    self._check(response)
+                for line in response.iter_lines():
+                    if line:
+                        event = json.loads(line)
+                        if "error" in event:
+                            raise error_from_payload(event["error"], 500)
+                        yield event
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
+
     def close(self) -> None:
         self._http.close()
 
@@ -134,6 +153,22 @@ class AsyncClient(_BaseClient):
 
     async def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return (await self.request(method, path, **kwargs)).json()
+
+    async def stream_lines(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+        await self.request("GET", "/v1/health")
+        try:
+            async with self._http.stream(method, path, **kwargs) as response:
+                if not response.is_success:
+                    await response.aread()
+                    self._check(response)
+                async for line in response.aiter_lines():
+                    if line:
+                        event = json.loads(line)
+                        if "error" in event:
+                            raise error_from_payload(event["error"], 500)
+                        yield event
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
 
     async def aclose(self) -> None:
         await self._http.aclose()

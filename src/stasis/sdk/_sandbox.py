@@ -6,6 +6,8 @@ Both build requests with the same pure helpers below; only the I/O differs.
 from __future__ import annotations
 
 import base64
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,53 @@ class CommandResult:
             timed_out=result.timed_out,
             duration=result.duration,
         )
+
+
+OutputCallback = Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """One piece of a streamed run: output on ``stdout``/``stderr``, or (last) the ``exit`` event."""
+
+    kind: str  # "stdout" | "stderr" | "exit"
+    data: bytes = b""
+    exit_code: int | None = None
+    timed_out: bool = False
+    exec_id: str = ""
+
+
+def stream_event(event: dict[str, Any]) -> OutputEvent | None:
+    for kind in ("stdout", "stderr"):
+        if kind in event:
+            return OutputEvent(kind, base64.b64decode(event[kind]))
+    if "exit_code" in event:
+        return OutputEvent("exit", exit_code=event["exit_code"], timed_out=event["timed_out"], exec_id=event["exec_id"])
+    return None  # the opening {"exec_id"} line
+
+
+class _Collector:
+    """Builds a CommandResult from streamed events, feeding the callbacks on the way."""
+
+    def __init__(self, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None, started: float) -> None:
+        self.parts: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        self.started = started
+        self.result: CommandResult | None = None
+
+    def feed(self, event: OutputEvent) -> None:
+        if event.kind == "exit":
+            self.result = CommandResult(
+                exec_id=event.exec_id, exit_code=event.exit_code if event.exit_code is not None else -1,
+                stdout_bytes=bytes(self.parts["stdout"]), stderr_bytes=bytes(self.parts["stderr"]),
+                stdout_truncated=False, stderr_truncated=False, timed_out=event.timed_out,
+                duration=time.monotonic() - self.started,
+            )  # fmt: skip
+            return
+        self.parts[event.kind] += event.data
+        callback = self.callbacks[event.kind]
+        if callback is not None:
+            callback(event.data)
 
 
 def command_argv(command: str | list[str], args: list[str] | None) -> list[str]:
@@ -265,11 +314,56 @@ class Sandbox(_SandboxBase):
         max_output: int | None = None,
         exec_id: str | None = None,
         stdin: bytes | str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
     ) -> CommandResult:
+        """Run to completion. With ``on_stdout``/``on_stderr``, output reaches them as it is produced."""
         body = run_body(command, args, env, working_dir, timeout, max_output, exec_id, stdin)
-        return CommandResult.from_wire(
-            RunResult.model_validate(self._client.json("POST", f"{self._base}/exec", json=body))
-        )
+        if on_stdout is None and on_stderr is None:
+            result = self._client.json("POST", f"{self._base}/exec", json=body)
+            return CommandResult.from_wire(RunResult.model_validate(result))
+        collector = _Collector(on_stdout, on_stderr, time.monotonic())
+        for event in self.stream(command, args, env=env, working_dir=working_dir, timeout=timeout, exec_id=exec_id):
+            collector.feed(event)
+        assert collector.result is not None
+        return collector.result
+
+    def stream(
+        self,
+        command: str | list[str],
+        args: list[str] | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        working_dir: str | None = None,
+        timeout: float | None = None,
+        exec_id: str | None = None,
+    ) -> Iterator[OutputEvent]:
+        """Run and yield stdout/stderr chunks while the command runs; the last event is ``exit``."""
+        body = run_body(command, args, env, working_dir, timeout, None, exec_id, None)
+        for line in self._client.stream_lines("POST", f"{self._base}/exec/stream", json=body):
+            event = stream_event(line)
+            if event is not None:
+                yield event
+
+    def follow_output(
+        self, process_id: str, stream: str = "stdout", offset: int = 0, wait: float = 5.0
+    ) -> Iterator[tuple[int, bytes]]:
+        """(offset, bytes) chunks of a process's output from ``offset`` until it ends.
+
+        Keep the last offset plus the chunk's length: a client that comes back (after a kill, or a
+        suspend) continues from there with nothing lost or repeated.
+        """
+        while True:
+            chunk = self.process_output(process_id, stream=stream, offset=offset, wait=wait)
+            data = base64.b64decode(chunk.data_b64)
+            if data:
+                yield chunk.offset, data
+            offset = chunk.next_offset
+            if chunk.eof:
+                return
+
+    def close_stdin(self, process_id: str) -> None:
+        self.write_stdin(process_id, b"", close=True)
 
     def start_process(
         self,
@@ -445,10 +539,51 @@ class AsyncSandbox(_SandboxBase):
         max_output: int | None = None,
         exec_id: str | None = None,
         stdin: bytes | str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
     ) -> CommandResult:
         body = run_body(command, args, env, working_dir, timeout, max_output, exec_id, stdin)
-        result = await self._client.json("POST", f"{self._base}/exec", json=body)
-        return CommandResult.from_wire(RunResult.model_validate(result))
+        if on_stdout is None and on_stderr is None:
+            result = await self._client.json("POST", f"{self._base}/exec", json=body)
+            return CommandResult.from_wire(RunResult.model_validate(result))
+        collector = _Collector(on_stdout, on_stderr, time.monotonic())
+        async for event in self.stream(
+            command, args, env=env, working_dir=working_dir, timeout=timeout, exec_id=exec_id
+        ):
+            collector.feed(event)
+        assert collector.result is not None
+        return collector.result
+
+    async def stream(
+        self,
+        command: str | list[str],
+        args: list[str] | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        working_dir: str | None = None,
+        timeout: float | None = None,
+        exec_id: str | None = None,
+    ) -> AsyncIterator[OutputEvent]:
+        body = run_body(command, args, env, working_dir, timeout, None, exec_id, None)
+        async for line in self._client.stream_lines("POST", f"{self._base}/exec/stream", json=body):
+            event = stream_event(line)
+            if event is not None:
+                yield event
+
+    async def follow_output(
+        self, process_id: str, stream: str = "stdout", offset: int = 0, wait: float = 5.0
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        while True:
+            chunk = await self.process_output(process_id, stream=stream, offset=offset, wait=wait)
+            data = base64.b64decode(chunk.data_b64)
+            if data:
+                yield chunk.offset, data
+            offset = chunk.next_offset
+            if chunk.eof:
+                return
+
+    async def close_stdin(self, process_id: str) -> None:
+        await self.write_stdin(process_id, b"", close=True)
 
     async def start_process(
         self,
