@@ -1,4 +1,4 @@
-.PHONY: setup test demo bench lint clean
+.PHONY: setup test demo bench soak lint clean
 
 setup:
 	@scripts/setup.sh
@@ -12,6 +12,12 @@ demo: setup
 
 bench: setup
 	.venv/bin/python benchmarks/lifecycle.py
+	.venv/bin/python benchmarks/checkpoints.py
+	.venv/bin/python benchmarks/agent.py
+	.venv/bin/python benchmarks/shell.py
+
+soak: setup
+	.venv/bin/python benchmarks/soak.py --iterations 30
 
 lint:
 	.venv/bin/ruff check src tests benchmarks demo

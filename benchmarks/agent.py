@@ -13,25 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from itertools import pairwise
 from pathlib import Path
 
-import httpx
+from common import serving_daemon
 from rich.console import Console
 from rich.table import Table
 
 from stasis import Client, Sandbox
 from stasis.agent import AgentRunner, Journal, OpenAIModel
 from stasis.agent.scripted import ScriptedModel, call, final, serve_scripted, tools
-from stasis.paths import Paths, default_home
 
 console = Console(width=120)
 
@@ -40,19 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="stasis-bench-agent-"))
-    paths = Paths(home=root / "home", images=Path(os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images"))
-    paths.ensure()
-    env = {**os.environ, "STASIS_HOME": str(paths.home), "STASIS_IMAGE_DIR": str(paths.images)}
-    daemon = subprocess.Popen([sys.executable, "-m", "stasis", "serve"], env=env, stderr=subprocess.DEVNULL)
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(paths.socket))) as http:
-            for _ in range(600):
-                try:
-                    http.get("http://stasis/v1/health")
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.05)
+    with serving_daemon("stasis-bench-agent-") as paths:
         client = Client(paths)
         sbx = Sandbox.create(memory_mb=256, client=client)
         bare = []
@@ -62,7 +43,7 @@ def main() -> None:
             bare.append(time.perf_counter() - started)
 
         scripted = ScriptedModel(script=[tools(call("run", command="true"))] * args.steps + [final("done")])
-        journal = Journal(root / "agent.db")
+        journal = Journal(paths.home / "agent-bench.db")
         with serve_scripted(scripted) as url:
             model = OpenAIModel("scripted", base_url=url, api_key="bench")
             record = AgentRunner(journal, model, client, checkpoint_at_end=False).start(sbx.id, "bench", args.steps + 1)
@@ -78,11 +59,6 @@ def main() -> None:
             tool_times.append(tool.seconds or 0)
         sbx.terminate()
         client.close()
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        shutil.rmtree(paths.runtime, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
 
     report = {
         "steps": len(overheads),

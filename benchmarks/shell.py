@@ -14,23 +14,19 @@ import json
 import os
 import pty
 import select
-import shutil
 import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import tty
 from pathlib import Path
 
-import httpx
+from common import serving_daemon
 from rich.console import Console
 from rich.table import Table
 from websockets.sync.client import unix_connect
 
 from stasis import Client, Sandbox
-from stasis.paths import Paths, default_home
+from stasis.paths import Paths
 
 console = Console(width=120)
 # Raw mode, then echo every byte back: what a shell's line editor does per keystroke.
@@ -82,30 +78,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keys", type=int, default=300)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="stasis-bench-shell-"))
-    paths = Paths(home=root / "home", images=Path(os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images"))
-    paths.ensure()
-    env = {**os.environ, "STASIS_HOME": str(paths.home), "STASIS_IMAGE_DIR": str(paths.images)}
-    daemon = subprocess.Popen([sys.executable, "-m", "stasis", "serve"], env=env, stderr=subprocess.DEVNULL)
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(paths.socket))) as http:
-            for _ in range(600):
-                try:
-                    http.get("http://stasis/v1/health")
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.05)
+    with serving_daemon("stasis-bench-shell-") as paths:
         client = Client(paths)
         sbx = Sandbox.create(memory_mb=256, client=client)
         ours = sandbox_echo(paths, sbx.id, args.keys)
         local = local_echo(args.keys)
         sbx.terminate()
         client.close()
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        shutil.rmtree(paths.runtime, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
     report = {
         "keys": args.keys,
         "stasis_median_ms": statistics.median(ours) * 1000,

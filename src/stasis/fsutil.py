@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 
@@ -37,3 +38,24 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
         os.close(fd)
     os.replace(temp, path)
     fsync_dir(path.parent)
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes in the regular files below ``path`` (links not followed)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def connect_sqlite(path: Path) -> sqlite3.Connection:
+    """A SQLite connection for a journal: autocommit (explicit transactions), WAL, fsync on commit."""
+    db = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    return db

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunNotFound
+from ..fsutil import connect_sqlite
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -86,10 +87,7 @@ class RunRecord:
 class Journal:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
+        self.db = connect_sqlite(path)
         self.db.executescript(SCHEMA)
 
     def close(self) -> None:

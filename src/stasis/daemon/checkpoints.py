@@ -115,6 +115,3 @@ class CheckpointFiles:
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(entry.name)
         return removed
-
-    def size(self, checkpoint_id: str) -> int:
-        return sum(f.stat().st_size for f in self.path(checkpoint_id).rglob("*") if f.is_file() and not f.is_symlink())

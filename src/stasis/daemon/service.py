@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import shutil
 import time
@@ -30,6 +29,7 @@ from ..errors import (
     StasisError,
     StateError,
 )
+from ..fsutil import tree_bytes
 from ..guest.channel import GuestChannel, b64decode, b64encode
 from ..images import ImageStore
 from ..models import (
@@ -76,15 +76,6 @@ def new_sandbox_id() -> str:
 
 def new_checkpoint_id() -> str:
     return "ck-" + "".join(secrets.choice(ID_ALPHABET) for _ in range(12))
-
-
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
 
 
 class SandboxService:
@@ -344,7 +335,7 @@ class SandboxService:
 
     def disk_usage(self) -> DiskUsage:
         sandboxes = (
-            {p.name: _tree_bytes(p) for p in self.paths.sandboxes.iterdir()} if self.paths.sandboxes.exists() else {}
+            {p.name: tree_bytes(p) for p in self.paths.sandboxes.iterdir()} if self.paths.sandboxes.exists() else {}
         )
         checkpoints = {c.id: c.size_bytes for c in self.store.list_checkpoints(include_internal=True)}
         images = sum(i.size_bytes for i in self.images.list())
@@ -605,6 +596,9 @@ class SandboxService:
         """Auto-resume. Concurrent callers queue on the sandbox's lock and share one resume."""
         if info.status == S.RUNNING:
             return info
+        if info.status in (S.PENDING, S.SNAPSHOTTING):  # brief: wait for the operation, then go on
+            async with self._lock(info.id):
+                info = self.store.get(info.id)
         if info.status in (S.SUSPENDED, S.SUSPENDING, S.RESUMING):
             resumed = await self.resume(info.id)
             if resumed.status == S.RUNNING:

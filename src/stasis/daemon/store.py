@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointNotFound, NameTaken, SandboxNotFound
+from ..fsutil import connect_sqlite
 from ..models import ID_PATTERN, CheckpointInfo, SandboxInfo, SandboxSpec, SandboxStatus
 from .states import check_transition, phase
 
@@ -56,10 +57,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
+        self.db = connect_sqlite(path)
         self.db.executescript(SCHEMA)
 
     def close(self) -> None:

@@ -8,7 +8,6 @@ so a crashed build never looks like an image.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from ..errors import BackendError, ImageNotFound, InvalidRequest
-from ..fsutil import atomic_write, fsync_dir
+from ..fsutil import atomic_write, fsync_dir, tree_bytes
 from .recipe import RECIPES, Recipe
 
 log = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ class ImageStore:
                 digest=recipe.digest,
                 packages=sorted(recipe.packages),
                 suite=recipe.suite,
-                size_bytes=_tree_size(staging / "rootfs"),
+                size_bytes=tree_bytes(staging / "rootfs"),
                 built_at=time.time(),
                 build_seconds=time.monotonic() - started,
                 path=str(final),
@@ -136,12 +135,3 @@ class ImageStore:
                     progress(line)
         if proc.returncode != 0:
             raise BackendError(f"mmdebstrap failed with exit code {proc.returncode}; last output:\n" + "\n".join(tail))
-
-
-def _tree_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
