@@ -171,7 +171,7 @@ class SandboxService:
             spec_model = SandboxSpec.model_validate(request.model_dump(exclude={"name", "snapshot_id"}))
         backend = self.backends.get(spec_model.backend)
         if backend is None:
-            raise InvalidRequest(f"backend {spec_model.backend!r} is not available on this host; see `stasis doctor`")
+            raise InvalidRequest(f"backend {spec_model.backend!r} is not available; available: {sorted(self.backends)}")
         if spec_model.network:
             raise InvalidRequest("network access inside sandboxes is not supported yet; leave network off")
         # Refuse before anything exists on the host; pin the exact image build.
@@ -248,7 +248,7 @@ class SandboxService:
                 type=request.type,
                 sandbox_id=info.id,
                 sandbox_name=info.name,
-                image=self.images.get(info.spec.image).key,
+                image=info.backend.get("image_key") or self.images.get(info.spec.image).key,
                 spec=info.spec,
                 backend=info.spec.backend,
                 backend_state=info.backend,
@@ -622,15 +622,18 @@ class SandboxService:
         while True:
             await asyncio.sleep(IDLE_TICK)
             ticks += 1
-            if ticks % 30 == 0:
-                self._persist_activity()
-            if ticks % 10 == 0:
-                await self.expire_checkpoints()
-            for info in self.store.list():
-                if info.status == S.RUNNING and info.id not in self._idle_busy and self._is_idle(info):
-                    self._idle_busy.add(info.id)
-                    task = asyncio.get_running_loop().create_task(self._idle_action(info))
-                    task.add_done_callback(lambda _t, sid=info.id: self._idle_busy.discard(sid))
+            try:
+                if ticks % 30 == 0:
+                    self._persist_activity()
+                if ticks % 10 == 0:
+                    await self.expire_checkpoints()
+                for info in self.store.list():
+                    if info.status == S.RUNNING and info.id not in self._idle_busy and self._is_idle(info):
+                        self._idle_busy.add(info.id)
+                        task = asyncio.get_running_loop().create_task(self._idle_action(info))
+                        task.add_done_callback(lambda _t, sid=info.id: self._idle_busy.discard(sid))
+            except Exception:  # the reaper must outlive any one bad tick
+                log.exception("idle reaper tick failed")
 
     async def _idle_action(self, info: SandboxInfo) -> None:
         action = idle_action(info)
