@@ -75,14 +75,14 @@ def runsc_processes(sandbox_id: str) -> int:
     return count
 
 
-def agent_part(client: Client) -> None:
+def agent_part(client: Client) -> list[str]:
     """With a model endpoint configured, an agent works in the resumed sandbox."""
     if not os.environ.get("OPENAI_BASE_URL"):
         console.print(
             "[dim]agent part skipped: set OPENAI_BASE_URL (and OPENAI_API_KEY, STASIS_MODEL) to watch an agent "
             "work in the sandbox, e.g. OPENAI_BASE_URL=http://localhost:11434/v1 STASIS_MODEL=qwen2.5 make demo[/dim]"
         )
-        return
+        return []
     from stasis.agent import AgentRunner, Journal, OpenAIModel
     from stasis.cli import _show_agent_event
 
@@ -93,6 +93,7 @@ def agent_part(client: Client) -> None:
     record = runner.start("demo", task, max_steps=12)
     console.print(f"agent run {record.id}: {record.status}; `stasis agent log {record.id}` shows the transcript")
     journal.close()
+    return record.checkpoints
 
 
 def main() -> int:
@@ -161,12 +162,14 @@ def main() -> int:
     console.print(table)
     console.print(f"suspend {info.last_suspend_seconds:.3f}s · resume {info.last_resume_seconds:.3f}s")
 
-    agent_part(client)
+    agent_checkpoints = agent_part(client)
 
     if keep:
         console.print("sandbox [bold]demo[/bold] keeps running: try `stasis run demo -- tmux capture-pane -p -t demo`")
     else:
         sbx.terminate()
+        for checkpoint_id in agent_checkpoints:
+            Sandbox.delete_checkpoint(checkpoint_id, client=client)
         console.print("removed sandbox demo (run `make demo ARGS=--keep` to keep it)")
     client.close()
     return 0 if ok else 1
