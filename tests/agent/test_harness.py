@@ -137,3 +137,22 @@ def test_notes_reach_the_next_run_and_runs_from_its_checkpoint(
     for s in (sbx, child):
         s.terminate()
     Sandbox.delete_checkpoint(checkpoint.id, client=client)
+
+
+def test_the_sandbox_idles_between_turns_and_the_next_turn_resumes_it(
+    model_server, journal: Journal, client: Client
+) -> None:  # type: ignore[no-untyped-def]
+    model, url = model_server
+    model.script = [
+        tools(call("run", command="echo first > /root/turns")),
+        tools(call("run", command="echo second >> /root/turns; cat /root/turns")),
+        final("both turns ran"),
+    ]
+    model.step_delays = {1: 4.0}  # the model "thinks" long enough for the idle reaper to suspend the sandbox
+    sbx = Sandbox.create("napper", timeout_secs=1, memory_mb=256, client=client)
+    record = runner(journal, url, client).start("napper", "two turns")
+    assert record.status == "completed"
+    assert tool_results(model)[-1] == "exit code: 0\nstdout:\nfirst\nsecond\n"
+    statuses = [t["to_status"] for t in client.json("GET", f"/v1/sandboxes/{sbx.id}/transitions")]
+    assert "suspended" in statuses and statuses[statuses.index("suspended") + 1 :].count("running") >= 1
+    sbx.terminate()

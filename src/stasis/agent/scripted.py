@@ -43,6 +43,7 @@ class ScriptedModel:
     requests: list[dict[str, Any]] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)  # HTTP statuses to answer first, one per request
     delay: float = 0.0
+    step_delays: dict[int, float] = field(default_factory=dict)  # seconds to "think" before answering step N
     received: threading.Event = field(default_factory=threading.Event)
     on_request: Callable[[dict[str, Any]], None] | None = None
 
@@ -88,9 +89,11 @@ def serve_scripted(scripted: ScriptedModel) -> Iterator[str]:
 
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> JSONResponse:
-        status, payload = scripted.answer(await request.json())
-        deadline = time.monotonic() + scripted.delay
-        while scripted.delay and time.monotonic() < deadline:
+        body = await request.json()
+        status, payload = scripted.answer(body)
+        step = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        deadline = time.monotonic() + scripted.delay + scripted.step_delays.get(step, 0.0)
+        while time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         headers = {"retry-after": "0"} if status == 429 else {}
         return JSONResponse(payload, status_code=status, headers=headers)
