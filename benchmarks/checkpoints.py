@@ -16,21 +16,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import shutil
-import signal
 import statistics
-import tempfile
 from pathlib import Path
 
-from lifecycle import RawBox, holder_cmd, start_daemon, timed
+from lifecycle import RawBox, Rig, holder_cmd, rig, timed
 from rich.console import Console
 from rich.table import Table
 
-from stasis import AsyncClient, AsyncSandbox
-from stasis.backends.gvisor.backend import PREFERRED_CHECKPOINT_FLAGS, copy_tree
-from stasis.backends.gvisor.runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags
-from stasis.paths import Paths, default_home
+from stasis import AsyncSandbox
+from stasis.backends.gvisor.backend import copy_tree
+from stasis.backends.gvisor.runsc import Runsc
 
 console = Console(width=140)
 RESULTS = Path(__file__).parent / "results"
@@ -62,120 +57,105 @@ def tree_bytes(path: Path) -> int:
 
 
 async def bench(rounds: int) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="stasis-bench-ckpt-"))
-    image_dir = Path(os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images")
-    paths = Paths(home=root / "home", images=image_dir)
-    paths.ensure()
-    image = next(image_dir.glob("default-*/rootfs"))
-    binary = find_runsc()
-    version = await runsc_version(binary)
-    platform, _ = await choose_platform(binary, version, paths.home)
-    flags = await supported_flags(binary, "checkpoint", PREFERRED_CHECKPOINT_FLAGS)
-    runsc = Runsc(binary, paths.runtime / "raw-runsc", platform)
-    runsc.root.mkdir(parents=True)
-    daemon_pid, daemon_exited = await start_daemon(paths)
-    client = AsyncClient(paths)
+    async with rig("stasis-bench-ckpt-") as r:
+        return await measure(r, rounds)
+
+
+async def measure(r: Rig, rounds: int) -> dict:
+    root, runsc, image, flags, client = r.root, r.runsc, r.image, r.flags, r.client
+    version, platform = r.version, r.platform
     s: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
         s.setdefault(key, []).append(value)
 
     counter = 0
-    try:
-        for n in range(rounds):
-            console.print(f"round {n + 1}/{rounds}", style="dim")
-            sbx = await AsyncSandbox.create(client=client, memory_mb=1024)
-            await sbx.start_process(holder_cmd(64))
-            raw = RawBox(root, runsc, image, flags, counter := counter + 1)
-            await raw.start()
-            raw.call("process_start", {"cmd": holder_cmd(64)})
-            await asyncio.sleep(2)  # both holders fill their 64 MiB
+    for n in range(rounds):
+        console.print(f"round {n + 1}/{rounds}", style="dim")
+        sbx = await AsyncSandbox.create(client=client, memory_mb=1024)
+        await sbx.start_process(holder_cmd(64))
+        raw = RawBox(root, runsc, image, flags, counter := counter + 1)
+        await raw.start()
+        raw.call("process_start", {"cmd": holder_cmd(64)})
+        await asyncio.sleep(2)  # both holders fill their 64 MiB
 
-            for kind in ("memory", "filesystem"):
-                ckpt_box: list = []
+        for kind in ("memory", "filesystem"):
+            ckpt_box: list = []
 
-                async def ours(kind: str = kind, box: list = ckpt_box) -> None:
-                    box.append(await sbx.checkpoint(kind))
+            async def ours(kind: str = kind, box: list = ckpt_box) -> None:
+                box.append(await sbx.checkpoint(kind))
 
-                add(f"{kind}_checkpoint", await timed(ours))
-                raw_dest = root / f"raw-ckpt-{kind}-{n}"
-                raw_dest.mkdir()
-                add(
-                    f"raw_{kind}_checkpoint",
-                    await timed(lambda d=raw_dest, k=kind: raw_checkpoint(raw, d, k == "memory")),
-                )
-                add(f"{kind}_checkpoint_bytes", float(ckpt_box[0].size_bytes))
-                add(f"raw_{kind}_checkpoint_bytes", float(tree_bytes(raw_dest)))
+            add(f"{kind}_checkpoint", await timed(ours))
+            raw_dest = root / f"raw-ckpt-{kind}-{n}"
+            raw_dest.mkdir()
+            add(
+                f"raw_{kind}_checkpoint",
+                await timed(lambda d=raw_dest, k=kind: raw_checkpoint(raw, d, k == "memory")),
+            )
+            add(f"{kind}_checkpoint_bytes", float(ckpt_box[0].size_bytes))
+            add(f"raw_{kind}_checkpoint_bytes", float(tree_bytes(raw_dest)))
 
-            memory_ckpt = next(c for c in await AsyncSandbox.list_checkpoints(client=client) if c.type == "memory")
-            restored: list[AsyncSandbox] = []
+        memory_ckpt = next(c for c in await AsyncSandbox.list_checkpoints(client=client) if c.type == "memory")
+        restored: list[AsyncSandbox] = []
 
-            async def create_from(restored: list = restored) -> None:
-                child = await AsyncSandbox.create(client=client, snapshot_id=memory_ckpt.id)
-                await child.run(["true"])
-                restored.append(child)
+        async def create_from(restored: list = restored) -> None:
+            child = await AsyncSandbox.create(client=client, snapshot_id=memory_ckpt.id)
+            await child.run(["true"])
+            restored.append(child)
 
-            add("create_from_checkpoint", await timed(create_from))
-            raw_children: list[RawBox] = []
+        add("create_from_checkpoint", await timed(create_from))
+        raw_children: list[RawBox] = []
 
-            async def raw_create_from(children: list = raw_children) -> None:
+        async def raw_create_from(children: list = raw_children) -> None:
+            nonlocal counter
+            counter += 1
+            children.append(await raw_restore(root, runsc, image, flags, counter, root / f"raw-ckpt-memory-{n}"))
+
+        add("raw_create_from_checkpoint", await timed(raw_create_from))
+
+        for times in (1, 4):
+            forks: list = []
+
+            async def fork(times: int = times, forks: list = forks) -> None:
+                forks.extend(await sbx.copy(times=times))
+
+            add(f"copy_{times}", await timed(fork))
+
+            async def raw_fork(times: int = times, children: list = raw_children) -> None:
                 nonlocal counter
-                counter += 1
-                children.append(await raw_restore(root, runsc, image, flags, counter, root / f"raw-ckpt-memory-{n}"))
+                dest = root / f"raw-fork-{n}-{times}"
+                dest.mkdir()
+                await raw_checkpoint(raw, dest, True)
+                for _ in range(times):
+                    counter += 1
+                    children.append(await raw_restore(root, runsc, image, flags, counter, dest))
 
-            add("raw_create_from_checkpoint", await timed(raw_create_from))
-
-            for times in (1, 4):
-                forks: list = []
-
-                async def fork(times: int = times, forks: list = forks) -> None:
-                    forks.extend(await sbx.copy(times=times))
-
-                add(f"copy_{times}", await timed(fork))
-
-                async def raw_fork(times: int = times, children: list = raw_children) -> None:
-                    nonlocal counter
-                    dest = root / f"raw-fork-{n}-{times}"
-                    dest.mkdir()
-                    await raw_checkpoint(raw, dest, True)
-                    for _ in range(times):
-                        counter += 1
-                        children.append(await raw_restore(root, runsc, image, flags, counter, dest))
-
-                add(f"raw_copy_{times}", await timed(raw_fork))
-                for child in forks:
-                    await child.terminate()
-
-            for child in restored:
+            add(f"raw_copy_{times}", await timed(raw_fork))
+            for child in forks:
                 await child.terminate()
-            for box in raw_children:
-                await box.destroy()
-            for c in await AsyncSandbox.list_checkpoints(client=client):
-                await AsyncSandbox.delete_checkpoint(c.id, client=client)
-            await sbx.terminate()
-            await raw.destroy()
 
-        for touched in (16, 256):
-            sbx = await AsyncSandbox.create(client=client, memory_mb=1024)
-            await sbx.start_process(holder_cmd(touched))
-            await asyncio.sleep(1 + touched / 100)
-            box: list = []
+        for child in restored:
+            await child.terminate()
+        for box in raw_children:
+            await box.destroy()
+        for c in await AsyncSandbox.list_checkpoints(client=client):
+            await AsyncSandbox.delete_checkpoint(c.id, client=client)
+        await sbx.terminate()
+        await raw.destroy()
 
-            async def take(box: list = box) -> None:
-                box.append(await sbx.checkpoint("memory"))
+    for touched in (16, 256):
+        sbx = await AsyncSandbox.create(client=client, memory_mb=1024)
+        await sbx.start_process(holder_cmd(touched))
+        await asyncio.sleep(1 + touched / 100)
+        box: list = []
 
-            add(f"touched_{touched}_seconds", await timed(take))
-            add(f"touched_{touched}_bytes", float(box[0].size_bytes))
-            await AsyncSandbox.delete_checkpoint(box[0].id, client=client)
-            await sbx.terminate()
-    finally:
-        await client.aclose()
-        os.kill(daemon_pid, signal.SIGTERM)
-        await daemon_exited
-        for leftover in await runsc.list_ids():
-            await runsc.delete(leftover)
-        shutil.rmtree(paths.runtime, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
+        async def take(box: list = box) -> None:
+            box.append(await sbx.checkpoint("memory"))
+
+        add(f"touched_{touched}_seconds", await timed(take))
+        add(f"touched_{touched}_bytes", float(box[0].size_bytes))
+        await AsyncSandbox.delete_checkpoint(box[0].id, client=client)
+        await sbx.terminate()
 
     med = {k: statistics.median(v) for k, v in s.items()}
     rows = []

@@ -28,7 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -214,36 +216,57 @@ async def one_round(client: AsyncClient, raw: RawBox, hold_mb: int, samples: dic
     await raw.destroy()
 
 
-async def bench(rounds: int, hold_mb: int) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="stasis-bench-"))
+@dataclass
+class Rig:
+    """A daemon on a temporary home, and runsc set up the way the daemon uses it, for the raw side."""
+
+    root: Path
+    paths: Paths
+    image: Path
+    version: str
+    platform: str
+    flags: tuple[str, ...]
+    runsc: Runsc
+    client: AsyncClient
+
+
+@asynccontextmanager
+async def rig(prefix: str) -> AsyncIterator[Rig]:
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     image_dir = Path(os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images")
     paths = Paths(home=root / "home", images=image_dir)
     paths.ensure()
-    image = next(image_dir.glob("default-*/rootfs"))
     binary = find_runsc()
     version = await runsc_version(binary)
     platform, _ = await choose_platform(binary, version, paths.home)
     flags = await supported_flags(binary, "checkpoint", PREFERRED_CHECKPOINT_FLAGS)
-    raw_runsc = Runsc(binary, paths.runtime / "raw-runsc", platform)
-    raw_runsc.root.mkdir(parents=True)
+    runsc = Runsc(binary, paths.runtime / "raw-runsc", platform)
+    runsc.root.mkdir(parents=True)
     daemon_pid, daemon_exited = await start_daemon(paths)
     client = AsyncClient(paths)
-    samples: dict[str, list[float]] = {k: [] for k in (
-        "create_first_exec", "raw_create_first_exec", "exec", "raw_exec", "suspend", "raw_suspend",
-        "resume_first_exec", "raw_resume_first_exec", "agent_exec", "auto_resume_first_exec",
-    )}  # fmt: skip
+    image = next(image_dir.glob("default-*/rootfs"))
     try:
-        for n in range(rounds):
-            console.print(f"round {n + 1}/{rounds}", style="dim")
-            await one_round(client, RawBox(root, raw_runsc, image, flags, n), hold_mb, samples)
+        yield Rig(root, paths, image, version, platform, flags, runsc, client)
     finally:
         await client.aclose()
         os.kill(daemon_pid, signal.SIGTERM)
         await daemon_exited
-        for leftover in await raw_runsc.list_ids():
-            await raw_runsc.delete(leftover)
+        for leftover in await runsc.list_ids():
+            await runsc.delete(leftover)
         shutil.rmtree(paths.runtime, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def bench(rounds: int, hold_mb: int) -> dict:
+    samples: dict[str, list[float]] = {k: [] for k in (
+        "create_first_exec", "raw_create_first_exec", "exec", "raw_exec", "suspend", "raw_suspend",
+        "resume_first_exec", "raw_resume_first_exec", "agent_exec", "auto_resume_first_exec",
+    )}  # fmt: skip
+    async with rig("stasis-bench-") as r:
+        for n in range(rounds):
+            console.print(f"round {n + 1}/{rounds}", style="dim")
+            await one_round(r.client, RawBox(r.root, r.runsc, r.image, r.flags, n), hold_mb, samples)
+        version, platform, flags = r.version, r.platform, r.flags
 
     med = {k: statistics.median(v) for k, v in samples.items()}
     rows = [
