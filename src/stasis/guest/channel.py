@@ -74,7 +74,12 @@ class GuestChannel:
         self._pending[req_id] = future
         line = json.dumps({"id": req_id, "op": op, "args": args or {}}, separators=(",", ":")) + "\n"
         try:
-            await self._writer.write(line.encode())
+            try:
+                await asyncio.wait_for(self._writer.write(line.encode()), timeout)
+            except TimeoutError:
+                # The agent stopped reading and a request may be half-written: the stream is unusable.
+                await self.close()
+                raise
             reply = await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise GuestTimeout(
