@@ -135,8 +135,7 @@ def error_from_payload(payload: dict[str, Any], status_code: int) -> StasisError
     """Rebuild an error sent by the daemon; unknown types become the base class."""
     cls = ERROR_TYPES.get(str(payload.get("type")), StasisError)
     details = payload.get("details") or {}
-    error = cls(str(payload.get("message") or f"daemon answered HTTP {status_code}"), **details)
-    return error
+    return cls(str(payload.get("message") or f"daemon answered HTTP {status_code}"), **details)
 
 
 # What the guest agent reports, mapped onto the hierarchy.

@@ -73,10 +73,6 @@ class Backend(Protocol):
         """Forget the suspend image of a sandbox that runs again."""
         ...
 
-    async def finish_suspend(self, box: BoxRef) -> None:
-        """Make sure nothing of a suspended sandbox runs or stays mounted."""
-        ...
-
     async def salvage(self, box: BoxRef) -> GuestChannel | None:
         """Try to bring back a sandbox whose suspend was cut off after it stopped."""
         ...
@@ -86,7 +82,7 @@ class Backend(Protocol):
         ...
 
     async def stop(self, box: BoxRef) -> None:
-        """Stop all processes, keep the files (used to roll back a failed start)."""
+        """Stop all processes and unmount, keep the files (rolls back a failed start; idempotent)."""
         ...
 
     async def destroy(self, box: BoxRef) -> None:

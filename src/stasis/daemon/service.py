@@ -508,7 +508,7 @@ class SandboxService(GuestOperations):
                 await backend.discard_partial(box)
                 await self._adopt(info, box, "re-adopted after daemon restart")
             elif host == HostState.SUSPENDED:
-                await backend.finish_suspend(box)
+                await backend.stop(box)
                 if info.status == S.RUNNING:
                     self.store.transition(info.id, S.SUSPENDING, "found suspended on the host")
                 self.store.transition(info.id, S.SUSPENDED, "suspend completed during recovery")
@@ -533,7 +533,7 @@ class SandboxService(GuestOperations):
                 else:
                     self.store.transition(info.id, S.FAILED, error="a cold boot was interrupted; resume to retry")
         elif info.status == S.SUSPENDED:
-            await backend.finish_suspend(box)  # nothing may run for a suspended sandbox
+            await backend.stop(box)  # nothing may run for a suspended sandbox
             if host == HostState.STOPPED:
                 self.store.transition(info.id, S.FAILED, error="its suspend image is missing")
 

@@ -27,9 +27,11 @@ import fcntl
 import json
 import os
 import select
+import shutil
 import signal
 import stat
 import struct
+import subprocess
 import sys
 import termios
 import threading
@@ -108,7 +110,6 @@ class Process:
         self.stdout = OutputBuffer(limit)
         self.stderr = OutputBuffer(limit)
         self.stdin: BinaryIO | None = None
-        self.readers: list[threading.Thread] = []
 
     def info(self) -> dict[str, Any]:
         return {
@@ -170,8 +171,6 @@ class ProcessTable:
         self.lock.notify_all()
 
     def spawn(self, args: dict[str, Any], proc_id: str | None, limit: int) -> Process:
-        import subprocess
-
         cmd = args.get("cmd")
         if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str) for c in cmd):
             raise RequestError("ValueError", "cmd must be a non-empty list of strings")
@@ -210,9 +209,7 @@ class ProcessTable:
                 self.by_pid[popen.pid] = proc
             self.lock.notify_all()  # wake the reaper if it idles for lack of children
         for stream, buffer in ((popen.stdout, proc.stdout), (popen.stderr, proc.stderr)):
-            reader = threading.Thread(target=self._pump, args=(stream, buffer), daemon=True)
-            reader.start()
-            proc.readers.append(reader)
+            threading.Thread(target=self._pump, args=(stream, buffer), daemon=True).start()
         return proc
 
     def _pump(self, stream: BinaryIO, buffer: OutputBuffer) -> None:
@@ -703,8 +700,6 @@ class Agent:
         path = _abs(args)
         if os.path.isdir(path) and not os.path.islink(path):
             if args.get("recursive"):
-                import shutil
-
                 shutil.rmtree(path)
             else:
                 os.rmdir(path)

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import DaemonUnavailable, StasisError, error_from_payload
+from ..errors import DaemonUnavailable, error_from_payload
 from ..paths import Paths
 from ._daemon import start_daemon
 
@@ -61,20 +61,24 @@ class Client(_BaseClient):
         transport = None if self.url else httpx.HTTPTransport(uds=str(self.paths.socket))
         self._http = httpx.Client(transport=transport, **self._client_kwargs())
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, stream: bool = False, **kwargs: Any) -> httpx.Response:
+        """Send once; if nothing listens and we may, start the daemon and send again."""
+        request = self._http.build_request(method, path, **kwargs)
         try:
-            response = self._http.request(method, path, **kwargs)
+            return self._http.send(request, stream=stream)
         except httpx.ConnectError as exc:
             if not self.autostart:
                 raise self._unavailable(exc) from exc
             self._start_daemon()
             try:
-                response = self._http.request(method, path, **kwargs)
+                return self._http.send(request, stream=stream)
             except httpx.TransportError as retry_exc:
                 raise self._unavailable(retry_exc) from retry_exc
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
-        return self._check(response)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self._check(self._send(method, path, **kwargs))
 
     def _start_daemon(self) -> None:
         start_daemon(self.paths)
@@ -93,20 +97,17 @@ class Client(_BaseClient):
 
     def stream_lines(self, method: str, path: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
         """JSON lines of a streaming response, as they arrive."""
-        self.request("GET", "/v1/health")  # starts the daemon if needed; streams do not retry
+        response = self._send(method, path, stream=True, **kwargs)
         try:
-            with self._http.stream(method, path, **kwargs) as response:
-                if not response.is_success:
-                    response.read()
-                    self._check(response)
-                for line in response.iter_lines():
-                    if line:
-                        event = json.loads(line)
-                        if "error" in event:
-                            raise error_from_payload(event["error"], 500)
-                        yield event
+            if not response.is_success:
+                response.read()
+                self._check(response)
+            for line in response.iter_lines():
+                yield from _event(line)
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
+        finally:
+            response.close()
 
     def close(self) -> None:
         self._http.close()
@@ -124,20 +125,23 @@ class AsyncClient(_BaseClient):
         transport = None if self.url else httpx.AsyncHTTPTransport(uds=str(self.paths.socket))
         self._http = httpx.AsyncClient(transport=transport, **self._client_kwargs())
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _send(self, method: str, path: str, stream: bool = False, **kwargs: Any) -> httpx.Response:
+        request = self._http.build_request(method, path, **kwargs)
         try:
-            response = await self._http.request(method, path, **kwargs)
+            return await self._http.send(request, stream=stream)
         except httpx.ConnectError as exc:
             if not self.autostart:
                 raise self._unavailable(exc) from exc
             await self._start_daemon()
             try:
-                response = await self._http.request(method, path, **kwargs)
+                return await self._http.send(request, stream=stream)
             except httpx.TransportError as retry_exc:
                 raise self._unavailable(retry_exc) from retry_exc
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
-        return self._check(response)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self._check(await self._send(method, path, **kwargs))
 
     async def _start_daemon(self) -> None:
         await asyncio.to_thread(start_daemon, self.paths)
@@ -155,20 +159,18 @@ class AsyncClient(_BaseClient):
         return (await self.request(method, path, **kwargs)).json()
 
     async def stream_lines(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
-        await self.request("GET", "/v1/health")
+        response = await self._send(method, path, stream=True, **kwargs)
         try:
-            async with self._http.stream(method, path, **kwargs) as response:
-                if not response.is_success:
-                    await response.aread()
-                    self._check(response)
-                async for line in response.aiter_lines():
-                    if line:
-                        event = json.loads(line)
-                        if "error" in event:
-                            raise error_from_payload(event["error"], 500)
-                        yield event
+            if not response.is_success:
+                await response.aread()
+                self._check(response)
+            async for line in response.aiter_lines():
+                for event in _event(line):
+                    yield event
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
+        finally:
+            await response.aclose()
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -180,4 +182,14 @@ class AsyncClient(_BaseClient):
         await self.aclose()
 
 
-__all__ = ["AsyncClient", "Client", "StasisError"]
+def _event(line: str) -> list[dict[str, Any]]:
+    """One JSON line of a stream; a line carrying an error raises it."""
+    if not line:
+        return []
+    event = json.loads(line)
+    if "error" in event:
+        raise error_from_payload(event["error"], 500)
+    return [event]
+
+
+__all__ = ["AsyncClient", "Client"]

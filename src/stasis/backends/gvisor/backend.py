@@ -102,30 +102,43 @@ class GvisorBackend:
     async def start(self, box: BoxRef) -> tuple[GuestChannel, dict[str, Any]]:
         if box.spec.network:
             raise StateError("network access inside gVisor sandboxes is not supported yet; create it with network off")
+        p = self._prepare(box)
+        agent = p["upper"] / AGENT_PATH.lstrip("/")
+        agent.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(AGENT_SOURCE, agent)  # every fresh boot gets this version of the agent
+        await self.runsc.delete(box.id)  # a stale record, when booting a failed sandbox again
+        runsc = Runsc(self.binary, self.runsc.root, self.platform)
+        args = ("run", "-detach", "--bundle", str(p["bundle"]), box.id)
+        channel = await self._boot(box, runsc, args, "gvisor.start.after_mount", "gvisor.start.after_launch")
+        return channel, {"runsc_version": self.version, "platform": self.platform}
+
+    def _prepare(self, box: BoxRef) -> dict[str, Path]:
+        """The sandbox's directory, its FIFOs and its OCI bundle (idempotent)."""
         p = self._paths(box)
         box.directory.mkdir(parents=True, exist_ok=True)
         for fifo in (p["to_guest"], p["from_guest"]):
             if not fifo.exists():
                 os.mkfifo(fifo, 0o600)
         p["bundle"].mkdir(exist_ok=True)
-        agent_dir = p["upper"] / AGENT_PATH.lstrip("/")
-        agent_dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(AGENT_SOURCE, agent_dir)
-        await self.runsc.delete(box.id)  # a stale record, when booting a failed sandbox again
         config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]))
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
+        return p
+
+    async def _boot(
+        self, box: BoxRef, runsc: Runsc, args: tuple[str, ...], after_mount: str | None, after_launch: str
+    ) -> GuestChannel:
+        """Mount the root, run runsc (`run` or `restore`), wait for the agent; on any failure stop again."""
+        p = self._paths(box)
         mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
-        state = {"runsc_version": self.version, "platform": self.platform}
-        runsc = Runsc(self.binary, self.runsc.root, self.platform)
         try:
-            faults.point("gvisor.start.after_mount")
-            await self._launch(runsc, box, "run", "-detach", "--bundle", str(p["bundle"]), box.id)
-            faults.point("gvisor.start.after_launch")
-            channel = await self._connect(box, p)
+            if after_mount:
+                faults.point(after_mount)
+            await self._launch(runsc, box, *args)
+            faults.point(after_launch)
+            return await self._connect(box)
         except BaseException:
             await self.stop(box)
             raise
-        return channel, state
 
     async def _launch(self, runsc: Runsc, box: BoxRef, *args: str) -> None:
         """Start runsc with the agent's stdio on the FIFOs (O_RDWR: the agent never sees EOF)."""
@@ -142,7 +155,8 @@ class GvisorBackend:
             for fd in (stdin, stdout, console):
                 os.close(fd)
 
-    async def _connect(self, box: BoxRef, p: dict[str, Path]) -> GuestChannel:
+    async def _connect(self, box: BoxRef) -> GuestChannel:
+        p = self._paths(box)
         channel = await GuestChannel.open_fifos(p["to_guest"], p["from_guest"], f"sandbox {box.id}")
         try:
             await channel.wait_ready(READY_TIMEOUT)
@@ -155,7 +169,7 @@ class GvisorBackend:
         state = await self.runsc.state(box.id)
         if state is not None and state.get("status") == "paused":  # a checkpoint was cut off mid-way
             await self.runsc.call("resume", box.id)
-        return await self._connect(box, self._paths(box))
+        return await self._connect(box)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -196,25 +210,12 @@ class GvisorBackend:
         faults.point("gvisor.start_from.after_copy")
         if not memory:
             return await self.start(box)
-        for fifo in (p["to_guest"], p["from_guest"]):
-            os.mkfifo(fifo, 0o600)
-        p["bundle"].mkdir()
-        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]))
-        atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
-        mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
-        state = {"runsc_version": self.version, "platform": source_state.get("platform", self.platform)}
-        runsc = Runsc(self.binary, self.runsc.root, state["platform"])
-        try:
-            image = str(source / "memory")
-            await self._launch(
-                runsc, box, "restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", image, box.id
-            )
-            faults.point("gvisor.start_from.after_restore")
-            channel = await self._connect(box, p)
-        except BaseException:
-            await self.stop(box)
-            raise
-        return channel, state
+        self._prepare(box)
+        platform = source_state.get("platform", self.platform)
+        runsc = Runsc(self.binary, self.runsc.root, platform)
+        args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(source / "memory"), box.id)
+        channel = await self._boot(box, runsc, args, None, "gvisor.start_from.after_restore")
+        return channel, {"runsc_version": self.version, "platform": platform}
 
     async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
         p = self._paths(box)
@@ -244,25 +245,8 @@ class GvisorBackend:
         runsc = self._runsc_for(box)
         await runsc.delete(box.id)  # a stale record from an interrupted resume
         faults.point("gvisor.resume.before_mount")
-        mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
-        faults.point("gvisor.resume.before_restore")
-        try:
-            await self._launch(
-                runsc,
-                box,
-                "restore",
-                "--detach",
-                "--bundle",
-                str(p["bundle"]),
-                "--image-path",
-                str(p["suspend"]),
-                box.id,
-            )
-            channel = await self._connect(box, p)
-        except BaseException:
-            await self.stop(box)
-            raise
-        faults.point("gvisor.resume.after_restore")
+        args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(p["suspend"]), box.id)
+        channel = await self._boot(box, runsc, args, "gvisor.resume.before_restore", "gvisor.resume.after_restore")
         # The files move on from here: the image must never be restored again.
         await self.discard_suspend_image(box)
         return channel
@@ -300,13 +284,8 @@ class GvisorBackend:
     async def discard_partial(self, box: BoxRef) -> None:
         shutil.rmtree(self._paths(box)["partial"], ignore_errors=True)
 
-    async def finish_suspend(self, box: BoxRef) -> None:
-        """After a crash between checkpoint and cleanup: make sure nothing runs."""
-        p = self._paths(box)
-        await self.runsc.delete(box.id)
-        mounts.unmount(p["rootfs"])
-
     async def stop(self, box: BoxRef) -> None:
+        """Nothing of the sandbox runs or stays mounted afterwards; its files stay."""
         await self.runsc.delete(box.id)
         mounts.unmount(self._paths(box)["rootfs"])
 
