@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from stasis import Client, Sandbox
+from stasis.backends import BACKENDS
 from stasis.paths import Paths, default_home
 
 IMAGE_DIR = Path(os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images")
@@ -101,8 +102,8 @@ def terminate_all(daemon: Daemon) -> None:
             Sandbox(info, client).terminate()
 
 
-def runsc_processes_under(home: Path) -> list[str]:
-    """Command lines of runsc processes whose state lives under ``home``."""
+def sandbox_processes_under(home: Path) -> list[str]:
+    """Command lines of runsc and QEMU processes whose state lives under ``home``."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -111,7 +112,7 @@ def runsc_processes_under(home: Path) -> list[str]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "runsc" in cmdline and str(home) in cmdline:
+        if ("runsc" in cmdline or "qemu-system" in cmdline) and str(home) in cmdline:
             found.append(f"{entry}: {cmdline}")
     return found
 
@@ -127,14 +128,15 @@ def leak_check() -> Iterator[None]:
         pytest.exit(f"the default image is not built in {IMAGE_DIR}; run `make setup` first", returncode=2)
     TEST_ROOT.mkdir(parents=True, exist_ok=True)
     yield
-    leaked_processes = runsc_processes_under(TEST_ROOT)
+    leaked_processes = sandbox_processes_under(TEST_ROOT)
     leaked_mounts = mounts_under(TEST_ROOT)
     leftover = [str(p) for p in TEST_ROOT.glob("*/sandboxes/*")]
     leftover += [str(p) for home in TEST_ROOT.iterdir() for p in Paths(home, IMAGE_DIR).runsc_root.glob("*")]
+    leftover += [str(p) for home in TEST_ROOT.iterdir() for p in (Paths(home, IMAGE_DIR).runtime / "vm").glob("*")]
     for home in TEST_ROOT.iterdir():
         shutil.rmtree(Paths(home, IMAGE_DIR).runtime, ignore_errors=True)
     shutil.rmtree(TEST_ROOT, ignore_errors=True)
-    assert not leaked_processes, f"runsc processes leaked: {leaked_processes}"
+    assert not leaked_processes, f"runsc or QEMU processes leaked: {leaked_processes}"
     assert not leaked_mounts, f"mounts leaked: {leaked_mounts}"
     assert not leftover, f"sandbox directories leaked: {leftover}"
     assert not TEST_ROOT.exists(), f"{TEST_ROOT} could not be removed"
@@ -171,9 +173,15 @@ def client(daemon: Daemon) -> Iterator[Client]:
         yield c
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Tests that take this run once per backend: gVisor and the QEMU microVM."""
+    return str(request.param)
+
+
 @pytest.fixture
-def sandbox(client: Client, request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    sbx = Sandbox.create(client=client, memory_mb=512)
+def sandbox(client: Client, backend: str) -> Iterator[Sandbox]:
+    sbx = Sandbox.create(client=client, memory_mb=512, backend=backend)
     yield sbx
     sbx.terminate()
 

@@ -78,7 +78,9 @@ def create(
     memory_mb: Annotated[int, typer.Option("--memory-mb", help="Memory limit in MiB.")] = 1024,
     timeout_secs: Annotated[int, typer.Option("--timeout-secs", help="Idle seconds before the idle action.")] = 600,
     on_idle: Annotated[str | None, typer.Option("--on-idle", help="suspend | terminate")] = None,
-    backend: Annotated[str, typer.Option(help="Isolation backend.")] = "gvisor",
+    backend: Annotated[
+        str | None, typer.Option(help="Isolation backend: gvisor (default) or microvm (QEMU, its own Linux kernel).")
+    ] = None,
     from_checkpoint: Annotated[
         str | None, typer.Option("--from", help="Checkpoint id or name to create it from.")
     ] = None,

@@ -15,15 +15,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(path: Path) -> None:
     """fsync every regular file and directory below ``path`` (inclusive)."""
     for root, _dirs, files in os.walk(path):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(Path(root, name))
         fsync_dir(Path(root))
 
 

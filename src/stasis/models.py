@@ -66,7 +66,7 @@ class _Strict(BaseModel):
 
 class SandboxSpec(_Strict):
     image: str = "default"
-    backend: Literal["gvisor"] = "gvisor"
+    backend: Literal["gvisor", "microvm"] = "gvisor"
     cpus: float = Field(1.0, gt=0, le=64)
     memory_mb: int = Field(1024, ge=128, le=262144)
     network: bool = False

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -127,3 +128,24 @@ async def run(
 
 async def _empty() -> bytes:
     return b""
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process exists and is not a zombie (works for processes that are not our children)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+async def wait_gone(pid: int, timeout: float) -> bool:
+    """Poll until a process is gone; True if it went within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True

@@ -25,8 +25,8 @@ def repl_say(sbx: Sandbox, proc_id: str, code: str, offset: int) -> tuple[str, i
     return out.decode().strip(), offset
 
 
-def test_memory_checkpoint_restores_a_repl_three_times_then_they_diverge(client: Client) -> None:
-    parent = Sandbox.create("repl-parent", memory_mb=512, client=client)
+def test_memory_checkpoint_restores_a_repl_three_times_then_they_diverge(client: Client, backend: str) -> None:
+    parent = Sandbox.create("repl-parent", memory_mb=512, backend=backend, client=client)
     repl = parent.start_process(["python3", "-u", "-i", "-q"], stdin=True, name="repl")
     answer, offset = repl_say(parent, repl.id, "state = {'n': 41, 'blob': bytes(range(256)) * 1000}; print('ready')", 0)
     assert answer == "ready"
@@ -70,8 +70,8 @@ def test_memory_checkpoint_restores_a_repl_three_times_then_they_diverge(client:
     Sandbox.delete_checkpoint(ckpt.id, client=client)
 
 
-def test_filesystem_checkpoint_restores_files_with_fresh_processes(client: Client) -> None:
-    sbx = Sandbox.create(memory_mb=256, client=client)
+def test_filesystem_checkpoint_restores_files_with_fresh_processes(client: Client, backend: str) -> None:
+    sbx = Sandbox.create(memory_mb=256, backend=backend, client=client)
     sbx.write_file("/srv/app/config.toml", b"answer = 42\n")
     sbx.start_process(["sleep", "1000"], name="sleeper")
     ckpt = sbx.checkpoint("filesystem")
@@ -84,8 +84,8 @@ def test_filesystem_checkpoint_restores_files_with_fresh_processes(client: Clien
     Sandbox.delete_checkpoint(ckpt.id, client=client)
 
 
-def test_copy_forks_running_sandboxes_that_diverge(client: Client) -> None:
-    parent = Sandbox.create("forker", memory_mb=256, client=client)
+def test_copy_forks_running_sandboxes_that_diverge(client: Client, backend: str) -> None:
+    parent = Sandbox.create("forker", memory_mb=256, backend=backend, client=client)
     counter = parent.start_process(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"])
     wait_until(lambda: parent.run("test -s /tmp/n").exit_code == 0)
     forks = parent.copy(times=2)
@@ -102,31 +102,41 @@ def test_copy_forks_running_sandboxes_that_diverge(client: Client) -> None:
         s.terminate()
 
 
-def test_a_checkpoint_whose_bytes_changed_is_refused(daemon: Daemon, client: Client) -> None:
-    sbx = Sandbox.create(memory_mb=256, client=client)
+def test_a_checkpoint_whose_bytes_changed_is_refused(daemon: Daemon, client: Client, backend: str) -> None:
+    sbx = Sandbox.create(memory_mb=256, backend=backend, client=client)
     sbx.write_file("/root/data", b"original")
     ckpt = sbx.checkpoint("memory")
     sbx.terminate()
-    target = daemon.paths.home / "checkpoints" / ckpt.id / "files" / "root" / "data"
-    target.write_bytes(b"tampered")
+    directory = daemon.paths.home / "checkpoints" / ckpt.id
+    if backend == "gvisor":
+        target, changed = directory / "files" / "root" / "data", "root/data"
+        target.write_bytes(b"tampered")
+    else:  # one flipped byte in the disk image
+        target, changed = directory / "disk.qcow2", "disk.qcow2"
+        with open(target, "r+b") as disk:
+            disk.seek(100)
+            byte = disk.read(1)
+            disk.seek(100)
+            disk.write(bytes([byte[0] ^ 0xFF]))
     before = set(daemon.paths.sandboxes.iterdir())
-    with pytest.raises(CheckpointCorrupt, match=r"corrupt.*root/data"):
+    with pytest.raises(CheckpointCorrupt, match=rf"corrupt.*{changed}"):
         Sandbox.create(snapshot_id=ckpt.id, client=client)
     assert set(daemon.paths.sandboxes.iterdir()) == before
     Sandbox.delete_checkpoint(ckpt.id, client=client)
 
 
-def test_a_checkpoint_from_another_runsc_build_is_refused(daemon: Daemon, client: Client) -> None:
-    sbx = Sandbox.create(memory_mb=256, client=client)
+def test_a_checkpoint_from_another_runtime_build_is_refused(daemon: Daemon, client: Client, backend: str) -> None:
+    sbx = Sandbox.create(memory_mb=256, backend=backend, client=client)
     ckpt = sbx.checkpoint("memory")
     sbx.terminate()
+    key = {"gvisor": "runsc_version", "microvm": "qemu_version"}[backend]
     with sqlite3.connect(daemon.paths.database) as db:
         (info,) = db.execute("SELECT info FROM checkpoints WHERE id = ?", (ckpt.id,)).fetchone()
         db.execute(
             "UPDATE checkpoints SET info = ? WHERE id = ?",
-            (info.replace(ckpt.backend_state["runsc_version"], "0.0~19990101.0"), ckpt.id),
+            (info.replace(f'"{ckpt.backend_state[key]}"', '"0.0~19990101.0"'), ckpt.id),
         )
-    with pytest.raises(StateError, match=r"runsc 0\.0~19990101\.0"):
+    with pytest.raises(StateError, match=r"0\.0~19990101\.0"):
         Sandbox.create(snapshot_id=ckpt.id, client=client)
     Sandbox.delete_checkpoint(ckpt.id, client=client)
 
@@ -140,8 +150,8 @@ def test_checkpoint_ttl_expires_visibly(client: Client) -> None:
 
 
 @pytest.mark.slow
-def test_a_hundred_suspend_resume_cycles_keep_memory_and_files(client: Client) -> None:
-    sbx = Sandbox.create("cycler", memory_mb=256, client=client)
+def test_a_hundred_suspend_resume_cycles_keep_memory_and_files(client: Client, backend: str) -> None:
+    sbx = Sandbox.create("cycler", memory_mb=256, backend=backend, client=client)
     holder = sbx.start_process(["python3", "-u", "-i", "-q"], stdin=True)
     _, offset = repl_say(sbx, holder.id, "import hashlib, os; blob = os.urandom(8 << 20); print('ok')", 0)
     expected, offset = repl_say(sbx, holder.id, "print(hashlib.sha256(blob).hexdigest())", offset)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stasis import DaemonUnavailable, Sandbox, SandboxStatus, faults
-from tests.conftest import Daemon, runsc_processes_under, wait_until
+from tests.conftest import Daemon, sandbox_processes_under, wait_until
 
 S = SandboxStatus
 
@@ -68,9 +68,8 @@ def crash_during(daemon: Daemon, action) -> None:  # type: ignore[no-untyped-def
 
 def live_runsc(daemon: Daemon) -> set[str]:
     """Ids of sandboxes with runsc processes on the host."""
-    return {
-        m for line in runsc_processes_under(daemon.paths.home) for m in re.findall(r"sandboxes/(sb-[0-9a-z]{12})", line)
-    }
+    lines = sandbox_processes_under(daemon.paths.home)
+    return {m for line in lines for m in re.findall(r"sandboxes/(sb-[0-9a-z]{12})", line)}
 
 
 SUSPEND_OR_RESUME = [("suspend", p) for p in SUSPEND_POINTS] + [("resume", p) for p in RESUME_POINTS]

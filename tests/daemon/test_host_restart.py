@@ -9,7 +9,7 @@ import signal
 
 from stasis import Sandbox, SandboxStatus, StateError
 from stasis.backends.gvisor import mounts
-from tests.conftest import Daemon, runsc_processes_under, wait_until
+from tests.conftest import Daemon, sandbox_processes_under, wait_until
 
 S = SandboxStatus
 
@@ -17,9 +17,9 @@ S = SandboxStatus
 def reboot_host(daemon: Daemon) -> None:
     """Everything a reboot takes away, for this daemon's sandboxes only (our own processes, by pid)."""
     daemon.kill()
-    for line in runsc_processes_under(daemon.paths.home):
+    for line in sandbox_processes_under(daemon.paths.home):
         os.kill(int(line.split(":")[0]), signal.SIGKILL)
-    wait_until(lambda: runsc_processes_under(daemon.paths.home) == [])
+    wait_until(lambda: sandbox_processes_under(daemon.paths.home) == [])
     for rootfs in daemon.paths.sandboxes.glob("*/bundle/rootfs"):
         mounts.unmount(rootfs)
     shutil.rmtree(daemon.paths.runtime)  # /run is a tmpfs

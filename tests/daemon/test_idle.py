@@ -9,7 +9,7 @@ import time
 import httpx
 
 from stasis import Client, Sandbox, SandboxStatus
-from tests.conftest import Daemon, runsc_processes_under, wait_until
+from tests.conftest import Daemon, sandbox_processes_under, wait_until
 
 S = SandboxStatus
 
@@ -26,14 +26,14 @@ def status_of(client: Client, ref: str) -> SandboxStatus:
     return Sandbox.connect(ref, client=client).status
 
 
-def test_idle_named_sandbox_suspends_and_the_next_run_resumes_it(daemon: Daemon, client: Client) -> None:
-    sbx = Sandbox.create("idler", timeout_secs=2, memory_mb=256, client=client)
+def test_idle_named_sandbox_suspends_and_the_next_run_resumes_it(daemon: Daemon, client: Client, backend: str) -> None:
+    sbx = Sandbox.create("idler", timeout_secs=2, memory_mb=256, backend=backend, client=client)
     proc = sbx.start_process(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /root/n; sleep 0.1; done"])
     wait_until(lambda: sbx.run("test -s /root/n").exit_code == 0)
     info = sbx.info()
     assert info.idle_action == "suspend" and info.idle_action_at is not None
     wait_until(lambda: status_of(client, "idler") == S.SUSPENDED, timeout=20)
-    assert [p for p in runsc_processes_under(daemon.paths.home) if sbx.id in p] == []
+    assert [p for p in sandbox_processes_under(daemon.paths.home) if sbx.id in p] == []
     frozen = int(sbx.read_file("/root/n"))  # this read resumed it
     assert status_of(client, "idler") == S.RUNNING
     assert sbx.get_process(proc.id).status == "running"

@@ -6,7 +6,7 @@ import json
 import time
 
 from stasis import Sandbox, SandboxStatus
-from tests.conftest import Daemon, runsc_processes_under, wait_until
+from tests.conftest import Daemon, sandbox_processes_under, wait_until
 
 HOLDER = r"""
 import hashlib, json, os, signal, time
@@ -36,10 +36,10 @@ def counter(sbx: Sandbox) -> int:
     return int(sbx.read_file("/root/counter"))
 
 
-def test_processes_memory_and_files_survive_a_daemon_kill(own_daemon: Daemon) -> None:
+def test_processes_memory_and_files_survive_a_daemon_kill(own_daemon: Daemon, backend: str) -> None:
     own_daemon.start()
     client = own_daemon.client()
-    sbx = Sandbox.create("survivor", memory_mb=1024, client=client)
+    sbx = Sandbox.create("survivor", memory_mb=1024, backend=backend, client=client)
 
     sbx.write_file("/root/holder.py", HOLDER)
     holder = sbx.start_process(["python3", "/root/holder.py"], name="holder")
@@ -55,7 +55,7 @@ def test_processes_memory_and_files_survive_a_daemon_kill(own_daemon: Daemon) ->
     count_before = counter(sbx)
     sbx.suspend()
     assert sbx.status == SandboxStatus.SUSPENDED
-    assert [p for p in runsc_processes_under(own_daemon.paths.home) if sbx.id in p] == []
+    assert [p for p in sandbox_processes_under(own_daemon.paths.home) if sbx.id in p] == []
 
     own_daemon.kill()
     own_daemon.start()
@@ -84,12 +84,12 @@ def test_processes_memory_and_files_survive_a_daemon_kill(own_daemon: Daemon) ->
     client.close()
 
 
-def test_suspended_sandbox_has_no_process_on_the_host(daemon: Daemon) -> None:
+def test_suspended_sandbox_has_no_process_on_the_host(daemon: Daemon, backend: str) -> None:
     with daemon.client() as client:
-        sbx = Sandbox.create(client=client, memory_mb=256)
-        assert [p for p in runsc_processes_under(daemon.paths.home) if sbx.id in p]
+        sbx = Sandbox.create(client=client, memory_mb=256, backend=backend)
+        assert [p for p in sandbox_processes_under(daemon.paths.home) if sbx.id in p]
         sbx.suspend()
-        assert [p for p in runsc_processes_under(daemon.paths.home) if sbx.id in p] == []
+        assert [p for p in sandbox_processes_under(daemon.paths.home) if sbx.id in p] == []
         with open("/proc/self/mounts") as mounts:
             assert sbx.id not in mounts.read()
         sbx.resume()
@@ -97,9 +97,9 @@ def test_suspended_sandbox_has_no_process_on_the_host(daemon: Daemon) -> None:
         sbx.terminate()
 
 
-def test_repeated_suspend_resume_keeps_state(daemon: Daemon) -> None:
+def test_repeated_suspend_resume_keeps_state(daemon: Daemon, backend: str) -> None:
     with daemon.client() as client:
-        sbx = Sandbox.create(client=client, memory_mb=256)
+        sbx = Sandbox.create(client=client, memory_mb=256, backend=backend)
         proc = sbx.start_process(
             'python3 -c \'import time\nn=0\nwhile True:\n n+=1; open("/root/n","w").write(str(n)); time.sleep(0.05)\''
         )

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from stasis import Client, InvalidRequest, NameTaken, Sandbox, SandboxNotFound, StateError
-from tests.conftest import Daemon, runsc_processes_under
+from tests.conftest import Daemon, sandbox_processes_under
 
 BAD_NAMES = [
     "",
@@ -31,7 +31,7 @@ def raw(daemon: Daemon) -> httpx.Client:
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_names_are_rejected_before_anything_exists(daemon: Daemon, name: str) -> None:
     sandboxes_before = set(daemon.paths.sandboxes.iterdir())
-    processes_before = runsc_processes_under(daemon.paths.home)
+    processes_before = sandbox_processes_under(daemon.paths.home)
     with raw(daemon) as http:
         response = http.post("/v1/sandboxes", json={"name": name})
     assert response.status_code == 400
@@ -39,7 +39,7 @@ def test_bad_names_are_rejected_before_anything_exists(daemon: Daemon, name: str
     assert body["type"] == "InvalidRequest"
     assert "name" in body["message"]
     assert set(daemon.paths.sandboxes.iterdir()) == sandboxes_before
-    assert runsc_processes_under(daemon.paths.home) == processes_before
+    assert sandbox_processes_under(daemon.paths.home) == processes_before
 
 
 def test_sdk_raises_invalid_request_with_the_reason(client: Client) -> None:

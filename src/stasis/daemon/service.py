@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import faults
-from ..backends import Backend, BoxRef, HostState, create_backend
+from ..backends import BACKENDS, Backend, BoxRef, HostState, create_backend
 from ..errors import (
     GuestDisconnected,
     InvalidRequest,
@@ -78,6 +78,7 @@ class SandboxService(GuestOperations):
         self.images = ImageStore(paths.images)
         self.checkpoint_files = CheckpointFiles(paths.home / "checkpoints")
         self.backends: dict[str, Backend] = {}
+        self.unavailable: dict[str, str] = {}  # backend -> why it does not work here
         self._channels: dict[str, GuestChannel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._activity: dict[str, float] = {}  # last use, in memory: a write per exec would cost an fsync
@@ -89,9 +90,17 @@ class SandboxService(GuestOperations):
     # ------------------------------------------------------------ start-up and shutdown
 
     async def start(self) -> None:
-        backend = create_backend("gvisor", self.paths)
-        await backend.initialize()
-        self.backends[backend.name] = backend
+        for name in BACKENDS:
+            try:
+                backend = create_backend(name, self.paths)
+                await backend.initialize()
+            except StasisError as exc:  # a host without QEMU still serves gVisor sandboxes, and vice versa
+                log.warning("backend %s is unavailable: %s", name, exc)
+                self.unavailable[name] = str(exc)
+                continue
+            self.backends[backend.name] = backend
+        if not self.backends:
+            raise StasisError(f"no backend works on this host: {self.unavailable}")
         await self.recover()
         self._idle_task = asyncio.get_running_loop().create_task(self._idle_loop())
 
@@ -108,7 +117,8 @@ class SandboxService(GuestOperations):
         self.store.close()
 
     def describe_backends(self) -> dict[str, dict[str, Any]]:
-        return {name: backend.describe() for name, backend in self.backends.items()}
+        described = {name: backend.describe() for name, backend in self.backends.items()}
+        return described | {name: {"backend": name, "unavailable": why} for name, why in self.unavailable.items()}
 
     # ------------------------------------------------------------ helpers
 
@@ -164,7 +174,8 @@ class SandboxService(GuestOperations):
             spec_model = SandboxSpec.model_validate(request.model_dump(exclude={"name", "snapshot_id"}))
         backend = self.backends.get(spec_model.backend)
         if backend is None:
-            raise InvalidRequest(f"backend {spec_model.backend!r} is not available; available: {sorted(self.backends)}")
+            why = self.unavailable.get(spec_model.backend, "unknown backend")
+            raise InvalidRequest(f"backend {spec_model.backend!r} is not available on this host: {why}")
         if spec_model.network:
             raise InvalidRequest("network access inside sandboxes is not supported yet; leave network off")
         # Refuse before anything exists on the host; pin the exact image build.
@@ -202,11 +213,12 @@ class SandboxService(GuestOperations):
 
     def _spec_from_checkpoint(self, checkpoint: CheckpointInfo, request: CreateSandboxRequest) -> SandboxSpec:
         """The checkpoint's resources; a MEMORY restore must keep its memory size and backend."""
-        if request.backend != checkpoint.backend:
+        if "backend" in request.model_fields_set and request.backend != checkpoint.backend:
             raise InvalidRequest(
                 f"checkpoint {checkpoint.id} was made on backend {checkpoint.backend!r}, not {request.backend!r}"
             )
         overrides = {k: getattr(request, k) for k in request.model_fields_set & {"timeout_secs", "on_idle", "cpus"}}
+        overrides["backend"] = checkpoint.backend
         if checkpoint.type == CheckpointType.FILESYSTEM:
             overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb"}}
         elif "memory_mb" in request.model_fields_set and request.memory_mb != checkpoint.spec.memory_mb:
@@ -413,7 +425,9 @@ class SandboxService(GuestOperations):
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await backend.stop(box)
-                back = S.FAILED if cold else S.SUSPENDED
+                # A failure after the guest ran on (a microVM's memory file moved) leaves no image to retry.
+                intact = not cold and await backend.host_state(box) == HostState.SUSPENDED
+                back = S.SUSPENDED if intact else S.FAILED
                 self.store.transition(info.id, back, "resume rolled back", error=f"resume failed: {exc}")
                 raise
             self._channels[info.id] = channel

@@ -29,6 +29,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -53,6 +54,8 @@ PROCESS_OUTPUT_LIMIT = 8 << 20  # bytes of each stream kept for a background pro
 FINISHED_KEPT = 256  # finished processes remembered for reattachment
 READ_CHUNK_LIMIT = 4 << 20
 MARKER_ENV = "STASIS_EXEC_ID"
+RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
+RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
 
 
 class RequestError(Exception):
@@ -329,8 +332,8 @@ def read_lines(fd: int) -> Iterator[bytes]:
         except BlockingIOError:
             select.select([fd], [], [], 1.0)
             continue
-        if not chunk:  # the host end is held open; EOF only if the runtime is going away
-            time.sleep(0.1)
+        if not chunk:  # FIFOs: never (held open); a virtio-serial port: while no host is connected
+            time.sleep(0.02)
             continue
         pending += chunk
         *lines, pending = pending.split(b"\n")
@@ -382,6 +385,24 @@ class Agent:
         """Prepare for suspend or checkpoint: flush file data to the backing store."""
         os.sync()
         return {}
+
+    def op_identity(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Make a machine restored from a shared memory image its own: wall clock, hostname,
+        machine id, and a kernel RNG reseeded with fresh host entropy (its state was copied too)."""
+        if "time" in args:
+            time.clock_settime(time.CLOCK_REALTIME, float(args["time"]))
+        if args.get("hostname"):
+            socket.sethostname(str(args["hostname"]))
+            _write_atomic("/etc/hostname", (str(args["hostname"]) + "\n").encode())
+        if args.get("machine_id"):
+            _write_atomic("/etc/machine-id", (str(args["machine_id"]) + "\n").encode())
+        if args.get("entropy"):
+            seed = base64.b64decode(args["entropy"])
+            with open("/dev/urandom", "wb") as rng:
+                # struct rand_pool_info {int entropy_count; int buf_size; u32 buf[];}, credited in bits
+                fcntl.ioctl(rng, RNDADDENTROPY, struct.pack("ii", len(seed) * 8, len(seed)) + seed)
+                fcntl.ioctl(rng, RNDRESEEDCRNG)
+        return {"hostname": socket.gethostname(), "time": time.time()}
 
     # -- commands
 
@@ -465,9 +486,11 @@ class Agent:
         deadline = time.monotonic() + float(args.get("wait", 0))
 
         def idle() -> bool:
-            return all(
-                getattr(proc, name).end <= offset and not getattr(proc, name).closed for name, offset in offsets.items()
-            )
+            # Wait for new data or for both streams to close; one closed stream is no reason to return,
+            # the other may still be draining what the process wrote before it exited.
+            buffers = [(getattr(proc, name), offset) for name, offset in offsets.items()]
+            no_data = all(buffer.end <= offset for buffer, offset in buffers)
+            return no_data and not all(buffer.closed for buffer, _ in buffers)
 
         with self.procs.lock:
             while idle():
@@ -749,6 +772,15 @@ def _stat_dict(path: str, name: str) -> dict[str, Any]:
         "mode": stat.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
     }
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    temp = f"{path}.stasis-tmp"
+    with open(temp, "wb") as f:
+        f.write(data)
+        os.fchmod(f.fileno(), 0o444 if path == "/etc/machine-id" else 0o644)
+        os.fsync(f.fileno())
+    os.replace(temp, path)
 
 
 def main() -> None:

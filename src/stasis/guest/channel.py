@@ -37,7 +37,7 @@ class GuestChannel:
     def __init__(
         self,
         reader: asyncio.StreamReader,
-        writer: _PipeWriter,
+        writer: _PipeWriter | _StreamWriter,
         label: str,
         read_transport: asyncio.BaseTransport | None = None,
     ) -> None:
@@ -60,6 +60,12 @@ class GuestChannel:
         read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), read_file)
         writer = _PipeWriter(os.open(to_guest, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK))
         return cls(reader, writer, label, read_transport)
+
+    @classmethod
+    async def open_unix(cls, path: Path, label: str) -> GuestChannel:
+        """Connect to a unix socket that carries the agent's stream (a microVM's virtio-serial port)."""
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=STREAM_LIMIT)
+        return cls(reader, _StreamWriter(writer), label)
 
     @property
     def closed(self) -> bool:
@@ -170,3 +176,19 @@ class _PipeWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class _StreamWriter:
+    """Whole requests onto an asyncio stream, one at a time."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._lock = asyncio.Lock()
+
+    async def write(self, data: bytes) -> None:
+        async with self._lock:
+            self._writer.write(data)
+            await self._writer.drain()
+
+    def close(self) -> None:
+        self._writer.close()

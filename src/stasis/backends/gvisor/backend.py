@@ -254,7 +254,7 @@ class GvisorBackend:
     async def host_state(self, box: BoxRef) -> HostState:
         state = await self.runsc.state(box.id)
         # After a checkpoint runsc still says "running" until delete: look at the process too.
-        if state is not None and state.get("status") in ("running", "paused") and _pid_alive(state.get("pid")):
+        if state is not None and state.get("status") in ("running", "paused") and procs.pid_alive(state.get("pid")):
             return HostState.RUNNING
         if (self._paths(box)["suspend"] / "checkpoint.img").exists():
             return HostState.SUSPENDED
@@ -308,13 +308,3 @@ async def copy_tree(source: Path, dest: Path) -> None:
     result = await procs.run(["cp", "-a", "--reflink=auto", f"{source}/.", str(dest)], timeout=3600)
     if result.returncode != 0:
         raise BackendError(f"copying {source} to {dest} failed: {result.output}")
-
-
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False

@@ -1,0 +1,421 @@
+"""microVM backend: each sandbox is a QEMU `microvm` machine running a real Linux kernel.
+
+Directory of one sandbox::
+
+    disk.qcow2        its root disk: a qcow2 overlay on the image's shared, read-only ext4
+    memory.ram        its RAM (mapped shared by QEMU: the live memory *is* this file)
+    vm.json           the machine QEMU was started as; a resume uses exactly it
+    console.log       the guest's serial console
+    suspend/vmstate   device state of a complete suspend; suspend.partial/ while written
+
+Sockets and the pidfile live in the runtime dir (tmpfs): a host reboot forgets them.
+
+Suspend = QMP stop, save the device state (RAM stays in its file), quit QEMU, fsync.
+Resume = start QEMU with the same machine and ``-incoming``, load the state, cont.
+Create = restore a copy of a *template*: the image booted once and saved right after
+its agent came up, so a new sandbox does not pay the kernel boot. Each one is then
+given its own hostname, machine id, clock and a reseeded kernel RNG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ... import procs
+from ...errors import BackendError, StartupError, StateError
+from ...fsutil import atomic_write, fsync_dir, fsync_file, fsync_tree
+from ...guest.channel import GuestChannel
+from ...models import SandboxSpec
+from ...paths import Paths
+from ..base import BoxRef, HostState
+from . import qemu
+from .accel import Accelerator, choose_accelerator, tsc_khz
+from .artifacts import BootFiles, boot_files, root_disk
+from .qemu import Machine, VmFiles
+
+log = logging.getLogger(__name__)
+
+BOOT_TIMEOUT = 90.0  # a cold boot on TCG takes ~3 s; a loaded CI host, much longer
+RESTORE_TIMEOUT = 30.0
+TEMPLATE_FORMAT = 1  # bump when what a template contains changes
+
+
+class MicrovmBackend:
+    name = "microvm"
+
+    def __init__(self, paths: Paths) -> None:
+        self.paths = paths
+        self.binary = qemu.find_qemu()
+        self.cache = paths.images / "microvm"
+        self.vm_runtime = paths.runtime / "vm"
+        self.version = "unknown"
+        self.boot: BootFiles | None = None
+        self.accel = Accelerator("tcg", "not probed yet")
+        self.tsc_khz = 0
+        self._template_locks: dict[str, asyncio.Lock] = {}
+
+    async def initialize(self) -> None:
+        self.version = await qemu.qemu_version(self.binary)
+        self.boot = await asyncio.to_thread(boot_files, self.cache)
+        cache = self.paths.home / "microvm-accelerator.json"
+        self.accel = await choose_accelerator(self.binary, self.version, self.boot.kernel, self.boot.initramfs, cache)
+        self.tsc_khz = tsc_khz()
+        self.vm_runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "qemu_version": self.version,
+            "accelerator": self.accel.name,
+            "accelerator_reason": self.accel.reason,
+            "kernel": str(self.boot.kernel) if self.boot else "",
+        }
+
+    # ------------------------------------------------------------ layout
+
+    def _files(self, box_id: str, directory: Path) -> VmFiles:
+        return VmFiles(directory, self.vm_runtime / box_id)
+
+    def _box_files(self, box: BoxRef) -> VmFiles:
+        return self._files(box.id, box.directory)
+
+    def _machine(self, spec: SandboxSpec, hostname: str) -> Machine:
+        assert self.boot is not None, "initialize() first"
+        cmdline = " ".join(
+            [
+                "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init",
+                f"tsc_early_khz={self.tsc_khz}" if self.accel.name == "tcg" else "",
+                f"stasis.hostname={hostname}",
+            ]
+        )
+        return Machine(
+            accel=self.accel.name,
+            cpus=vcpus(spec),
+            memory_mb=spec.memory_mb,
+            kernel=str(self.boot.kernel),
+            initramfs=str(self.boot.initramfs),
+            cmdline=" ".join(cmdline.split()),
+        )
+
+    @staticmethod
+    def _stored_machine(directory: Path) -> Machine:
+        try:
+            return Machine(**json.loads((directory / "vm.json").read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise StateError(f"the machine description {directory / 'vm.json'} is missing or damaged: {exc}") from exc
+
+    def _state(self, machine: Machine) -> dict[str, Any]:
+        """What a restore of this sandbox's memory needs to match."""
+        assert self.boot is not None
+        return {
+            "qemu_version": self.version,
+            "accelerator": machine.accel,
+            "boot_key": self.boot.key,
+            "cpus": machine.cpus,
+            "memory_mb": machine.memory_mb,
+        }
+
+    def _check_restorable(self, state: dict[str, Any], what: str) -> None:
+        assert self.boot is not None
+        mine = {"qemu_version": self.version, "boot_key": self.boot.key}
+        for key, value in mine.items():
+            if state.get(key) != value:
+                raise StateError(
+                    f"{what} was saved with {key.replace('_', ' ')} {state.get(key)!r}, but this host has {value!r}; "
+                    "restore it where it was made, or use a FILESYSTEM checkpoint"
+                )
+
+    # ------------------------------------------------------------ booting
+
+    async def _launch(self, box_id: str, directory: Path, machine: Machine, incoming: bool) -> VmFiles:
+        files = self._files(box_id, directory)
+        atomic_write(directory / "vm.json", json.dumps(machine.to_json(), indent=1).encode())
+        argv = qemu.command_line(self.binary, machine, files, f"stasis-{box_id}", incoming)
+        await qemu.launch(argv, files)
+        return files
+
+    async def _connect(self, files: VmFiles, label: str, timeout: float) -> GuestChannel:
+        """Connect to the agent's port, retrying while the guest boots."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if qemu.running_pid(files) is None:
+                raise StartupError(f"{label}: QEMU exited{_console_tail(files)}")
+            try:
+                channel = await GuestChannel.open_unix(files.agent, label)
+            except OSError as exc:
+                if left <= 0:
+                    raise StartupError(f"{label}: cannot connect to the agent port: {exc}") from exc
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                await channel.wait_ready(max(0.5, min(left, 5.0)))
+                return channel
+            except Exception as exc:
+                await channel.close()
+                if time.monotonic() >= deadline:
+                    why = f"{label}: the agent did not answer in {timeout:.0f}s{_console_tail(files)}"
+                    raise StartupError(why) from exc
+
+    async def _cold_boot(self, box: BoxRef, new_identity: bool) -> GuestChannel:
+        """Boot the kernel on the sandbox's disk (which must exist), with fresh, empty RAM."""
+        machine = self._machine(box.spec, box.hostname)
+        files = self._box_files(box)
+        files.memory.unlink(missing_ok=True)
+        await self._launch(box.id, box.directory, machine, incoming=False)
+        try:
+            channel = await self._connect(files, f"sandbox {box.id}", BOOT_TIMEOUT)
+            await self._identify(channel, box, new_identity)
+            return channel
+        except BaseException:
+            await qemu.kill(files)
+            raise
+
+    async def _restore(self, box: BoxRef, machine: Machine, vmstate: Path, new_identity: bool | None) -> GuestChannel:
+        """Start QEMU from saved state; ``new_identity`` None keeps hostname and machine id."""
+        files = await self._launch(box.id, box.directory, machine, incoming=True)
+        try:
+            async with qemu.qmp(files) as client:
+                seconds = await qemu.load_state(client, vmstate)
+            log.debug("loaded VM state of %s in %.3fs", box.id, seconds)
+            channel = await self._connect(files, f"sandbox {box.id}", RESTORE_TIMEOUT)
+            await self._identify(channel, box, new_identity)
+            return channel
+        except BaseException:
+            await qemu.kill(files)
+            raise
+
+    async def _identify(self, channel: GuestChannel, box: BoxRef, new_identity: bool | None) -> None:
+        """The guest's clock is wherever it was saved; a copy of someone else's memory also needs its own
+        hostname, machine id and RNG state."""
+        args: dict[str, Any] = {"time": time.time()}
+        if new_identity is not None:
+            args["hostname"] = box.hostname
+        if new_identity:
+            args["machine_id"] = uuid.uuid4().hex
+            args["entropy"] = base64.b64encode(os.urandom(64)).decode()
+        await channel.call("identity", args)
+
+    # ------------------------------------------------------------ templates
+
+    async def _template(self, spec: SandboxSpec, image_key: str, rootfs: Path) -> Path:
+        """A saved VM of this image, booted once, its agent up; made on first use (one boot)."""
+        assert self.boot is not None
+        base = await root_disk(self.cache, image_key, rootfs)
+        machine = self._machine(spec, "stasis-template")
+        identity = [self.boot.key, image_key, self.version, self.accel.name, machine.cpus, machine.memory_mb]
+        key = hashlib.sha256(json.dumps([TEMPLATE_FORMAT, *identity]).encode()).hexdigest()[:16]
+        directory = self.cache / "templates" / key
+        if (directory / "vmstate").exists():
+            return directory
+        async with self._template_locks.setdefault(key, asyncio.Lock()):
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            lock_fd = os.open(directory.parent / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)  # other daemons share the cache
+                if not (directory / "vmstate").exists():
+                    await self._build_template(directory, key, base, machine)
+            finally:
+                os.close(lock_fd)
+        return directory
+
+    async def _build_template(self, directory: Path, key: str, base: Path, machine: Machine) -> None:
+        started = time.monotonic()
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=directory.parent))
+        files = self._files(f"template-{key[:12]}", staging)
+        try:
+            await create_overlay(base, files.disk)
+            await self._launch(files.runtime.name, staging, machine, incoming=False)
+            channel = await self._connect(files, f"template {key}", BOOT_TIMEOUT)
+            await channel.call("sync", timeout=60)
+            await channel.close()
+            async with qemu.qmp(files) as client:
+                await qemu.save_state(client, staging / "vmstate")
+                await qemu.quit_vm(client, files)
+            await asyncio.to_thread(fsync_tree, staging)
+            shutil.rmtree(directory, ignore_errors=True)
+            os.rename(staging, directory)
+            fsync_dir(directory.parent)
+            log.info("built microVM template %s in %.1fs", key, time.monotonic() - started)
+        finally:
+            await qemu.kill(files)
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, box: BoxRef) -> tuple[GuestChannel, dict[str, Any]]:
+        if box.spec.network:
+            raise StateError("network access inside microVM sandboxes is not supported yet; create it with network off")
+        files = self._box_files(box)
+        box.directory.mkdir(parents=True, exist_ok=True)
+        if files.disk.exists():  # its own files already (a failed sandbox booting again): a real boot
+            channel = await self._cold_boot(box, new_identity=False)
+            return channel, self._state(self._stored_machine(box.directory))
+        image_key = str(box.backend_state.get("image_key") or box.image_rootfs.parent.name)
+        template = await self._template(box.spec, image_key, box.image_rootfs)
+        await copy_file(template / "disk.qcow2", files.disk)
+        await copy_file(template / "memory.ram", files.memory)
+        machine = self._stored_machine(template)
+        channel = await self._restore(box, machine, template / "vmstate", new_identity=True)
+        return channel, {**self._state(machine), "template": template.name}
+
+    async def connect(self, box: BoxRef) -> GuestChannel:
+        files = self._box_files(box)
+        async with qemu.qmp(files) as client:
+            if await qemu.status(client) != "running":  # a suspend or checkpoint was cut off mid-way
+                await qemu.execute(client, "cont")
+        return await self._connect(files, f"sandbox {box.id}", RESTORE_TIMEOUT)
+
+    async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
+        files = self._box_files(box)
+        partial, final = box.directory / "suspend.partial", box.directory / "suspend"
+        await channel.call("sync", timeout=60)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        async with qemu.qmp(files) as client:
+            seconds = await qemu.save_state(client, partial / "vmstate")
+            await qemu.quit_vm(client, files)
+        await channel.close()
+        started = time.monotonic()
+        await asyncio.to_thread(_fsync_all, files.memory, files.disk, partial / "vmstate")
+        fsync_dir(partial)
+        os.rename(partial, final)
+        fsync_dir(box.directory)
+        shutil.rmtree(files.runtime, ignore_errors=True)
+        log.info("saved %s in %.3fs, fsync %.3fs", box.id, seconds, time.monotonic() - started)
+
+    async def resume(self, box: BoxRef) -> GuestChannel:
+        vmstate = box.directory / "suspend" / "vmstate"
+        if not vmstate.exists():
+            raise StateError(f"sandbox {box.id} has no suspend image to resume from")
+        await qemu.kill(self._box_files(box))  # a QEMU left by an interrupted resume
+        machine = self._stored_machine(box.directory)
+        channel = await self._restore(box, machine, vmstate, new_identity=None)
+        # The guest runs on from here: its memory file moved on, the image must never be loaded again.
+        await self.discard_suspend_image(box)
+        return channel
+
+    async def host_state(self, box: BoxRef) -> HostState:
+        if qemu.running_pid(self._box_files(box)) is not None:
+            return HostState.RUNNING
+        if (box.directory / "suspend" / "vmstate").exists():
+            return HostState.SUSPENDED
+        return HostState.STOPPED
+
+    async def salvage(self, box: BoxRef) -> GuestChannel | None:
+        """QEMU quit after saving but the state was not sealed: it is complete if loading it works."""
+        partial, final = box.directory / "suspend.partial", box.directory / "suspend"
+        if not (partial / "vmstate").exists():
+            return None
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(partial, final)
+        try:
+            return await self.resume(box)
+        except Exception as exc:
+            log.warning("could not salvage sandbox %s from its unsealed suspend image: %s", box.id, exc)
+            shutil.rmtree(final, ignore_errors=True)
+            return None
+
+    async def discard_suspend_image(self, box: BoxRef) -> None:
+        shutil.rmtree(box.directory / "suspend", ignore_errors=True)
+
+    async def discard_partial(self, box: BoxRef) -> None:
+        shutil.rmtree(box.directory / "suspend.partial", ignore_errors=True)
+
+    async def stop(self, box: BoxRef) -> None:
+        await qemu.kill(self._box_files(box))
+
+    async def destroy(self, box: BoxRef) -> None:
+        await self.stop(box)
+        if box.directory.exists():
+            await asyncio.to_thread(shutil.rmtree, box.directory)
+
+    async def leftovers(self, known_ids: set[str]) -> list[str]:
+        running = {path.name for path in self.vm_runtime.iterdir()} if self.vm_runtime.exists() else set()
+        return sorted(i for i in running if i not in known_ids and not i.startswith("template-"))
+
+    async def delete_container(self, sandbox_id: str) -> None:
+        await qemu.kill(self._files(sandbox_id, self.paths.sandboxes / sandbox_id))
+
+    # ------------------------------------------------------------ checkpoints
+
+    async def checkpoint(self, box: BoxRef, channel: GuestChannel, dest: Path, memory: bool) -> None:
+        """``dest/disk.qcow2`` (and for MEMORY ``memory.ram`` + ``vmstate``) of one stopped instant."""
+        files = self._box_files(box)
+        await channel.call("sync", timeout=60)
+        async with qemu.qmp(files) as client:
+            if memory:
+                await qemu.save_state(client, dest / "vmstate")
+            else:
+                await qemu.execute(client, "stop")  # flushes the disk
+            try:
+                await copy_file(files.disk, dest / "disk.qcow2")
+                if memory:
+                    await copy_file(files.memory, dest / "memory.ram")
+                    shutil.copyfile(box.directory / "vm.json", dest / "vm.json")
+            finally:
+                await qemu.execute(client, "cont")
+
+    async def start_from(
+        self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
+    ) -> tuple[GuestChannel, dict[str, Any]]:
+        files = self._box_files(box)
+        box.directory.mkdir(parents=True, exist_ok=True)
+        if not memory:
+            await copy_file(source / "disk.qcow2", files.disk)
+            channel = await self._cold_boot(box, new_identity=True)
+            return channel, self._state(self._stored_machine(box.directory))
+        self._check_restorable(source_state, "this checkpoint")
+        machine = self._stored_machine(source)
+        if vcpus(box.spec) != machine.cpus:
+            raise StateError(f"a MEMORY checkpoint of a microVM restores with the {machine.cpus} CPUs it had")
+        await copy_file(source / "disk.qcow2", files.disk)
+        await copy_file(source / "memory.ram", files.memory)
+        channel = await self._restore(box, machine, source / "vmstate", new_identity=True)
+        return channel, self._state(machine)
+
+
+def vcpus(spec: SandboxSpec) -> int:
+    """A VM has whole CPUs: a fractional share rounds up."""
+    return max(1, math.ceil(spec.cpus))
+
+
+async def create_overlay(base: Path, disk: Path) -> None:
+    argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk)]
+    result = await procs.run(argv, timeout=60)
+    if result.returncode != 0:
+        raise BackendError(f"qemu-img could not create {disk}: {result.output}")
+
+
+async def copy_file(source: Path, dest: Path) -> None:
+    """Copy keeping holes (guest RAM is mostly untouched); reflinks where the file system allows."""
+    result = await procs.run(["cp", "--sparse=always", "--reflink=auto", str(source), str(dest)], timeout=3600)
+    if result.returncode != 0:
+        raise BackendError(f"copying {source} to {dest} failed: {result.output}")
+
+
+def _fsync_all(*paths: Path) -> None:
+    for path in paths:
+        fsync_file(path)
+
+
+def _console_tail(files: VmFiles) -> str:
+    with contextlib.suppress(OSError):
+        lines = files.console.read_text(errors="replace").strip().splitlines()[-3:]
+        if lines:
+            return f" (console: {' | '.join(lines)}; log: {files.console})"
+    return ""
