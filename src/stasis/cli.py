@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -491,6 +492,35 @@ def serve(
     from .daemon.server import serve as run_server
 
     run_server(Paths.from_env(), tcp=tcp, token=os.environ.get("STASIS_TOKEN"), log_level=log_level.upper())
+
+
+# ------------------------------------------------------------ the host
+
+
+@app.command()
+def doctor(as_json: Json = False) -> None:
+    """Check which backends and accelerators work on this host, and why (no daemon needed)."""
+    from .doctor import check_host
+
+    paths = Paths.from_env()
+    paths.ensure()
+    with err.status("probing backends (the first run builds the microVM kernel files)..."):
+        report = asyncio.run(check_host(paths))
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("BACKEND", "WORKS", "DETAILS"):
+        table.add_column(column)
+    for name, result in report["backends"].items():
+        works = "[green]yes[/green]" if result["works"] else "[red]no[/red]"
+        details = "\n".join(f"{k.replace('_', ' ')}: {v}" for k, v in result.items() if k not in ("works", "backend"))
+        table.add_row(name, works, details)
+    out.print(table)
+    images = report["images"]
+    out.print(f"images: {', '.join(images) if images else 'none built; run `stasis image build default`'}")
+    if not any(r["works"] for r in report["backends"].values()):
+        raise typer.Exit(1)
 
 
 # ------------------------------------------------------------ images

@@ -23,6 +23,7 @@ LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d ms
 
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every connection at INFO
 
 
 def _take_lock(paths: Paths) -> int:

@@ -124,6 +124,7 @@ class MicrovmBackend:
         return {
             "qemu_version": self.version,
             "accelerator": machine.accel,
+            "accelerator_reason": self.accel.reason if machine.accel == self.accel.name else "",
             "boot_key": self.boot.key,
             "cpus": machine.cpus,
             "memory_mb": machine.memory_mb,

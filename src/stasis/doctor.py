@@ -1,0 +1,24 @@
+"""`stasis doctor`: what works on this host, probed for real, with the reason when it does not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backends import BACKENDS, create_backend
+from .errors import StasisError
+from .images import ImageStore
+from .paths import Paths
+
+
+async def check_host(paths: Paths) -> dict[str, Any]:
+    backends: dict[str, dict[str, Any]] = {}
+    for name in BACKENDS:
+        try:
+            backend = create_backend(name, paths)
+            await backend.initialize()
+        except StasisError as exc:
+            backends[name] = {"works": False, "problem": exc.message}
+            continue
+        backends[name] = {"works": True, **backend.describe()}
+    images = [info.key for info in ImageStore(paths.images).list()]
+    return {"backends": backends, "images": images}
