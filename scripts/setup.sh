@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what stasis needs on a Debian/Ubuntu host, idempotently and quickly when already done:
-# system packages (runsc, mmdebstrap, ...), the virtualenv, and the default image.
+# system packages (runsc, mmdebstrap, QEMU and a guest kernel, ...), the virtualenv, the default image,
+# and the microVM boot files (checked by `stasis doctor`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,9 +11,10 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 
 need_apt=()
-for tool in runsc mmdebstrap tmux mkfs.ext4; do
+for tool in runsc mmdebstrap tmux mkfs.ext4 qemu-system-x86_64 qemu-img busybox; do
   command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
 done
+ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=("linux-image-cloud-amd64")
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "installing system packages (missing: ${need_apt[*]})"
@@ -32,6 +34,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
       || $SUDO apt-get install -y -qq --no-install-recommends runsc >/dev/null
   fi
   $SUDO apt-get install -y -qq --no-install-recommends mmdebstrap tmux e2fsprogs uidmap ca-certificates >/dev/null
+  # The microVM backend: QEMU, and Debian's cloud kernel (virtio drivers as modules) with busybox for its initramfs.
+  $SUDO apt-get install -y -qq --no-install-recommends qemu-system-x86 qemu-utils linux-image-cloud-amd64 \
+    busybox-static >/dev/null
 fi
 say "runsc: $(runsc --version | head -n1)"
 
@@ -46,3 +51,6 @@ fi
 
 say "default image"
 .venv/bin/stasis image build default
+
+say "backends on this host"
+.venv/bin/stasis doctor

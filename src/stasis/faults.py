@@ -51,6 +51,13 @@ POINTS = (
     "terminate.after_close",
     "gvisor.destroy.after_stop",
     "terminate.before_outcome",
+    # the microVM backend's own windows
+    "microvm.start.after_restore",
+    "microvm.suspend.after_save",
+    "microvm.suspend.after_quit",
+    "microvm.suspend.after_rename",
+    "microvm.resume.after_load",
+    "microvm.checkpoint.after_save",
 )
 
 

@@ -25,17 +25,22 @@ TERMINATE_POINTS = points("terminate.", "gvisor.destroy.")
 CHECKPOINT_POINTS = points("checkpoint.", "gvisor.checkpoint.")
 FORK_POINTS = points("fork.")
 RESTORE_POINTS = points("gvisor.start_from.")
+MICROVM_SUSPEND_POINTS = points("suspend.", "microvm.suspend.")
+MICROVM_RESUME_POINTS = points("resume.", "microvm.resume.")
+MICROVM_CREATE_POINTS = points("create.", "microvm.start.")
+MICROVM_CHECKPOINT_POINTS = points("microvm.checkpoint.")
 
 
 def test_every_kill_point_in_the_code_is_listed_and_tested() -> None:
     source = Path(faults.__file__).parent
     # Point names appear as literals, passed to faults.point() directly or through a helper.
-    literal = r'"((?:create|gvisor|suspend|resume|checkpoint|fork|terminate|agent)\.[a-z_]+(?:\.[a-z_]+)*)"'
+    literal = r'"((?:create|gvisor|microvm|suspend|resume|checkpoint|fork|terminate|agent)\.[a-z_]+(?:\.[a-z_]+)*)"'
     used = {m for f in source.rglob("*.py") if f.name != "faults.py" for m in re.findall(literal, f.read_text())}
-    used -= {"checkpoint.img", "suspend.partial", "agent.db", "agent.py"}  # file names, not points
+    used -= {"checkpoint.img", "suspend.partial", "agent.db", "agent.py", "agent.sock"}  # file names, not points
     assert used == set(faults.POINTS) | set(faults.AGENT_POINTS)
     tested = CREATE_POINTS + SUSPEND_POINTS + RESUME_POINTS + TERMINATE_POINTS + CHECKPOINT_POINTS + FORK_POINTS
-    tested += RESTORE_POINTS
+    tested += RESTORE_POINTS + MICROVM_SUSPEND_POINTS + MICROVM_RESUME_POINTS + MICROVM_CREATE_POINTS
+    tested += MICROVM_CHECKPOINT_POINTS
     assert set(tested) == set(faults.POINTS)
     assert len(faults.POINTS) >= 30
 
@@ -72,13 +77,16 @@ def live_runsc(daemon: Daemon) -> set[str]:
     return {m for line in lines for m in re.findall(r"sandboxes/(sb-[0-9a-z]{12})", line)}
 
 
-SUSPEND_OR_RESUME = [("suspend", p) for p in SUSPEND_POINTS] + [("resume", p) for p in RESUME_POINTS]
+SUSPEND_OR_RESUME = [("gvisor", "suspend", p) for p in SUSPEND_POINTS]
+SUSPEND_OR_RESUME += [("gvisor", "resume", p) for p in RESUME_POINTS]
+SUSPEND_OR_RESUME += [("microvm", "suspend", p) for p in MICROVM_SUSPEND_POINTS]
+SUSPEND_OR_RESUME += [("microvm", "resume", p) for p in MICROVM_RESUME_POINTS]
 
 
-@pytest.mark.parametrize(("transition", "point"), SUSPEND_OR_RESUME)
-def test_kill_during_suspend_or_resume(own_daemon: Daemon, transition: str, point: str) -> None:
+@pytest.mark.parametrize(("backend", "transition", "point"), SUSPEND_OR_RESUME)
+def test_kill_during_suspend_or_resume(own_daemon: Daemon, backend: str, transition: str, point: str) -> None:
     own_daemon.start(STASIS_KILL_POINT=point)
-    sbx = Sandbox.create("victim", memory_mb=256, client=own_daemon.client())
+    sbx = Sandbox.create("victim", memory_mb=256, backend=backend, client=own_daemon.client())
     pid = prepare(sbx)
     if transition == "resume":
         sbx.suspend()
@@ -90,17 +98,22 @@ def test_kill_during_suspend_or_resume(own_daemon: Daemon, transition: str, poin
     assert_intact(sbx, pid)
 
 
-@pytest.mark.parametrize("point", CREATE_POINTS)
-def test_kill_during_create(own_daemon: Daemon, point: str) -> None:
+CREATES = [("gvisor", p) for p in CREATE_POINTS] + [("microvm", p) for p in MICROVM_CREATE_POINTS]
+
+
+@pytest.mark.parametrize(("backend", "point"), CREATES)
+def test_kill_during_create(own_daemon: Daemon, backend: str, point: str) -> None:
     own_daemon.start(STASIS_KILL_POINT=point)
-    crash_during(own_daemon, lambda: Sandbox.create("newborn", memory_mb=256, client=own_daemon.client()))
+    crash_during(
+        own_daemon, lambda: Sandbox.create("newborn", memory_mb=256, backend=backend, client=own_daemon.client())
+    )
     client = own_daemon.client()
     listed = Sandbox.list(client=client)
     # A create cut off is rolled back: the name is free again and nothing runs.
     assert listed == []
     assert live_runsc(own_daemon) == set()
     assert list(own_daemon.paths.sandboxes.iterdir()) == []
-    assert Sandbox.create("newborn", memory_mb=256, client=client).run("echo ok").stdout == "ok\n"
+    assert Sandbox.create("newborn", memory_mb=256, backend=backend, client=client).run("echo ok").stdout == "ok\n"
 
 
 @pytest.mark.parametrize("point", TERMINATE_POINTS)
@@ -120,10 +133,13 @@ def no_partial_checkpoints(daemon: Daemon) -> None:
     assert on_disk == visible, f"partial artifacts on disk: {on_disk - visible}"
 
 
-@pytest.mark.parametrize("point", CHECKPOINT_POINTS)
-def test_kill_during_checkpoint(own_daemon: Daemon, point: str) -> None:
+CHECKPOINTS = [("gvisor", p) for p in CHECKPOINT_POINTS] + [("microvm", p) for p in MICROVM_CHECKPOINT_POINTS]
+
+
+@pytest.mark.parametrize(("backend", "point"), CHECKPOINTS)
+def test_kill_during_checkpoint(own_daemon: Daemon, backend: str, point: str) -> None:
     own_daemon.start(STASIS_KILL_POINT=point)
-    sbx = Sandbox.create("victim", memory_mb=256, client=own_daemon.client())
+    sbx = Sandbox.create("victim", memory_mb=256, backend=backend, client=own_daemon.client())
     pid = prepare(sbx)
     crash_during(own_daemon, lambda: sbx.checkpoint("memory", name="snap"))
     no_partial_checkpoints(own_daemon)

@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ... import procs
+from ... import faults, procs
 from ...errors import BackendError, StartupError, StateError
 from ...fsutil import atomic_write, fsync_dir, fsync_file, fsync_tree
 from ...guest.channel import GuestChannel
@@ -186,13 +186,17 @@ class MicrovmBackend:
             await qemu.kill(files)
             raise
 
-    async def _restore(self, box: BoxRef, machine: Machine, vmstate: Path, new_identity: bool | None) -> GuestChannel:
+    async def _restore(
+        self, box: BoxRef, machine: Machine, vmstate: Path, new_identity: bool | None, after_load: str | None = None
+    ) -> GuestChannel:
         """Start QEMU from saved state; ``new_identity`` None keeps hostname and machine id."""
         files = await self._launch(box.id, box.directory, machine, incoming=True)
         try:
             async with qemu.qmp(files) as client:
                 seconds = await qemu.load_state(client, vmstate)
             log.debug("loaded VM state of %s in %.3fs", box.id, seconds)
+            if after_load:
+                faults.point(after_load)
             channel = await self._connect(files, f"sandbox {box.id}", RESTORE_TIMEOUT)
             await self._identify(channel, box, new_identity)
             return channel
@@ -271,7 +275,7 @@ class MicrovmBackend:
         await copy_file(template / "disk.qcow2", files.disk)
         await copy_file(template / "memory.ram", files.memory)
         machine = self._stored_machine(template)
-        channel = await self._restore(box, machine, template / "vmstate", new_identity=True)
+        channel = await self._restore(box, machine, template / "vmstate", True, "microvm.start.after_restore")
         return channel, {**self._state(machine), "template": template.name}
 
     async def connect(self, box: BoxRef) -> GuestChannel:
@@ -289,13 +293,16 @@ class MicrovmBackend:
         partial.mkdir()
         async with qemu.qmp(files) as client:
             seconds = await qemu.save_state(client, partial / "vmstate")
+            faults.point("microvm.suspend.after_save")
             await qemu.quit_vm(client, files)
         await channel.close()
+        faults.point("microvm.suspend.after_quit")
         started = time.monotonic()
         await asyncio.to_thread(_fsync_all, files.memory, files.disk, partial / "vmstate")
         fsync_dir(partial)
         os.rename(partial, final)
         fsync_dir(box.directory)
+        faults.point("microvm.suspend.after_rename")
         shutil.rmtree(files.runtime, ignore_errors=True)
         log.info("saved %s in %.3fs, fsync %.3fs", box.id, seconds, time.monotonic() - started)
 
@@ -305,7 +312,7 @@ class MicrovmBackend:
             raise StateError(f"sandbox {box.id} has no suspend image to resume from")
         await qemu.kill(self._box_files(box))  # a QEMU left by an interrupted resume
         machine = self._stored_machine(box.directory)
-        channel = await self._restore(box, machine, vmstate, new_identity=None)
+        channel = await self._restore(box, machine, vmstate, None, "microvm.resume.after_load")
         # The guest runs on from here: its memory file moved on, the image must never be loaded again.
         await self.discard_suspend_image(box)
         return channel
@@ -364,6 +371,7 @@ class MicrovmBackend:
             else:
                 await qemu.execute(client, "stop")  # flushes the disk
             try:
+                faults.point("microvm.checkpoint.after_save")
                 await copy_file(files.disk, dest / "disk.qcow2")
                 if memory:
                     await copy_file(files.memory, dest / "memory.ram")

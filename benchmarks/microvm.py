@@ -1,0 +1,292 @@
+"""microVM benchmark: stasis's QEMU backend beside the raw QEMU primitive, measured in the same run.
+
+    .venv/bin/python benchmarks/microvm.py [--rounds N] [--hold-mb M]
+
+Rows (medians over N rounds; the raw side drives QEMU and QMP by hand, no daemon):
+  create → first exec   stasis: create(backend="microvm") + run(["true"])
+                        raw: copy the template's RAM and disk, QEMU -incoming, load, cont, first agent reply
+  cold boot → first reply (reference: what a template saves)  raw QEMU boot of the kernel to the agent
+  exec round trip       stasis: run(["true"]) over HTTP + daemon     raw: agent exec over the socket
+  suspend               stasis: suspend()                            raw: stop, migrate, quit, fsync
+  resume → first exec   stasis: resume() + run(["true"])             raw: QEMU -incoming, load, cont, first reply
+  fork → first exec     stasis: copy(times=1) + run(["true"])        raw: stop, migrate, copy files, cont, restore
+Host memory: RSS of an idle sandbox's QEMU, and of a suspended one (no process: zero).
+Prints a table and writes benchmarks/results/microvm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import time
+from pathlib import Path
+
+from lifecycle import holder_cmd, rig, timed
+from rich.console import Console
+from rich.table import Table
+
+from stasis import AsyncSandbox
+from stasis.backends.microvm import qemu
+from stasis.backends.microvm.backend import copy_file
+from stasis.backends.microvm.qemu import Machine, VmFiles
+
+console = Console(width=140)
+RESULTS = Path(__file__).parent / "results"
+
+
+class RawVm:
+    """One QEMU microVM driven by hand through QMP and its agent socket."""
+
+    def __init__(self, root: Path, name: str, machine: Machine) -> None:
+        self.files = VmFiles(root / name, root / "run" / name)
+        self.files.directory.mkdir(parents=True)
+        self.machine = machine
+        self.name = name
+        self.sock: socket.socket | None = None
+        self.seq = 0
+
+    def argv(self, incoming: bool) -> list[str]:
+        return qemu.command_line(qemu.find_qemu(), self.machine, self.files, f"raw-{self.name}", incoming)
+
+    def call(self, op: str, args: dict | None = None, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while self.sock is None:
+            try:
+                self.sock = socket.socket(socket.AF_UNIX)
+                self.sock.connect(str(self.files.agent))
+            except OSError:
+                self.sock = None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+        self.seq += 1
+        request = {"id": f"raw-{self.seq}", "op": op, "args": args or {}}
+        self.sock.settimeout(timeout)
+        self.sock.sendall(json.dumps(request).encode() + b"\n")
+        pending = b""
+        while True:
+            pending += self.sock.recv(1 << 20)
+            for line in pending.split(b"\n")[:-1]:
+                reply = json.loads(line)
+                if reply["id"] == request["id"]:
+                    return reply
+
+    def disconnect(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    async def boot(self) -> None:
+        await qemu.launch(self.argv(incoming=False), self.files)
+        self.call("health", timeout=120)
+
+    async def restore(self, vmstate: Path) -> None:
+        await qemu.launch(self.argv(incoming=True), self.files)
+        async with qemu.qmp(self.files) as client:
+            await qemu.load_state(client, vmstate)
+        self.call("health")
+
+    async def save(self, vmstate: Path, keep_running: bool = False) -> None:
+        self.call("sync")
+        async with qemu.qmp(self.files) as client:
+            await qemu.save_state(client, vmstate)
+            if keep_running:
+                return
+            self.disconnect()
+            await qemu.quit_vm(client, self.files)
+        for path in (self.files.memory, self.files.disk, vmstate):
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
+    async def cont(self) -> None:
+        async with qemu.qmp(self.files) as client:
+            await qemu.execute(client, "cont")
+
+    async def destroy(self) -> None:
+        self.disconnect()
+        await qemu.kill(self.files)
+        shutil.rmtree(self.files.directory, ignore_errors=True)
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def qemu_pids_for(sandbox_id: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"qemu-system" in cmdline and f"stasis-{sandbox_id}".encode() in cmdline:
+                found.append(int(entry))
+    return found
+
+
+async def bench(rounds: int, hold_mb: int) -> dict:
+    samples: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        samples.setdefault(key, []).append(value)
+
+    memory: dict[str, list[int]] = {"idle_rss_kib": [], "suspended_processes": []}
+    async with rig("stasis-bench-microvm-") as r:
+        warm = await AsyncSandbox.create(client=r.client, backend="microvm", memory_mb=1024)  # builds the template
+        template = r.paths.images / "microvm" / "templates" / (await warm.info()).backend["template"]
+        machine = Machine(**json.loads((template / "vm.json").read_text()))
+        await warm.terminate()
+        describe = (await r.client.json("GET", "/v1/health"))["backends"]["microvm"]
+        raw_root = r.root / "raw"
+
+        cold = RawVm(raw_root, "cold", machine)
+        shutil.copyfile(template / "disk.qcow2", cold.files.disk)
+        add("raw_cold_boot", await timed(cold.boot))
+        await cold.destroy()
+
+        for n in range(rounds):
+            console.print(f"round {n + 1}/{rounds}", style="dim")
+            made: list[AsyncSandbox] = []
+
+            async def create() -> None:
+                sbx = await AsyncSandbox.create(client=r.client, backend="microvm", memory_mb=1024)
+                await sbx.run(["true"])
+                made.append(sbx)
+
+            raw = RawVm(raw_root, f"vm-{n}", machine)
+
+            async def raw_create() -> None:
+                await copy_file(template / "disk.qcow2", raw.files.disk)
+                await copy_file(template / "memory.ram", raw.files.memory)
+                await raw.restore(template / "vmstate")
+                raw.call("exec", {"cmd": ["true"]})
+
+            add("create", await timed(create))
+            add("raw_create", await timed(raw_create))
+            sbx = made[0]
+            for _ in range(10):
+                add("exec", await timed(lambda: sbx.run(["true"])))
+                add("raw_exec", await timed(lambda: asyncio.to_thread(raw.call, "exec", {"cmd": ["true"]})))
+
+            await sbx.start_process(holder_cmd(hold_mb))
+            raw.call("process_start", {"cmd": holder_cmd(hold_mb)})
+            for _ in range(1200):
+                ours = (await sbx.run(["test", "-f", "/tmp/ready"])).exit_code
+                theirs = raw.call("exec", {"cmd": ["test", "-f", "/tmp/ready"]})["result"]["exit_code"]
+                if ours == theirs == 0:
+                    break
+                await asyncio.sleep(0.1)
+            (pid,) = qemu_pids_for(sbx.id)
+            memory["idle_rss_kib"].append(rss_kib(pid))
+
+            add("suspend", await timed(sbx.suspend))
+            vmstate = raw.files.directory / "vmstate"
+            add("raw_suspend", await timed(lambda: raw.save(vmstate)))
+            memory["suspended_processes"].append(len(qemu_pids_for(sbx.id)))
+
+            async def resume() -> None:
+                await sbx.resume()
+                await sbx.run(["true"])
+
+            async def raw_resume() -> None:
+                await raw.restore(vmstate)
+                raw.call("exec", {"cmd": ["true"]})
+
+            add("resume", await timed(resume))
+            add("raw_resume", await timed(raw_resume))
+
+            forks: list[AsyncSandbox] = []
+
+            async def fork() -> None:
+                (child,) = await sbx.copy(times=1)
+                await child.run(["true"])
+                forks.append(child)
+
+            child = RawVm(raw_root, f"fork-{n}", machine)
+
+            async def raw_fork() -> None:
+                state = raw.files.directory / "fork.vmstate"
+                await raw.save(state, keep_running=True)
+                await copy_file(raw.files.disk, child.files.disk)
+                await copy_file(raw.files.memory, child.files.memory)
+                await raw.cont()
+                await child.restore(state)
+                child.call("exec", {"cmd": ["true"]})
+
+            add("fork", await timed(fork))
+            add("raw_fork", await timed(raw_fork))
+            for box in (sbx, *forks):
+                await box.terminate()
+            for vm in (raw, child):
+                await vm.destroy()
+
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    rows = [
+        ("create → first exec", "create", "raw_create", "template restore by hand + first reply", 0.300),
+        ("exec round trip (true)", "exec", "raw_exec", "agent over the socket, no daemon", None),
+        ("suspend", "suspend", "raw_suspend", "stop + migrate + quit + fsync", None),
+        ("resume → first exec", "resume", "raw_resume", "QEMU -incoming + load + cont + reply", 0.100),
+        ("fork (copy 1) → first exec", "fork", "raw_fork", "migrate + copy RAM/disk + restore", None),
+        ("create → first exec", "create", "raw_cold_boot", "cold boot of the kernel (no template)", None),
+    ]
+    return {
+        "rounds": rounds,
+        "hold_mb": hold_mb,
+        "qemu": describe.get("qemu_version"),
+        "accelerator": describe.get("accelerator"),
+        "accelerator_reason": describe.get("accelerator_reason"),
+        "median_seconds": med,
+        "idle_rss_mib_median": statistics.median(memory["idle_rss_kib"]) / 1024,
+        "suspended_qemu_processes": max(memory["suspended_processes"]),
+        "rows": [
+            {"operation": op, "stasis": med[a], "raw": med[b], "baseline": base, "ratio": med[a] / med[b], "goal": goal}
+            for op, a, b, base, goal in rows
+        ],
+    }
+
+
+def show(report: dict) -> None:
+    title = (
+        f"stasis microVM (median of {report['rounds']} rounds, QEMU {report['qemu']}, {report['accelerator']}, "
+        f"{report['hold_mb']} MiB held in the guest)"
+    )
+    table = Table(title=title, header_style="bold")
+    for column in ("operation", "stasis", "raw primitive", "baseline", "ratio", "goal (TCG)"):
+        table.add_column(column, justify="right" if column in ("stasis", "raw primitive", "ratio") else "left")
+    for row in report["rows"]:
+        goal = f"≤ {row['goal'] * 1000:.0f} ms" if row["goal"] else ""
+        table.add_row(
+            row["operation"], f"{row['stasis'] * 1000:.1f} ms", f"{row['raw'] * 1000:.1f} ms", row["baseline"],
+            f"{row['ratio']:.2f}x", goal,
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"host memory: idle sandbox QEMU RSS {report['idle_rss_mib_median']:.0f} MiB; "
+        f"suspended: {report['suspended_qemu_processes']} QEMU processes (0 MiB)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--hold-mb", type=int, default=64)
+    args = parser.parse_args()
+    report = asyncio.run(bench(args.rounds, args.hold_mb))
+    show(report)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "microvm.json").write_text(json.dumps(report, indent=2))
+    console.print(f"wrote {RESULTS / 'microvm.json'}")
+
+
+if __name__ == "__main__":
+    main()
