@@ -3,6 +3,9 @@
 A sandbox runs a Python process holding a counter and 200 MB in memory, plus a
 tmux session. We suspend it, SIGKILL the daemon, start a new one, resume, and
 show that the very same processes carried on.
+
+    make demo                              # gVisor
+    make demo ARGS="--backend microvm"     # a QEMU microVM with its own Linux kernel
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def daemon_pid(paths: Paths) -> int:
     return int(paths.pidfile.read_text())
 
 
-def runsc_processes(sandbox_id: str) -> int:
+def host_processes(sandbox_id: str) -> int:
+    """runsc or QEMU processes of this sandbox on the host."""
     count = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -71,7 +75,8 @@ def runsc_processes(sandbox_id: str) -> int:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            count += b"runsc" in cmdline and sandbox_id.encode() in cmdline
+            runtime = b"runsc" in cmdline or b"qemu-system" in cmdline
+            count += runtime and sandbox_id.encode() in cmdline
     return count
 
 
@@ -98,16 +103,18 @@ def agent_part(client: Client) -> list[str]:
 
 def main() -> int:
     keep = "--keep" in sys.argv
+    backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "gvisor"
+    label = {"gvisor": "gVisor", "microvm": "QEMU microVM"}.get(backend, backend)
     paths = Paths.from_env()
     client = Client(paths)
     with contextlib.suppress(SandboxNotFound):
         Sandbox.connect("demo", client=client).terminate()
 
-    with console.status("creating sandbox [bold]demo[/bold] (gVisor)..."):
+    with console.status(f"creating sandbox [bold]demo[/bold] ({label})..."):
         started = time.monotonic()
-        sbx = Sandbox.create("demo", memory_mb=1024, client=client)
+        sbx = Sandbox.create("demo", memory_mb=1024, backend=backend, client=client)
         created_in = time.monotonic() - started
-    console.print(f"[green]✓[/green] created sandbox demo ({sbx.id}) in {created_in:.2f}s")
+    console.print(f"[green]✓[/green] created sandbox demo ({sbx.id}, {label}) in {created_in:.2f}s")
 
     sbx.write_file("/root/holder.py", HOLDER)
     holder = sbx.start_process(["python3", "/root/holder.py"], name="holder")
@@ -124,7 +131,7 @@ def main() -> int:
         info = sbx.suspend()
     console.print(
         f"[green]✓[/green] suspended in {info.last_suspend_seconds:.3f}s; "
-        f"runsc processes left on the host: {runsc_processes(sbx.id)}"
+        f"{label} processes left on the host: {host_processes(sbx.id)}"
     )
 
     old_pid = daemon_pid(paths)

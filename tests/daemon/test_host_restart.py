@@ -1,4 +1,4 @@
-"""A host reboot, simulated: runsc processes, mounts and /run are gone, the disk is not."""
+"""A host reboot, simulated: runsc and QEMU processes, mounts and /run are gone, the disk is not."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ def reboot_host(daemon: Daemon) -> None:
     shutil.rmtree(daemon.paths.runtime)  # /run is a tmpfs
 
 
-def test_suspended_sandboxes_survive_a_reboot_and_running_ones_are_kept(own_daemon: Daemon) -> None:
+def test_suspended_sandboxes_survive_a_reboot_and_running_ones_are_kept(own_daemon: Daemon, backend: str) -> None:
     own_daemon.start()
     client = own_daemon.client()
-    sleeper = Sandbox.create("sleeper", memory_mb=256, client=client)
+    sleeper = Sandbox.create("sleeper", memory_mb=256, backend=backend, client=client)
     sleeper.write_file("/root/state", b"before reboot")
     proc = sleeper.start_process(["sleep", "1000"])
     sleeper.suspend()
-    worker = Sandbox.create("worker", memory_mb=256, client=client)
+    worker = Sandbox.create("worker", memory_mb=256, backend=backend, client=client)
     worker.write_file("/root/work.txt", b"unsaved? no: files live on the host disk")
 
     reboot_host(own_daemon)

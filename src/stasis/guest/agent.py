@@ -696,6 +696,7 @@ class Agent:
             os.close(fd)
         if args.get("final", True):
             os.replace(temp, path)
+            _fsync_dir(parent)  # in a VM, a rename not yet in the journal dies with the guest
             return {"path": path, "size": os.stat(path).st_size}
         return {"path": path}
 
@@ -774,6 +775,14 @@ def _stat_dict(path: str, name: str) -> dict[str, Any]:
     }
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     temp = f"{path}.stasis-tmp"
     with open(temp, "wb") as f:
@@ -781,6 +790,7 @@ def _write_atomic(path: str, data: bytes) -> None:
         os.fchmod(f.fileno(), 0o444 if path == "/etc/machine-id" else 0o644)
         os.fsync(f.fileno())
     os.replace(temp, path)
+    _fsync_dir(os.path.dirname(path))
 
 
 def main() -> None:

@@ -130,15 +130,15 @@ class MicrovmBackend:
             "memory_mb": machine.memory_mb,
         }
 
-    def _check_restorable(self, state: dict[str, Any], what: str) -> None:
-        assert self.boot is not None
-        mine = {"qemu_version": self.version, "boot_key": self.boot.key}
-        for key, value in mine.items():
-            if state.get(key) != value:
-                raise StateError(
-                    f"{what} was saved with {key.replace('_', ' ')} {state.get(key)!r}, but this host has {value!r}; "
-                    "restore it where it was made, or use a FILESYSTEM checkpoint"
-                )
+    def _check_restorable(self, state: dict[str, Any], machine: Machine, what: str, instead: str) -> None:
+        """A saved VM loads only into the QEMU build that saved it, with the kernel it booted."""
+        if state.get("qemu_version") != self.version:
+            raise StateError(
+                f"{what} was saved by QEMU {state.get('qemu_version')} but this host has QEMU {self.version}; "
+                f"reinstall that QEMU build to restore it, or {instead}"
+            )
+        if not Path(machine.kernel).exists():
+            raise StateError(f"{what} needs the kernel {machine.kernel}, which is gone; {instead}")
 
     # ------------------------------------------------------------ booting
 
@@ -240,6 +240,8 @@ class MicrovmBackend:
 
     async def _build_template(self, directory: Path, key: str, base: Path, machine: Machine) -> None:
         started = time.monotonic()
+        for stale in directory.parent.glob(f".{key}.*"):  # we hold the lock: whoever made these is gone
+            shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=directory.parent))
         files = self._files(f"template-{key[:12]}", staging)
         try:
@@ -312,6 +314,7 @@ class MicrovmBackend:
             raise StateError(f"sandbox {box.id} has no suspend image to resume from")
         await qemu.kill(self._box_files(box))  # a QEMU left by an interrupted resume
         machine = self._stored_machine(box.directory)
+        self._check_restorable(box.backend_state, machine, f"sandbox {box.id}", "remove it (`stasis rm`)")
         channel = await self._restore(box, machine, vmstate, None, "microvm.resume.after_load")
         # The guest runs on from here: its memory file moved on, the image must never be loaded again.
         await self.discard_suspend_image(box)
@@ -354,7 +357,7 @@ class MicrovmBackend:
 
     async def leftovers(self, known_ids: set[str]) -> list[str]:
         running = {path.name for path in self.vm_runtime.iterdir()} if self.vm_runtime.exists() else set()
-        return sorted(i for i in running if i not in known_ids and not i.startswith("template-"))
+        return sorted(i for i in running if i not in known_ids)  # includes templates a killed daemon was building
 
     async def delete_container(self, sandbox_id: str) -> None:
         await qemu.kill(self._files(sandbox_id, self.paths.sandboxes / sandbox_id))
@@ -388,8 +391,8 @@ class MicrovmBackend:
             await copy_file(source / "disk.qcow2", files.disk)
             channel = await self._cold_boot(box, new_identity=True)
             return channel, self._state(self._stored_machine(box.directory))
-        self._check_restorable(source_state, "this checkpoint")
         machine = self._stored_machine(source)
+        self._check_restorable(source_state, machine, "this checkpoint", "make a FILESYSTEM checkpoint")
         if vcpus(box.spec) != machine.cpus:
             raise StateError(f"a MEMORY checkpoint of a microVM restores with the {machine.cpus} CPUs it had")
         await copy_file(source / "disk.qcow2", files.disk)
