@@ -7,6 +7,11 @@
 
 The checkpoint's sha256 is the hash of its manifest; verifying re-hashes every
 file and compares. Nothing is ever modified in place: restoring copies the files.
+
+A file's digest covers its size and every 1 MiB block (at its offset) that is not all
+zeros. A microVM's RAM file is mostly holes: hashing only its data extents makes that
+cost what the guest touched, not its memory size, and the digest does not depend on
+whether a copy kept the holes.
 """
 
 from __future__ import annotations
@@ -19,20 +24,43 @@ import stat
 from pathlib import Path
 
 from ..errors import CheckpointCorrupt
-from ..fsutil import fsync_dir, fsync_tree
+from ..fsutil import fsync_dir, fsync_tree, tree_bytes
 
 CHUNK = 1 << 20
+ZEROS = bytes(CHUNK)
+
+
+def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) of the parts of a file that hold data, holes left out."""
+    extents, offset = [], 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError:  # ENXIO: only a hole remains
+            break
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        extents.append((start, end))
+        offset = end
+    return extents
 
 
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
+        size = os.fstat(f.fileno()).st_size
+        digest.update(size.to_bytes(8, "little"))
+        for start, end in _data_extents(f.fileno(), size):
+            block = start - start % CHUNK
+            while block < end:
+                chunk = os.pread(f.fileno(), CHUNK, block)
+                if chunk and chunk != ZEROS[: len(chunk)]:
+                    digest.update(block.to_bytes(8, "little"))
+                    digest.update(chunk)
+                block += CHUNK
     return digest.hexdigest()
 
 
-def manifest_of(root: Path) -> list[dict]:
+def manifest_of(root: Path, hashes: bool = True) -> list[dict]:
     entries = []
     for directory, dirs, files in os.walk(root):
         dirs.sort()
@@ -41,7 +69,9 @@ def manifest_of(root: Path) -> list[dict]:
             st = path.lstat()
             entry: dict = {"path": str(path.relative_to(root)), "mode": st.st_mode}
             if stat.S_ISREG(st.st_mode):
-                entry |= {"size": st.st_size, "sha256": _file_sha256(path)}
+                entry["size"] = st.st_size
+                if hashes:
+                    entry["sha256"] = _file_sha256(path)
             elif stat.S_ISLNK(st.st_mode):
                 entry["target"] = os.readlink(path)
             elif stat.S_ISCHR(st.st_mode):
@@ -71,15 +101,21 @@ class CheckpointFiles:
         partial.mkdir()
         return partial
 
-    def seal(self, checkpoint_id: str) -> tuple[str, int]:
-        """Manifest, fsync, rename into place. Returns (sha256, bytes)."""
+    def seal(self, checkpoint_id: str, durable: bool = True) -> tuple[str, int]:
+        """Manifest, fsync, rename into place. Returns (sha256, bytes on disk).
+
+        ``durable=False`` (a fork's checkpoint, used a moment later and deleted) skips the
+        hashing and the fsync: a crash removes such a checkpoint anyway.
+        """
         partial = self.writing(checkpoint_id)
-        entries = manifest_of(partial)
+        entries = manifest_of(partial, hashes=durable)
         (partial / "manifest.json").write_text(json.dumps(entries, sort_keys=True))
-        fsync_tree(partial)
+        if durable:
+            fsync_tree(partial)
         os.rename(partial, self.path(checkpoint_id))
-        fsync_dir(self.root)
-        return manifest_digest(entries), sum(e.get("size", 0) for e in entries)
+        if durable:
+            fsync_dir(self.root)
+        return manifest_digest(entries), tree_bytes(self.path(checkpoint_id))
 
     def verify(self, checkpoint_id: str, sha256: str | None) -> None:
         """Re-hash everything; raise CheckpointCorrupt naming the first thing that differs."""

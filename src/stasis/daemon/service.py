@@ -271,7 +271,7 @@ class SandboxService(GuestOperations):
                 partial = self.checkpoint_files.begin(checkpoint.id)
                 await backend.checkpoint(box, channel, partial, request.type == CheckpointType.MEMORY)
                 faults.point("checkpoint.before_seal")
-                sha256, size = await asyncio.to_thread(self.checkpoint_files.seal, checkpoint.id)
+                sha256, size = await asyncio.to_thread(self.checkpoint_files.seal, checkpoint.id, not internal)
                 faults.point("checkpoint.after_seal")
                 checkpoint = checkpoint.model_copy(update={"sha256": sha256, "size_bytes": size})
                 self.store.seal_checkpoint(checkpoint)  # outcome: 'ready'

@@ -347,6 +347,8 @@ class Agent:
         self.write_lock = threading.Lock()
         self.procs = ProcessTable()
         self.started_at = time.time()
+        self.identity_written = threading.Event()  # commands see the new identity's files, never the old ones
+        self.identity_written.set()
 
     # -- plumbing
 
@@ -363,6 +365,8 @@ class Agent:
             method = getattr(self, "op_" + str(request.get("op")), None)
             if method is None:
                 raise RequestError("UnknownOperation", f"unknown operation {request.get('op')!r}")
+            if request.get("op") not in ("health", "identity"):
+                self.identity_written.wait(10)
             reply = {"id": req_id, "ok": True, "result": method(request.get("args") or {})}
         except RequestError as exc:
             reply = {"id": req_id, "ok": False, "error": {"type": exc.type, "message": str(exc)}}
@@ -391,11 +395,15 @@ class Agent:
         machine id, and a kernel RNG reseeded with fresh host entropy (its state was copied too)."""
         if "time" in args:
             time.clock_settime(time.CLOCK_REALTIME, float(args["time"]))
+        files = {}
         if args.get("hostname"):
             socket.sethostname(str(args["hostname"]))
-            _write_atomic("/etc/hostname", (str(args["hostname"]) + "\n").encode())
+            files["/etc/hostname"] = (str(args["hostname"]) + "\n").encode()
         if args.get("machine_id"):
-            _write_atomic("/etc/machine-id", (str(args["machine_id"]) + "\n").encode())
+            files["/etc/machine-id"] = (str(args["machine_id"]) + "\n").encode()
+        if files:  # written (and fsynced) while the host goes on: this is on the path to a new sandbox's first exec
+            self.identity_written.clear()
+            threading.Thread(target=self._write_identity, args=(files,), daemon=True).start()
         if args.get("entropy"):
             seed = base64.b64decode(args["entropy"])
             with open("/dev/urandom", "wb") as rng:
@@ -403,6 +411,16 @@ class Agent:
                 fcntl.ioctl(rng, RNDADDENTROPY, struct.pack("ii", len(seed) * 8, len(seed)) + seed)
                 fcntl.ioctl(rng, RNDRESEEDCRNG)
         return {"hostname": socket.gethostname(), "time": time.time()}
+
+    def _write_identity(self, files: dict[str, bytes]) -> None:
+        try:
+            for path, data in files.items():
+                try:
+                    _write_atomic(path, data)
+                except OSError as exc:
+                    print(f"stasis agent: cannot write {path}: {exc}", file=sys.stderr)
+        finally:
+            self.identity_written.set()
 
     # -- commands
 

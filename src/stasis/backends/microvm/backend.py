@@ -14,7 +14,9 @@ Suspend = QMP stop, save the device state (RAM stays in its file), quit QEMU, fs
 Resume = start QEMU with the same machine and ``-incoming``, load the state, cont.
 Create = restore a copy of a *template*: the image booted once and saved right after
 its agent came up, so a new sandbox does not pay the kernel boot. Each one is then
-given its own hostname, machine id, clock and a reseeded kernel RNG.
+given its own hostname, machine id, clock and a reseeded kernel RNG. A *spare* copy
+of the template's files is kept ready (files only, no process), so a create renames
+it instead of copying, and the next spare is copied in the background.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class MicrovmBackend:
         self.accel = Accelerator("tcg", "not probed yet")
         self.tsc_khz = 0
         self._template_locks: dict[str, asyncio.Lock] = {}
+        self.spares = paths.home / "microvm-spares"
+        self._refills: dict[str, asyncio.Task[None]] = {}
 
     async def initialize(self) -> None:
         self.version = await qemu.qemu_version(self.binary)
@@ -75,6 +79,8 @@ class MicrovmBackend:
         self.accel = await choose_accelerator(self.binary, self.version, self.boot.kernel, self.boot.initramfs, cache)
         self.tsc_khz = tsc_khz()
         self.vm_runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.rmtree(self.spares, ignore_errors=True)  # half-copied or for old templates: cheap to redo
+        self.spares.mkdir(parents=True, exist_ok=True)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -149,8 +155,14 @@ class MicrovmBackend:
         await qemu.launch(argv, files)
         return files
 
-    async def _connect(self, files: VmFiles, label: str, timeout: float) -> GuestChannel:
-        """Connect to the agent's port, retrying while the guest boots."""
+    async def _connect(
+        self, files: VmFiles, label: str, timeout: float, first: tuple[str, dict[str, Any]] = ("health", {})
+    ) -> GuestChannel:
+        """Connect to the agent's port, retrying while the guest boots, until ``first`` is answered.
+
+        After a restore the first guest work runs through a cold TCG translation cache
+        (a new QEMU process), so every round trip saved there counts.
+        """
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -164,7 +176,7 @@ class MicrovmBackend:
                 await asyncio.sleep(0.01)
                 continue
             try:
-                await channel.wait_ready(max(0.5, min(left, 5.0)))
+                await channel.call(*first, timeout=max(0.5, min(left, 5.0)))
                 return channel
             except Exception as exc:
                 await channel.close()
@@ -180,7 +192,7 @@ class MicrovmBackend:
         await self._launch(box.id, box.directory, machine, incoming=False)
         try:
             channel = await self._connect(files, f"sandbox {box.id}", BOOT_TIMEOUT)
-            await self._identify(channel, box, new_identity)
+            await channel.call("identity", self._identity(box, new_identity))
             return channel
         except BaseException:
             await qemu.kill(files)
@@ -197,23 +209,23 @@ class MicrovmBackend:
             log.debug("loaded VM state of %s in %.3fs", box.id, seconds)
             if after_load:
                 faults.point(after_load)
-            channel = await self._connect(files, f"sandbox {box.id}", RESTORE_TIMEOUT)
-            await self._identify(channel, box, new_identity)
-            return channel
+            identity = ("identity", self._identity(box, new_identity))
+            return await self._connect(files, f"sandbox {box.id}", RESTORE_TIMEOUT, identity)
         except BaseException:
             await qemu.kill(files)
             raise
 
-    async def _identify(self, channel: GuestChannel, box: BoxRef, new_identity: bool | None) -> None:
+    @staticmethod
+    def _identity(box: BoxRef, new_identity: bool | None) -> dict[str, Any]:
         """The guest's clock is wherever it was saved; a copy of someone else's memory also needs its own
-        hostname, machine id and RNG state."""
+        hostname, machine id and RNG state. The call is idempotent: sending it twice is harmless."""
         args: dict[str, Any] = {"time": time.time()}
         if new_identity is not None:
             args["hostname"] = box.hostname
         if new_identity:
             args["machine_id"] = uuid.uuid4().hex
             args["entropy"] = base64.b64encode(os.urandom(64)).decode()
-        await channel.call("identity", args)
+        return args
 
     # ------------------------------------------------------------ templates
 
@@ -262,6 +274,32 @@ class MicrovmBackend:
             await qemu.kill(files)
             shutil.rmtree(staging, ignore_errors=True)
 
+    def _take_spare(self, key: str, directory: Path) -> bool:
+        """Move a ready copy of the template's files into an empty sandbox directory (one rename)."""
+        try:
+            os.rename(self.spares / key, directory)  # allowed onto an empty directory; atomic
+        except OSError:
+            return False  # none ready (or taken by a concurrent create): copy instead
+        return True
+
+    def _refill_spare(self, template: Path) -> None:
+        key = template.name
+        if key not in self._refills or self._refills[key].done():
+            self._refills[key] = asyncio.get_running_loop().create_task(self._make_spare(template))
+
+    async def _make_spare(self, template: Path) -> None:
+        staging = self.spares / f".{template.name}.{uuid.uuid4().hex[:8]}"
+        try:
+            staging.mkdir()
+            for name in ("disk.qcow2", "memory.ram"):
+                await copy_file(template / name, staging / name)
+            await asyncio.to_thread(fsync_tree, staging)  # it becomes a sandbox's memory: it must be on disk
+            os.rename(staging, self.spares / template.name)
+        except Exception as exc:
+            log.debug("no spare for template %s: %s", template.name, exc)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, box: BoxRef) -> tuple[GuestChannel, dict[str, Any]]:
@@ -274,8 +312,10 @@ class MicrovmBackend:
             return channel, self._state(self._stored_machine(box.directory))
         image_key = str(box.backend_state.get("image_key") or box.image_rootfs.parent.name)
         template = await self._template(box.spec, image_key, box.image_rootfs)
-        await copy_file(template / "disk.qcow2", files.disk)
-        await copy_file(template / "memory.ram", files.memory)
+        if not self._take_spare(template.name, box.directory):
+            await copy_file(template / "disk.qcow2", files.disk)
+            await copy_file(template / "memory.ram", files.memory)
+        self._refill_spare(template)
         machine = self._stored_machine(template)
         channel = await self._restore(box, machine, template / "vmstate", True, "microvm.start.after_restore")
         return channel, {**self._state(machine), "template": template.name}
