@@ -15,6 +15,7 @@ bench: setup
 	.venv/bin/python benchmarks/checkpoints.py
 	.venv/bin/python benchmarks/agent.py
 	.venv/bin/python benchmarks/shell.py
+	.venv/bin/python benchmarks/microvm.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30

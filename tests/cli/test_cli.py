@@ -10,6 +10,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from stasis import InvalidRequest
+from stasis.backends.microvm.artifacts import find_kernel_release
 from stasis.cli import app
 from tests.conftest import Daemon, new_home, wait_until
 
@@ -54,6 +56,19 @@ def test_create_run_suspend_resume_info_rm(cli) -> None:  # type: ignore[no-unty
 
     assert cli("rm", "cli-box").exit_code == 0
     assert json.loads(cli("ls", "--json").stdout) == []
+
+
+def test_a_microvm_runs_its_own_linux_kernel_and_says_how(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli("create", "cli-vm", "--backend", "microvm", "--memory-mb", "256")
+    assert result.exit_code == 0, result.output
+    kernel = cli("run", "cli-vm", "--", "uname", "-r").stdout.strip()
+    assert kernel.endswith("-cloud-amd64"), f"a microVM boots Debian's cloud kernel, not {kernel!r}"
+    assert kernel == find_kernel_release()
+    human = cli("info", "cli-vm").stdout
+    assert "microvm" in human and "accelerator" in human
+    assert cli("rm", "cli-vm").exit_code == 0
+    with pytest.raises(InvalidRequest, match="backend"):
+        cli("create", "cli-nope", "--backend", "firecracker")
 
 
 def test_run_timeout_exits_124(cli) -> None:  # type: ignore[no-untyped-def]

@@ -86,7 +86,8 @@ def test_filesystem_checkpoint_restores_files_with_fresh_processes(client: Clien
 
 def test_copy_forks_running_sandboxes_that_diverge(client: Client, backend: str) -> None:
     parent = Sandbox.create("forker", memory_mb=256, backend=backend, client=client)
-    counter = parent.start_process(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"])
+    count = "i=0; while :; do i=$((i+1)); echo $i > /tmp/n.tmp; mv /tmp/n.tmp /tmp/n; sleep 0.05; done"
+    counter = parent.start_process(["sh", "-c", count])
     wait_until(lambda: parent.run("test -s /tmp/n").exit_code == 0)
     forks = parent.copy(times=2)
     assert len(forks) == 2 and all(f.name.startswith("forker-") for f in forks)

@@ -28,7 +28,8 @@ def status_of(client: Client, ref: str) -> SandboxStatus:
 
 def test_idle_named_sandbox_suspends_and_the_next_run_resumes_it(daemon: Daemon, client: Client, backend: str) -> None:
     sbx = Sandbox.create("idler", timeout_secs=2, memory_mb=256, backend=backend, client=client)
-    proc = sbx.start_process(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /root/n; sleep 0.1; done"])
+    counter = "i=0; while :; do i=$((i+1)); echo $i > /root/n.tmp; mv /root/n.tmp /root/n; sleep 0.1; done"
+    proc = sbx.start_process(["sh", "-c", counter])  # renamed into place: a reader never sees it half-written
     wait_until(lambda: sbx.run("test -s /root/n").exit_code == 0)
     info = sbx.info()
     assert info.idle_action == "suspend" and info.idle_action_at is not None

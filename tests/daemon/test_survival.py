@@ -100,9 +100,9 @@ def test_suspended_sandbox_has_no_process_on_the_host(daemon: Daemon, backend: s
 def test_repeated_suspend_resume_keeps_state(daemon: Daemon, backend: str) -> None:
     with daemon.client() as client:
         sbx = Sandbox.create(client=client, memory_mb=256, backend=backend)
-        proc = sbx.start_process(
-            'python3 -c \'import time\nn=0\nwhile True:\n n+=1; open("/root/n","w").write(str(n)); time.sleep(0.05)\''
-        )
+        code = "import os, time\nn = 0\nwhile True:\n    n += 1\n    open('/root/n.tmp', 'w').write(str(n))\n"
+        code += "    os.rename('/root/n.tmp', '/root/n')\n    time.sleep(0.05)\n"
+        proc = sbx.start_process(["python3", "-c", code])  # renamed into place: never read half-written
         wait_until(lambda: sbx.run("test -s /root/n").exit_code == 0)
         last = 0
         for cycle in range(5):

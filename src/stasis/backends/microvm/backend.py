@@ -4,7 +4,7 @@ Directory of one sandbox::
 
     disk.qcow2        its root disk: a qcow2 overlay on the image's shared, read-only ext4
     memory.ram        its RAM (mapped shared by QEMU: the live memory *is* this file)
-    vm.json           the machine QEMU was started as; a resume uses exactly it
+    vm.json           the machine QEMU was started as, and its exact command line; a resume uses the same
     console.log       the guest's serial console
     suspend/vmstate   device state of a complete suspend; suspend.partial/ while written
 
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 BOOT_TIMEOUT = 90.0  # a cold boot on TCG takes ~3 s; a loaded CI host, much longer
 RESTORE_TIMEOUT = 30.0
-TEMPLATE_FORMAT = 1  # bump when what a template contains changes
+TEMPLATE_FORMAT = 2  # bump when what a template contains changes
 
 
 class MicrovmBackend:
@@ -120,9 +120,9 @@ class MicrovmBackend:
     @staticmethod
     def _stored_machine(directory: Path) -> Machine:
         try:
-            return Machine(**json.loads((directory / "vm.json").read_text()))
-        except (OSError, ValueError, TypeError) as exc:
-            raise StateError(f"the machine description {directory / 'vm.json'} is missing or damaged: {exc}") from exc
+            return Machine(**json.loads((directory / "vm.json").read_text())["machine"])
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise StateError(f"the machine description {directory / 'vm.json'} is missing or damaged: {exc!r}") from exc
 
     def _state(self, machine: Machine) -> dict[str, Any]:
         """What a restore of this sandbox's memory needs to match."""
@@ -150,8 +150,8 @@ class MicrovmBackend:
 
     async def _launch(self, box_id: str, directory: Path, machine: Machine, incoming: bool) -> VmFiles:
         files = self._files(box_id, directory)
-        atomic_write(directory / "vm.json", json.dumps(machine.to_json(), indent=1).encode())
         argv = qemu.command_line(self.binary, machine, files, f"stasis-{box_id}", incoming)
+        atomic_write(directory / "vm.json", json.dumps({"machine": machine.to_json(), "argv": argv}, indent=1).encode())
         await qemu.launch(argv, files)
         return files
 
