@@ -299,20 +299,29 @@ async def bench(rounds: int, hold_mb: int) -> dict:
     return report
 
 
-def show(report: dict) -> None:
-    table = Table(
-        title=f"stasis lifecycle (median of {report['rounds']} rounds, runsc {report['runsc']}, {report['platform']})",
-        header_style="bold",
-    )
+def comparison_table(title: str, rows: list[dict]) -> Table:
+    """Each operation beside its raw primitive: times, the ratio, and the goal where there is one."""
+    table = Table(title=title, header_style="bold")
     for column in ("operation", "stasis", "raw primitive", "baseline", "ratio", "goal"):
         table.add_column(column, justify="right" if column in ("stasis", "raw primitive", "ratio") else "left")
-    for row in report["rows"]:
+    for row in rows:
         goal = f"≤ {row['goal'] * 1000:.0f} ms" if row["goal"] else ""
         table.add_row(
             row["operation"], f"{row['stasis'] * 1000:.1f} ms", f"{row['raw'] * 1000:.1f} ms", row["baseline"],
             f"{row['ratio']:.2f}x", goal,
         )  # fmt: skip
-    console.print(table)
+    return table
+
+
+def save_report(name: str, report: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2))
+    console.print(f"wrote {RESULTS / f'{name}.json'}")
+
+
+def show(report: dict) -> None:
+    title = f"stasis lifecycle (median of {report['rounds']} rounds, runsc {report['runsc']}, {report['platform']})"
+    console.print(comparison_table(title, report["rows"]))
     console.print(
         f"agent exec over the FIFO, no daemon: {report['agent_exec_over_fifo_median_seconds'] * 1000:.2f} ms; "
         f"suspend/resume hold {report['hold_mb']} MiB of live random data"
@@ -326,9 +335,7 @@ def main() -> None:
     args = parser.parse_args()
     report = asyncio.run(bench(args.rounds, args.hold_mb))
     show(report)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "lifecycle.json").write_text(json.dumps(report, indent=2))
-    console.print(f"wrote {RESULTS / 'lifecycle.json'}")
+    save_report("lifecycle", report)
 
 
 if __name__ == "__main__":

@@ -27,17 +27,15 @@ import statistics
 import time
 from pathlib import Path
 
-from lifecycle import holder_cmd, rig, timed
+from lifecycle import comparison_table, holder_cmd, rig, save_report, timed
 from rich.console import Console
-from rich.table import Table
 
-from stasis import AsyncSandbox
+from stasis import AsyncSandbox, procs
 from stasis.backends.microvm import qemu
 from stasis.backends.microvm.backend import copy_file
 from stasis.backends.microvm.qemu import Machine, VmFiles
 
 console = Console(width=140)
-RESULTS = Path(__file__).parent / "results"
 
 
 class RawVm:
@@ -127,16 +125,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def qemu_pids_for(sandbox_id: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"qemu-system" in cmdline and f"stasis-{sandbox_id}".encode() in cmdline:
-                found.append(int(entry))
-    return found
+    return [pid for pid, _ in procs.processes(lambda cmd: "qemu-system" in cmd and f"stasis-{sandbox_id}" in cmd)]
 
 
 async def bench(rounds: int, hold_mb: int) -> dict:
@@ -275,18 +264,9 @@ async def bench(rounds: int, hold_mb: int) -> dict:
 def show(report: dict) -> None:
     title = (
         f"stasis microVM (median of {report['rounds']} rounds, QEMU {report['qemu']}, {report['accelerator']}, "
-        f"{report['hold_mb']} MiB held in the guest)"
+        f"{report['hold_mb']} MiB held in the guest; goals are for TCG)"
     )
-    table = Table(title=title, header_style="bold")
-    for column in ("operation", "stasis", "raw primitive", "baseline", "ratio", "goal (TCG)"):
-        table.add_column(column, justify="right" if column in ("stasis", "raw primitive", "ratio") else "left")
-    for row in report["rows"]:
-        goal = f"≤ {row['goal'] * 1000:.0f} ms" if row["goal"] else ""
-        table.add_row(
-            row["operation"], f"{row['stasis'] * 1000:.1f} ms", f"{row['raw'] * 1000:.1f} ms", row["baseline"],
-            f"{row['ratio']:.2f}x", goal,
-        )  # fmt: skip
-    console.print(table)
+    console.print(comparison_table(title, report["rows"]))
     if report["suspend_save_median_seconds"] is not None:
         console.print(
             f"suspend = saving the VM {report['suspend_save_median_seconds'] * 1000:.1f} ms "
@@ -306,9 +286,7 @@ def main() -> None:
     args = parser.parse_args()
     report = asyncio.run(bench(args.rounds, args.hold_mb))
     show(report)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "microvm.json").write_text(json.dumps(report, indent=2))
-    console.print(f"wrote {RESULTS / 'microvm.json'}")
+    save_report("microvm", report)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from stasis import Client, Sandbox, SandboxNotFound
+from stasis import Client, Sandbox, SandboxNotFound, procs
 from stasis.paths import Paths
 
 console = Console()
@@ -68,16 +67,7 @@ def daemon_pid(paths: Paths) -> int:
 
 def host_processes(sandbox_id: str) -> int:
     """runsc or QEMU processes of this sandbox on the host."""
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            runtime = b"runsc" in cmdline or b"qemu-system" in cmdline
-            count += runtime and sandbox_id.encode() in cmdline
-    return count
+    return len(procs.processes(lambda cmd: ("runsc" in cmd or "qemu-system" in cmd) and sandbox_id in cmd))
 
 
 def agent_part(client: Client) -> list[str]:

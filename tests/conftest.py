@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stasis import Client, Sandbox
+from stasis import Client, Sandbox, procs
 from stasis.backends import BACKENDS
 from stasis.paths import Paths, default_home
 
@@ -103,18 +103,9 @@ def terminate_all(daemon: Daemon) -> None:
 
 
 def sandbox_processes_under(home: Path) -> list[str]:
-    """Command lines of runsc and QEMU processes whose state lives under ``home``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if ("runsc" in cmdline or "qemu-system" in cmdline) and str(home) in cmdline:
-            found.append(f"{entry}: {cmdline}")
-    return found
+    """ "pid: command line" of runsc and QEMU processes whose state lives under ``home``."""
+    found = procs.processes(lambda cmd: ("runsc" in cmd or "qemu-system" in cmd) and str(home) in cmd)
+    return [f"{pid}: {cmdline}" for pid, cmdline in found]
 
 
 def mounts_under(home: Path) -> list[str]:

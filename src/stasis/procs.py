@@ -21,8 +21,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 log = logging.getLogger(__name__)
@@ -149,3 +150,17 @@ async def wait_gone(pid: int, timeout: float) -> bool:
             return False
         await asyncio.sleep(0.005)
     return True
+
+
+def processes(match: Callable[[str], bool]) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes on the host whose command line ``match`` accepts."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if match(cmdline):
+                found.append((int(entry), cmdline))
+    return found
