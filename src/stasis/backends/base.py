@@ -51,6 +51,16 @@ class Backend(Protocol):
         """Boot a fresh sandbox; return a ready channel and the state to persist for it."""
         ...
 
+    async def start_from(
+        self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
+    ) -> tuple[GuestChannel, dict[str, Any]]:
+        """A new sandbox from a checkpoint directory: its files, and (``memory``) its processes."""
+        ...
+
+    async def checkpoint(self, box: BoxRef, channel: GuestChannel, dest: Path, memory: bool) -> None:
+        """Write a checkpoint of one instant into ``dest``; the sandbox keeps running."""
+        ...
+
     async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
         """Save memory, processes and files to disk; afterwards nothing of it runs on the host."""
         ...

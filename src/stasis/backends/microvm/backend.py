@@ -79,7 +79,6 @@ class MicrovmBackend:
         self.accel = await choose_accelerator(self.binary, self.version, self.boot.kernel, self.boot.initramfs, cache)
         self.tsc_khz = tsc_khz()
         self.vm_runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
-        shutil.rmtree(self.spares, ignore_errors=True)  # half-copied or for old templates: cheap to redo
         self.spares.mkdir(parents=True, exist_ok=True)
 
     def describe(self) -> dict[str, Any]:
@@ -396,6 +395,10 @@ class MicrovmBackend:
             await asyncio.to_thread(shutil.rmtree, box.directory)
 
     async def leftovers(self, known_ids: set[str]) -> list[str]:
+        """At daemon start: spares are dropped (half-copied, or for old templates; cheap to redo),
+        and QEMUs that no sandbox owns are named for reaping."""
+        shutil.rmtree(self.spares, ignore_errors=True)
+        self.spares.mkdir(parents=True, exist_ok=True)
         running = {path.name for path in self.vm_runtime.iterdir()} if self.vm_runtime.exists() else set()
         return sorted(i for i in running if i not in known_ids)  # includes templates a killed daemon was building
 
