@@ -166,3 +166,21 @@ def test_a_hundred_suspend_resume_cycles_keep_memory_and_files(client: Client, b
         assert names == list(range(cycle + 1)), f"files lost at cycle {cycle}"
     assert sbx.get_process(holder.id).pid == holder.pid
     sbx.terminate()
+
+
+def test_a_files_digest_ignores_holes_but_not_a_changed_byte(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A microVM's RAM file is mostly holes: its digest must cost what is written, and mean its content."""
+    from stasis.daemon.checkpoints import _file_sha256
+
+    sparse, dense, changed = tmp_path / "sparse", tmp_path / "dense", tmp_path / "changed"
+    with open(sparse, "wb") as f:
+        f.truncate(8 << 20)
+        for offset, data in ((100, b"x" * 10), ((1 << 20) - 5, b"y" * 10), (5 << 20, b"z")):
+            f.seek(offset)
+            f.write(data)
+    content = sparse.read_bytes()
+    dense.write_bytes(content)
+    changed.write_bytes(content[:-1] + b"\1")
+    assert sparse.stat().st_blocks < dense.stat().st_blocks
+    assert _file_sha256(sparse) == _file_sha256(dense)
+    assert _file_sha256(changed) != _file_sha256(dense)

@@ -49,8 +49,9 @@ def _file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         digest.update(size.to_bytes(8, "little"))
+        block = 0  # the next block not hashed yet: two extents may share one
         for start, end in _data_extents(f.fileno(), size):
-            block = start - start % CHUNK
+            block = max(block, start - start % CHUNK)
             while block < end:
                 chunk = os.pread(f.fileno(), CHUNK, block)
                 if chunk and chunk != ZEROS[: len(chunk)]:
