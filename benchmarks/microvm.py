@@ -34,6 +34,7 @@ from stasis import AsyncSandbox, procs
 from stasis.backends.microvm import qemu
 from stasis.backends.microvm.backend import copy_file
 from stasis.backends.microvm.qemu import Machine, VmFiles
+from stasis.fsutil import fsync_file
 
 console = Console(width=140)
 
@@ -85,7 +86,13 @@ class RawVm:
         self.call("health", timeout=120)
 
     async def restore(self, vmstate: Path) -> None:
+        await self.launch()
+        await self.load(vmstate)
+
+    async def launch(self) -> None:
         await qemu.launch(self.argv(incoming=True), self.files)
+
+    async def load(self, vmstate: Path) -> None:
         async with qemu.qmp(self.files) as client:
             await qemu.load_state(client, vmstate)
 
@@ -98,9 +105,7 @@ class RawVm:
             self.disconnect()
             await qemu.quit_vm(client, self.files)
         for path in (self.files.memory, self.files.disk, vmstate):
-            fd = os.open(path, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+            fsync_file(path)
 
     async def cont(self) -> None:
         async with qemu.qmp(self.files) as client:
@@ -202,6 +207,15 @@ async def bench(rounds: int, hold_mb: int) -> dict:
             add("resume", await timed(resume))
             add("raw_resume", await timed(raw_resume))
 
+            # Where a resume's time goes, once more by hand, phase by phase: QEMU, then the guest.
+            await raw.save(vmstate)
+            add("phase_launch", await timed(raw.launch))
+            add("phase_load_cont", await timed(lambda: raw.load(vmstate)))
+            add("phase_first_reply", await timed(lambda: asyncio.to_thread(raw.call, "health")))
+            add("phase_first_exec", await timed(lambda: asyncio.to_thread(raw.call, "exec", {"cmd": ["true"]})))
+            add("phase_warm_reply", await timed(lambda: asyncio.to_thread(raw.call, "health")))
+            add("phase_warm_exec", await timed(lambda: asyncio.to_thread(raw.call, "exec", {"cmd": ["true"]})))
+
             forks: list[AsyncSandbox] = []
 
             async def fork() -> None:
@@ -249,6 +263,7 @@ async def bench(rounds: int, hold_mb: int) -> dict:
         "accelerator": describe.get("accelerator"),
         "accelerator_reason": describe.get("accelerator_reason"),
         "median_seconds": med,
+        "resume_phases_median_seconds": {k.removeprefix("phase_"): v for k, v in med.items() if k.startswith("phase_")},
         "suspend_save_median_seconds": med.get("suspend_save"),
         "suspend_fsync_median_seconds": med.get("suspend_fsync"),
         "idle_rss_mib_median": statistics.median(memory["idle_rss_kib"]) / 1024,
@@ -267,6 +282,11 @@ def show(report: dict) -> None:
         f"{report['hold_mb']} MiB held in the guest; goals are for TCG)"
     )
     console.print(comparison_table(title, report["rows"]))
+    phases = report["resume_phases_median_seconds"]
+    console.print(
+        "raw resume, phase by phase: "
+        + ", ".join(f"{name.replace('_', ' ')} {seconds * 1000:.1f} ms" for name, seconds in phases.items())
+    )
     if report["suspend_save_median_seconds"] is not None:
         console.print(
             f"suspend = saving the VM {report['suspend_save_median_seconds'] * 1000:.1f} ms "

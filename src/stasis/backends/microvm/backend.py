@@ -149,9 +149,13 @@ class MicrovmBackend:
 
     async def _launch(self, box_id: str, directory: Path, machine: Machine, incoming: bool) -> VmFiles:
         files = self._files(box_id, directory)
-        argv = qemu.command_line(self.binary, machine, files, f"stasis-{box_id}", incoming)
-        atomic_write(directory / "vm.json", json.dumps({"machine": machine.to_json(), "argv": argv}, indent=1).encode())
-        await qemu.launch(argv, files)
+        name = f"stasis-{box_id}"
+        # What is kept is the machine's command line; a restore adds `-S -incoming defer` to it.
+        stored = {"machine": machine.to_json(), "argv": qemu.command_line(self.binary, machine, files, name, False)}
+        description, path = json.dumps(stored, indent=1).encode(), directory / "vm.json"
+        if not path.exists() or path.read_bytes() != description:  # not on every resume: an fsync saved
+            atomic_write(path, description)
+        await qemu.launch(qemu.command_line(self.binary, machine, files, name, incoming), files)
         return files
 
     async def _connect(
@@ -287,6 +291,12 @@ class MicrovmBackend:
             self._refills[key] = asyncio.get_running_loop().create_task(self._make_spare(template))
 
     async def _make_spare(self, template: Path) -> None:
+        # Only this task makes this template's spares in this home: its staging dirs here were left
+        # by a killed daemon. Spares of templates that are gone go too.
+        for entry in self.spares.iterdir():
+            stale = entry.name.startswith(f".{template.name}.")
+            if stale or not (entry.name.startswith(".") or (template.parent / entry.name).exists()):
+                shutil.rmtree(entry, ignore_errors=True)
         staging = self.spares / f".{template.name}.{uuid.uuid4().hex[:8]}"
         try:
             staging.mkdir()
@@ -395,10 +405,6 @@ class MicrovmBackend:
             await asyncio.to_thread(shutil.rmtree, box.directory)
 
     async def leftovers(self, known_ids: set[str]) -> list[str]:
-        """At daemon start: spares are dropped (half-copied, or for old templates; cheap to redo),
-        and QEMUs that no sandbox owns are named for reaping."""
-        shutil.rmtree(self.spares, ignore_errors=True)
-        self.spares.mkdir(parents=True, exist_ok=True)
         running = {path.name for path in self.vm_runtime.iterdir()} if self.vm_runtime.exists() else set()
         return sorted(i for i in running if i not in known_ids)  # includes templates a killed daemon was building
 
