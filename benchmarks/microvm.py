@@ -142,7 +142,7 @@ async def bench(rounds: int, hold_mb: int) -> dict:
     memory: dict[str, list[float]] = {"idle_rss_kib": [], "suspended_processes": [], "idle_cpu_percent": []}
     async with rig("stasis-bench-microvm-") as r:
         warm = await AsyncSandbox.create(client=r.client, backend="microvm", memory_mb=1024)  # builds the template
-        template = r.paths.images / "microvm" / "templates" / (await warm.info()).backend["template"]
+        template = r.paths.images / "microvm" / "templates" / (await warm.info()).runtime["template"]
         machine = Machine(**json.loads((template / "vm.json").read_text())["machine"])
         await warm.terminate()
         describe = (await r.client.json("GET", "/v1/health"))["backends"]["microvm"]

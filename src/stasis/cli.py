@@ -281,7 +281,7 @@ def info(name: Annotated[str, typer.Argument(help="Sandbox name or id.")], as_js
     ]
     if data.idle_action_at:
         rows.append((f"idle {data.idle_action}", _in(data.idle_action_at)))
-    for key, value in sorted(data.backend.items()):
+    for key, value in sorted(data.runtime.items()):
         rows.append((key.replace("_", " "), value))
     if data.last_suspend_seconds is not None:
         rows.append(("last suspend", f"{data.last_suspend_seconds:.3f}s"))

@@ -2,6 +2,7 @@
 
     StasisError
     ├── InvalidRequest (ValueError)          400  fix the request: a bad name, spec, path or signal
+    │   └── Unsupported                          asks for what this host or build cannot do
     ├── NotFound (LookupError)               404
     │   ├── SandboxNotFound
     │   ├── ImageNotFound
@@ -10,10 +11,13 @@
     │   ├── RunNotFound                      an agent run
     │   └── FileNotFound (FileNotFoundError)
     ├── FileError (OSError)                  400  the path exists but is the wrong kind of thing
+    ├── NoSpace (OSError)                    507  a disk is full (the sandbox's, or the host's)
     ├── Conflict                             409
     │   ├── NameTaken
-    │   ├── StateError                           the sandbox is in the wrong state for this
-    │   └── CheckpointCorrupt                    its bytes changed, or another runsc made it
+    │   ├── StateError                           wrong lifecycle state; carries ``status`` and ``required``
+    │   ├── Incompatible                         made by another runtime build, or its kernel/machine is gone
+    │   ├── DaemonRunning                        another daemon serves this STASIS_HOME
+    │   └── CheckpointCorrupt                    its bytes changed since it was sealed
     ├── BackendError                         500  runsc/QEMU failed; the message has its output
     │   └── StartupError
     ├── GuestError                           502  the agent inside the sandbox failed
@@ -49,6 +53,10 @@ class InvalidRequest(StasisError, ValueError):
     status_code = 400
 
 
+class Unsupported(InvalidRequest):
+    pass
+
+
 class NotFound(StasisError, LookupError):
     status_code = 404
 
@@ -81,6 +89,10 @@ class FileError(StasisError, OSError):
     status_code = 400
 
 
+class NoSpace(StasisError, OSError):
+    status_code = 507
+
+
 class Conflict(StasisError):
     status_code = 409
 
@@ -90,6 +102,14 @@ class NameTaken(Conflict):
 
 
 class StateError(Conflict):
+    """The sandbox is in the wrong lifecycle state: ``details`` has its ``status`` and the ``required`` one."""
+
+
+class Incompatible(Conflict):
+    pass
+
+
+class DaemonRunning(Conflict):
     pass
 
 
@@ -136,24 +156,3 @@ def error_from_payload(payload: dict[str, Any], status_code: int) -> StasisError
     cls = ERROR_TYPES.get(str(payload.get("type")), StasisError)
     details = payload.get("details") or {}
     return cls(str(payload.get("message") or f"daemon answered HTTP {status_code}"), **details)
-
-
-# What the guest agent reports, mapped onto the hierarchy.
-_GUEST_ERRORS: dict[str, type[StasisError]] = {
-    "FileNotFoundError": FileNotFound,
-    "IsADirectoryError": FileError,
-    "NotADirectoryError": FileError,
-    "FileExistsError": FileError,
-    "PermissionError": FileError,
-    "OSError": FileError,
-    "ProcessNotFound": ProcessNotFound,
-    "ProcessExited": StateError,
-    "ValueError": InvalidRequest,
-    "CommandNotFound": InvalidRequest,
-}
-
-
-def error_from_guest(error: dict[str, Any]) -> StasisError:
-    kind = str(error.get("type", "AgentError"))
-    cls = _GUEST_ERRORS.get(kind, GuestError)
-    return cls(str(error.get("message", kind)), guest_error=kind)

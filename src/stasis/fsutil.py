@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from pathlib import Path
 
 
@@ -16,7 +17,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:
@@ -24,11 +25,32 @@ def fsync_file(path: Path) -> None:
 
 
 def fsync_tree(path: Path) -> None:
-    """fsync every regular file and directory below ``path`` (inclusive)."""
+    """fsync every regular file and directory below ``path`` (inclusive).
+
+    The tree may hold what a sandbox wrote: links are never followed and nothing but
+    regular files and directories is opened (a FIFO would block, a link could lead
+    anywhere on the host)."""
     for root, _dirs, files in os.walk(path):
         for name in files:
-            fsync_file(Path(root, name))
+            fd = _open_regular(os.path.join(root, name))
+            if fd is not None:
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         fsync_dir(Path(root))
+
+
+def _open_regular(path: str) -> int | None:
+    """An fd of ``path`` if it is a regular file (opened without following links or blocking), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:  # a symlink (ELOOP), gone, or unreadable: nothing of ours to flush
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:

@@ -6,8 +6,9 @@ import re
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .backends import BACKENDS, DEFAULT_BACKEND
 from .errors import InvalidRequest
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -66,12 +67,19 @@ class _Strict(BaseModel):
 
 class SandboxSpec(_Strict):
     image: str = "default"
-    backend: Literal["gvisor", "microvm"] = "gvisor"
+    backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
     cpus: float = Field(1.0, gt=0, le=64)
     memory_mb: int = Field(1024, ge=128, le=262144)
     network: bool = False
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
     on_idle: Literal["suspend", "terminate"] | None = None
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}")
+        return backend
 
 
 class CreateSandboxRequest(SandboxSpec):
@@ -93,7 +101,9 @@ class SandboxInfo(BaseModel):
     updated_at: float
     last_activity: float
     error: str | None = None
-    backend: dict[str, Any] = Field(default_factory=dict)
+    image_key: str | None = Field(None, description="the exact image build it runs on")
+    from_checkpoint: str | None = Field(None, description="the checkpoint it was created from")
+    runtime: dict[str, Any] = Field(default_factory=dict, description="what its backend reports (build, platform)")
     last_suspend_seconds: float | None = None
     last_resume_seconds: float | None = None
     idle_action: Literal["suspend", "terminate"] | None = None
@@ -211,7 +221,7 @@ class CheckpointInfo(BaseModel):
     image: str
     spec: SandboxSpec
     backend: str
-    backend_state: dict[str, Any]
+    runtime: dict[str, Any] = Field(validation_alias=AliasChoices("runtime", "backend_state"))
     created_at: float
     expires_at: float | None
     sha256: str | None

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stasis import CheckpointCorrupt, CheckpointType, Client, Sandbox, StateError
+from stasis import CheckpointCorrupt, CheckpointType, Client, Incompatible, Sandbox
 from tests.conftest import Daemon, wait_until
 
 
@@ -135,9 +135,9 @@ def test_a_checkpoint_from_another_runtime_build_is_refused(daemon: Daemon, clie
         (info,) = db.execute("SELECT info FROM checkpoints WHERE id = ?", (ckpt.id,)).fetchone()
         db.execute(
             "UPDATE checkpoints SET info = ? WHERE id = ?",
-            (info.replace(f'"{ckpt.backend_state[key]}"', '"0.0~19990101.0"'), ckpt.id),
+            (info.replace(f'"{ckpt.runtime[key]}"', '"0.0~19990101.0"'), ckpt.id),
         )
-    with pytest.raises(StateError, match=r"0\.0~19990101\.0"):
+    with pytest.raises(Incompatible, match=r"0\.0~19990101\.0"):
         Sandbox.create(snapshot_id=ckpt.id, client=client)
     Sandbox.delete_checkpoint(ckpt.id, client=client)
 

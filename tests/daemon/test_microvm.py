@@ -20,7 +20,7 @@ IDENTITY = "hostname; cat /etc/machine-id; head -c 32 /dev/urandom | od -An -tx1
 def test_sandboxes_from_one_template_have_their_own_identity(client: Client) -> None:
     boxes = [Sandbox.create(f"twin-{i}", backend="microvm", memory_mb=512, client=client) for i in range(2)]
     try:
-        templates = {box.info().backend["template"] for box in boxes}
+        templates = {box.info().runtime["template"] for box in boxes}
         assert len(templates) == 1, "both must come from the same saved VM"
         seen = [box.run(IDENTITY).stdout.split("\n") for box in boxes]
         (host_a, machine_a, random_a, _), (host_b, machine_b, random_b, _) = seen
@@ -86,7 +86,7 @@ def test_doctor_and_info_report_the_accelerator_and_why(daemon: Daemon, client: 
         assert blocker in report["microvm"]["accelerator_reason"]
     box = Sandbox.create(backend="microvm", memory_mb=512, client=client)
     try:
-        state = box.info().backend
+        state = box.info().runtime
         assert state["accelerator"] == report["microvm"]["accelerator"]
         assert state["accelerator_reason"] == report["microvm"]["accelerator_reason"]
         shown = subprocess.run(

@@ -161,7 +161,7 @@ class AgentRunner:
 
     def _system_prompt(self, sbx: Sandbox, run_id: str) -> str:
         notes = list(self.journal.notes(sbx.id))
-        origin = sbx.info().backend.get("from_checkpoint")
+        origin = sbx.info().from_checkpoint
         if origin:
             try:
                 checkpoint = Sandbox.get_checkpoint(origin, client=self.client)

@@ -2,6 +2,8 @@
 
 A backend owns the sandbox's directory and everything on the host that runs it.
 It knows nothing of names, the store or HTTP; the daemon's service drives it.
+What it needs to remember about a sandbox is its own pydantic model (a
+:class:`BackendState`), which the daemon persists without looking inside.
 Every method is idempotent where a crash could make the daemon call it twice.
 """
 
@@ -10,10 +12,18 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from ..guest.channel import GuestChannel
+from pydantic import BaseModel, ConfigDict
+
+from ..guest.client import GuestChannel
 from ..models import SandboxSpec
+
+
+class BackendState(BaseModel):
+    """What a backend remembers about one sandbox (its build, platform, machine); shown by `stasis info`."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 @dataclass(frozen=True)
@@ -24,36 +34,43 @@ class BoxRef:
     hostname: str
     spec: SandboxSpec
     directory: Path  # owned by the backend; removed by destroy()
+    image_key: str
     image_rootfs: Path
-    backend_state: dict[str, Any]  # what start() returned, persisted by the daemon
+    state: dict[str, Any]  # the backend's own state as last persisted (a BackendState dumped); {} before start
 
 
 class HostState(enum.Enum):
     """What is actually on the host, as opposed to what the store says."""
 
     RUNNING = "running"  # processes are up
-    SUSPENDED = "suspended"  # no processes, a complete suspend image exists
+    SUSPENDED = "suspended"  # no processes, a complete (sealed) suspend image exists
+    PARTIAL = "partial"  # no processes, a suspend image that was written but never sealed
     STOPPED = "stopped"  # no processes, no suspend image (crashed, or the host rebooted)
 
 
 class Backend(Protocol):
-    name: str
+    name: ClassVar[str]
+    kill_points: ClassVar[tuple[str, ...]]  # its STASIS_KILL_POINT names (see stasis.faults)
 
     async def initialize(self) -> None:
         """Probe the host once (versions, platform) before the first sandbox."""
         ...
 
     def describe(self) -> dict[str, Any]:
-        """Version, platform and anything a user should see in `stasis info`."""
+        """Version, platform and anything a user should see in `stasis doctor`."""
         ...
 
-    async def start(self, box: BoxRef) -> tuple[GuestChannel, dict[str, Any]]:
-        """Boot a fresh sandbox; return a ready channel and the state to persist for it."""
+    def describe_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """One sandbox's backend state as a user should see it in `stasis info`."""
+        ...
+
+    async def start(self, box: BoxRef) -> tuple[GuestChannel, BackendState]:
+        """Boot a sandbox (on its own files if it has some already); a ready channel and the state to keep."""
         ...
 
     async def start_from(
         self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
-    ) -> tuple[GuestChannel, dict[str, Any]]:
+    ) -> tuple[GuestChannel, BackendState]:
         """A new sandbox from a checkpoint directory: its files, and (``memory``) its processes."""
         ...
 
@@ -62,34 +79,24 @@ class Backend(Protocol):
         ...
 
     async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
-        """Save memory, processes and files to disk; afterwards nothing of it runs on the host."""
+        """Save memory, processes and files to disk; afterwards nothing of it runs on the host.
+
+        On failure the partial image is gone; the sandbox runs on if it still can (see host_state)."""
         ...
 
     async def resume(self, box: BoxRef) -> GuestChannel:
-        """Bring a suspended sandbox back exactly where it was."""
+        """Bring a suspended sandbox back exactly where it was, and forget its suspend image.
+
+        A suspend cut off after its image was written (HostState.PARTIAL) is completed this way
+        too; if that image does not load, it is discarded."""
         ...
 
     async def connect(self, box: BoxRef) -> GuestChannel:
-        """Reattach to a sandbox that is still running (after a daemon restart)."""
+        """Reattach to a sandbox that runs (after a daemon restart): unpause it if an operation
+        was cut off mid-way, and drop suspend images it has outlived."""
         ...
 
     async def host_state(self, box: BoxRef) -> HostState: ...
-
-    async def discard_partial(self, box: BoxRef) -> None:
-        """Remove what an interrupted suspend left behind, keeping the sandbox as it is."""
-        ...
-
-    async def discard_suspend_image(self, box: BoxRef) -> None:
-        """Forget the suspend image of a sandbox that runs again."""
-        ...
-
-    async def salvage(self, box: BoxRef) -> GuestChannel | None:
-        """Try to bring back a sandbox whose suspend was cut off after it stopped."""
-        ...
-
-    async def delete_container(self, sandbox_id: str) -> None:
-        """Remove a runtime object that no sandbox owns."""
-        ...
 
     async def stop(self, box: BoxRef) -> None:
         """Stop all processes and unmount, keep the files (rolls back a failed start; idempotent)."""
@@ -99,6 +106,6 @@ class Backend(Protocol):
         """Stop everything and remove the sandbox's directory."""
         ...
 
-    async def leftovers(self, known_ids: set[str]) -> list[str]:
-        """Ids of sandboxes running on the host that the daemon does not know (to reap)."""
+    async def sweep(self, known_ids: set[str]) -> list[str]:
+        """Stop what runs on the host for sandboxes the daemon does not know; return their ids."""
         ...

@@ -36,19 +36,34 @@ from ..models import (
     describe_validation_errors,
 )
 from ..paths import Paths
+from .forks import fork as fork_sandbox
+from .idle import IdleReaper
+from .operations import GuestOperations
+from .recovery import Recovery
 from .service import SandboxService
 from .terminal import serve_terminal
 
 Path_ = Annotated[str, Query(min_length=1, max_length=4096, description="path inside the sandbox")]
 
 
-def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
-    service = SandboxService(paths)
+def create_app(
+    paths: Paths,
+    token: str | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+    service: SandboxService | None = None,
+) -> FastAPI:
+    """The daemon's app; ``service`` may be given (one with a test's fake backend)."""
+    service = service or SandboxService(paths)
+    ops = GuestOperations(service)
+    reaper = IdleReaper(service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        await Recovery(service).run()
+        reaper.start()
         yield
+        await reaper.stop()
         await service.close()
         if on_shutdown is not None:  # uvicorn re-raises SIGTERM after this: code after run() may never run
             on_shutdown()
@@ -128,15 +143,15 @@ def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[],
 
     @app.post("/v1/sandboxes/{ref}/fork", status_code=201)
     async def fork(ref: str, request: ForkRequest) -> list[SandboxInfo]:
-        return await service.fork(ref, request.times)
+        return await fork_sandbox(service, ref, request.times)
 
     @app.get("/v1/checkpoints")
     async def list_checkpoints() -> list[CheckpointInfo]:
-        return service.list_checkpoints()
+        return service.store.list_checkpoints()
 
     @app.get("/v1/checkpoints/{ref}")
     async def get_checkpoint(ref: str) -> CheckpointInfo:
-        return service.get_checkpoint(ref)
+        return service.store.get_checkpoint(ref)
 
     @app.delete("/v1/checkpoints/{ref}")
     async def delete_checkpoint(ref: str) -> CheckpointInfo:
@@ -154,12 +169,12 @@ def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[],
 
     @app.post("/v1/sandboxes/{ref}/exec")
     async def run(ref: str, request: RunRequest) -> RunResult:
-        return await service.run(ref, request)
+        return await ops.run(ref, request)
 
     @app.post("/v1/sandboxes/{ref}/exec/stream")
     async def run_stream(ref: str, request: RunRequest) -> StreamingResponse:
         """The command's output as JSON lines while it runs; the last line has its exit code."""
-        events = service.run_stream(ref, request)
+        events = ops.run_stream(ref, request)
         first = await anext(events)  # errors (unknown sandbox, bad cwd) become a proper HTTP error
 
         async def lines() -> AsyncIterator[bytes]:
@@ -192,19 +207,19 @@ def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[],
 
     @app.get("/v1/sandboxes/{ref}/exec/{exec_id}")
     async def exec_status(ref: str, exec_id: str) -> dict:
-        return await service.exec_status(ref, exec_id)
+        return await ops.exec_status(ref, exec_id)
 
     @app.post("/v1/sandboxes/{ref}/processes", status_code=201)
     async def start_process(ref: str, request: StartProcessRequest) -> ProcessInfo:
-        return await service.start_process(ref, request)
+        return await ops.start_process(ref, request)
 
     @app.get("/v1/sandboxes/{ref}/processes")
     async def list_processes(ref: str) -> list[ProcessInfo]:
-        return await service.list_processes(ref)
+        return await ops.list_processes(ref)
 
     @app.get("/v1/sandboxes/{ref}/processes/{process_id}")
     async def get_process(ref: str, process_id: str) -> ProcessInfo:
-        return await service.get_process(ref, process_id)
+        return await ops.get_process(ref, process_id)
 
     @app.get("/v1/sandboxes/{ref}/processes/{process_id}/output")
     async def process_output(
@@ -215,22 +230,22 @@ def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[],
         max_bytes: Annotated[int, Query(ge=1, le=4 << 20)] = 1 << 20,
         wait: Annotated[float, Query(ge=0, le=300)] = 0,
     ) -> ProcessOutput:
-        return await service.process_output(ref, process_id, stream, offset, max_bytes, wait)
+        return await ops.process_output(ref, process_id, stream, offset, max_bytes, wait)
 
     @app.post("/v1/sandboxes/{ref}/processes/{process_id}/signal")
     async def signal_process(ref: str, process_id: str, request: SignalRequest) -> ProcessInfo:
-        return await service.signal_process(ref, process_id, request.signal)
+        return await ops.signal_process(ref, process_id, request.signal)
 
     @app.post("/v1/sandboxes/{ref}/processes/{process_id}/stdin", status_code=204)
     async def write_stdin(ref: str, process_id: str, request: StdinRequest) -> Response:
-        await service.write_stdin(ref, process_id, request.data_b64, request.close)
+        await ops.write_stdin(ref, process_id, request.data_b64, request.close)
         return Response(status_code=204)
 
     # -------------------------------------------------------- files
 
     @app.get("/v1/sandboxes/{ref}/files")
     async def read_file(ref: str, path: Path_) -> Response:
-        chunks = await service.read_file(ref, path)
+        chunks = await ops.read_file(ref, path)
         return StreamingResponse(chunks, media_type="application/octet-stream")
 
     @app.put("/v1/sandboxes/{ref}/files")
@@ -238,24 +253,24 @@ def create_app(paths: Paths, token: str | None = None, on_shutdown: Callable[[],
         ref: str, path: Path_, request: Request, mode: Annotated[int, Query(ge=0, le=0o7777)] = 0o644
     ) -> FileEntry:
         """The request body is the file's raw bytes."""
-        return await service.write_file(ref, path, await request.body(), mode)
+        return await ops.write_file(ref, path, await request.body(), mode)
 
     @app.delete("/v1/sandboxes/{ref}/files", status_code=204)
     async def delete_file(ref: str, path: Path_, recursive: bool = False) -> Response:
-        await service.delete_file(ref, path, recursive)
+        await ops.delete_file(ref, path, recursive)
         return Response(status_code=204)
 
     @app.get("/v1/sandboxes/{ref}/files/list")
     async def list_directory(ref: str, path: Path_) -> list[FileEntry]:
-        return await service.list_directory(ref, path)
+        return await ops.list_directory(ref, path)
 
     @app.get("/v1/sandboxes/{ref}/files/stat")
     async def stat(ref: str, path: Path_) -> FileEntry:
-        return await service.stat(ref, path)
+        return await ops.stat(ref, path)
 
     @app.post("/v1/sandboxes/{ref}/files/mkdir")
     async def mkdir(ref: str, path: Path_) -> FileEntry:
-        return await service.mkdir(ref, path)
+        return await ops.mkdir(ref, path)
 
     return app
 

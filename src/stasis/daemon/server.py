@@ -11,7 +11,7 @@ from pathlib import Path
 
 import uvicorn
 
-from ..errors import InvalidRequest, StateError
+from ..errors import DaemonRunning, InvalidRequest
 from ..fsutil import atomic_write
 from ..paths import Paths
 from .app import create_app
@@ -33,7 +33,7 @@ def _take_lock(paths: Paths) -> int:
     except BlockingIOError:
         os.close(fd)
         pid = paths.pidfile.read_text().strip() if paths.pidfile.exists() else "?"
-        raise StateError(f"a stasis daemon (pid {pid}) already serves {paths.home}") from None
+        raise DaemonRunning(f"a stasis daemon (pid {pid}) already serves {paths.home}") from None
     return fd
 
 

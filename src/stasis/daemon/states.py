@@ -14,6 +14,7 @@ start-up knows the work was cut off and finishes or rolls it back.
 from __future__ import annotations
 
 from ..errors import StateError
+from ..models import SandboxInfo
 from ..models import SandboxStatus as S
 
 TRANSITIONS: dict[S, frozenset[S]] = {
@@ -46,9 +47,21 @@ WHY_NOT: dict[S, str] = {
 }
 
 
-def check_transition(current: S, target: S) -> None:
+def check_transition(sandbox_id: str, current: S, target: S) -> None:
     if target not in TRANSITIONS[current]:
-        raise StateError(f"illegal transition {current.value} → {target.value}")
+        allowed = sorted(s.value for s in S if target in TRANSITIONS[s])
+        raise StateError(
+            f"sandbox {sandbox_id}: illegal transition {current.value} → {target.value}",
+            status=current.value,
+            required=allowed,
+        )
+
+
+def require(info: SandboxInfo, wanted: S) -> None:
+    """Raise a StateError that says what to do, unless the sandbox is in state ``wanted``."""
+    if info.status != wanted:
+        why = WHY_NOT[info.status].format(name=info.name or info.id, error=info.error)
+        raise StateError(f"sandbox {info.name or info.id!r} {why}", status=info.status.value, required=[wanted.value])
 
 
 def phase(target: S) -> str:

@@ -30,7 +30,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     last_activity REAL NOT NULL,
     error TEXT,
     last_suspend_seconds REAL,
-    last_resume_seconds REAL
+    last_resume_seconds REAL,
+    image_key TEXT,
+    from_checkpoint TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_live_name
     ON sandboxes(name) WHERE name IS NOT NULL AND status != 'terminated';
@@ -59,6 +61,19 @@ class Store:
         self.path = path
         self.db = connect_sqlite(path)
         self.db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Homes made before the daemon's facts had columns kept them in backend_state."""
+        columns = {row["name"] for row in self.db.execute("PRAGMA table_info(sandboxes)")}
+        with self.db:
+            for column in ("image_key", "from_checkpoint"):
+                if column not in columns:
+                    self.db.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} TEXT")
+                    self.db.execute(
+                        f"UPDATE sandboxes SET {column} = json_extract(backend_state, '$.{column}'), "
+                        f"backend_state = json_remove(backend_state, '$.{column}')"
+                    )
 
     def close(self) -> None:
         self.db.close()
@@ -94,16 +109,16 @@ class Store:
     # ------------------------------------------------------------ writes
 
     def insert(
-        self, sandbox_id: str, name: str | None, spec: SandboxSpec, backend_state: dict[str, Any] | None = None
+        self, sandbox_id: str, name: str | None, spec: SandboxSpec, image_key: str, from_checkpoint: str | None = None
     ) -> SandboxInfo:
         now = time.time()
         try:
             with self.db:
                 self.db.execute("BEGIN IMMEDIATE")
-                columns = "id, name, status, spec, backend_state, created_at, updated_at, last_activity"
-                values = (sandbox_id, name, SandboxStatus.PENDING.value, spec.model_dump_json())
-                values += (json.dumps(backend_state or {}), now, now, now)
-                self.db.execute(f"INSERT INTO sandboxes ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values)
+                columns = "id, name, status, spec, image_key, from_checkpoint, created_at, updated_at, last_activity"
+                values = (sandbox_id, name, SandboxStatus.PENDING.value, spec.model_dump_json(), image_key)
+                values += (from_checkpoint, now, now, now)
+                self.db.execute(f"INSERT INTO sandboxes ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
                 self._journal(sandbox_id, None, SandboxStatus.PENDING, "create")
         except sqlite3.IntegrityError as exc:
             raise NameTaken(
@@ -128,7 +143,7 @@ class Store:
             if row is None:
                 raise SandboxNotFound(f"no sandbox with id {sandbox_id!r}")
             current = SandboxStatus(row["status"])
-            check_transition(current, target)
+            check_transition(sandbox_id, current, target)
             values: dict[str, Any] = {
                 "status": target.value,
                 "updated_at": time.time(),
@@ -217,7 +232,9 @@ def _info(row: sqlite3.Row) -> SandboxInfo:
         updated_at=row["updated_at"],
         last_activity=row["last_activity"],
         error=row["error"],
-        backend=json.loads(row["backend_state"]),
+        image_key=row["image_key"],
+        from_checkpoint=row["from_checkpoint"],
+        runtime=json.loads(row["backend_state"]),
         last_suspend_seconds=row["last_suspend_seconds"],
         last_resume_seconds=row["last_resume_seconds"],
     )

@@ -11,7 +11,8 @@ import logging
 from fastapi import WebSocket, WebSocketDisconnect
 
 from ..errors import GuestDisconnected, InvalidRequest, StasisError
-from ..guest.channel import GuestChannel
+from ..guest import protocol as P
+from ..guest.client import GuestChannel
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -27,12 +28,11 @@ async def serve_terminal(
 ) -> None:
     info = service.get(ref)
     session = (info.name or info.id).replace(".", "_")
-    async with service.attached(ref) as channel:
+    async with service.guest(ref) as channel:  # held in use (never idle-suspended) while attached
         opened = await channel.call(
-            "pty_open",
-            {"cmd": cmd or default_command(session), "cols": cols, "rows": rows, "env": {"TERM": "xterm-256color"}},
+            P.OpenPty(cmd=cmd or default_command(session), cols=cols, rows=rows, env={"TERM": "xterm-256color"})
         )
-        pty_id = opened["id"]
+        pty_id = opened.id
         screen = asyncio.get_running_loop().create_task(_screen_to_client(channel, websocket, pty_id))
         try:
             while True:
@@ -40,7 +40,7 @@ async def serve_terminal(
                 if message["type"] == "websocket.disconnect":
                     break
                 if message.get("bytes"):
-                    await channel.call("pty_write", {"id": pty_id, "data": base64.b64encode(message["bytes"]).decode()})
+                    await channel.call(P.WritePty(id=pty_id, data=base64.b64encode(message["bytes"]).decode()))
                 elif message.get("text"):
                     await _control(channel, pty_id, message["text"], websocket)
         except (WebSocketDisconnect, GuestDisconnected):
@@ -50,7 +50,7 @@ async def serve_terminal(
             with contextlib.suppress(asyncio.CancelledError, StasisError):
                 await screen
             with contextlib.suppress(StasisError):
-                await channel.call("pty_close", {"id": pty_id})
+                await channel.call(P.ClosePty(id=pty_id))
 
 
 async def _control(channel: GuestChannel, pty_id: str, text: str, websocket: WebSocket) -> None:
@@ -58,7 +58,7 @@ async def _control(channel: GuestChannel, pty_id: str, text: str, websocket: Web
         control = json.loads(text)
         if control.get("type") != "resize":
             raise InvalidRequest(f"unknown control message {control.get('type')!r}; send {{'type': 'resize', ...}}")
-        await channel.call("pty_resize", {"id": pty_id, "cols": control.get("cols"), "rows": control.get("rows")})
+        await channel.call(P.ResizePty(id=pty_id, cols=control.get("cols"), rows=control.get("rows")))
     except (ValueError, StasisError) as exc:
         await websocket.send_text(json.dumps({"type": "error", "message": str(exc)}))
 
@@ -67,14 +67,12 @@ async def _screen_to_client(channel: GuestChannel, websocket: WebSocket, pty_id:
     offset = 0
     try:
         while True:
-            reply = await channel.call(
-                "process_output", {"id": pty_id, "offset": offset, "wait": 10, "max_bytes": 1 << 20}, timeout=60
-            )
-            data = base64.b64decode(reply["data"])
+            reply = await channel.call(P.ReadOutput(id=pty_id, offset=offset, wait=10, max_bytes=1 << 20), timeout=60)
+            data = base64.b64decode(reply.data)
             if data:
                 await websocket.send_bytes(data)
-            offset = reply["next_offset"]
-            if reply["eof"]:
+            offset = reply.next_offset
+            if reply.eof:
                 await websocket.close(code=1000, reason="the terminal's program ended")
                 return
     except (GuestDisconnected, WebSocketDisconnect, RuntimeError):

@@ -1,14 +1,14 @@
-"""Host side of the guest protocol: JSON-lines RPC with the agent over a byte stream.
+"""The framing of the guest protocol: JSON lines with request ids over a byte stream.
 
 One reader task matches replies to waiting callers by request id. Replies nobody
 waits for (left in the pipe by a previous daemon, or for a caller that gave up)
 are dropped. When the stream closes every waiter gets ``GuestDisconnected``.
+Typed requests are :class:`stasis.guest.client.GuestChannel`'s business.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import json
@@ -16,24 +16,16 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from ..errors import GuestDisconnected, GuestTimeout, error_from_guest
+from ..errors import GuestDisconnected, GuestTimeout
 
 log = logging.getLogger(__name__)
 
 STREAM_LIMIT = 64 << 20  # longest reply line (a 4 MiB chunk is ~5.6 MB of base64)
 
 
-def b64encode(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def b64decode(text: str) -> bytes:
-    return base64.b64decode(text)
-
-
-class GuestChannel:
+class JsonLinesChannel:
     def __init__(
         self,
         reader: asyncio.StreamReader,
@@ -44,7 +36,7 @@ class GuestChannel:
         self._reader = reader
         self._writer = writer
         self._read_transport = read_transport
-        self._label = label
+        self.label = label
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)  # ids never collide with a previous daemon's
@@ -52,7 +44,7 @@ class GuestChannel:
         self._reader_task = asyncio.get_running_loop().create_task(self._read_replies())
 
     @classmethod
-    async def open_fifos(cls, to_guest: Path, from_guest: Path, label: str) -> GuestChannel:
+    async def open_fifos(cls, to_guest: Path, from_guest: Path, label: str) -> Self:
         """Open our own ends of the FIFO pair (O_RDWR: never EOF, never blocks on open)."""
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=STREAM_LIMIT)
@@ -62,7 +54,7 @@ class GuestChannel:
         return cls(reader, writer, label, read_transport)
 
     @classmethod
-    async def open_unix(cls, path: Path, label: str) -> GuestChannel:
+    async def open_unix(cls, path: Path, label: str) -> Self:
         """Connect to a unix socket that carries the agent's stream (a microVM's virtio-serial port)."""
         reader, writer = await asyncio.open_unix_connection(str(path), limit=STREAM_LIMIT)
         return cls(reader, _StreamWriter(writer), label)
@@ -71,42 +63,30 @@ class GuestChannel:
     def closed(self) -> bool:
         return self._closed
 
-    async def call(self, op: str, args: dict[str, Any] | None = None, timeout: float | None = 30.0) -> Any:
-        """Send one request and wait for its reply; raise the mapped error if the agent failed."""
+    async def _request(self, message: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """Send one request line and wait for the reply with its id (raw: ``ok``/``result``/``error``)."""
         if self._closed:
-            raise GuestDisconnected(f"channel to {self._label} is closed")
+            raise GuestDisconnected(f"channel to {self.label} is closed")
         req_id = f"{self._prefix}-{next(self._ids)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = future
-        line = json.dumps({"id": req_id, "op": op, "args": args or {}}, separators=(",", ":")) + "\n"
+        line = json.dumps({"id": req_id, **message}, separators=(",", ":")) + "\n"
         try:
             try:
                 await asyncio.wait_for(self._writer.write(line.encode()), timeout)
             except TimeoutError:
-                # The agent stopped reading and a request may be half-written: the stream is unusable.
+                # The agent stopped reading: take back what it did not read, so that it never runs later.
+                self._writer.discard_unread()
                 await self.close()
                 raise
-            reply = await asyncio.wait_for(future, timeout)
+            return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise GuestTimeout(
-                f"the agent in {self._label} did not answer {op!r} within {timeout:.0f}s", op=op
+                f"the agent in {self.label} did not answer {message.get('op')!r} within {timeout:.0f}s",
+                op=message.get("op"),
             ) from None
         finally:
             self._pending.pop(req_id, None)
-        if not reply.get("ok"):
-            raise error_from_guest(reply.get("error") or {})
-        return reply.get("result")
-
-    async def wait_ready(self, timeout: float) -> dict[str, Any]:
-        """Poll ``health`` until the agent answers (it may still be starting)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            try:
-                return await self.call("health", timeout=max(0.05, min(1.0, deadline - loop.time())))
-            except GuestTimeout:
-                if loop.time() >= deadline:
-                    raise GuestTimeout(f"the agent in {self._label} did not start within {timeout:.0f}s") from None
 
     async def _read_replies(self) -> None:
         try:
@@ -117,13 +97,13 @@ class GuestChannel:
                 try:
                     reply = json.loads(line)
                 except ValueError:
-                    log.warning("%s: unparseable line from agent: %.200r", self._label, line)
+                    log.warning("%s: unparseable line from agent: %.200r", self.label, line)
                     continue
                 future = self._pending.get(str(reply.get("id")))
                 if future is not None and not future.done():
                     future.set_result(reply)
         except (OSError, ValueError, asyncio.LimitOverrunError) as exc:
-            log.warning("%s: channel read failed: %s", self._label, exc)
+            log.warning("%s: channel read failed: %s", self.label, exc)
         finally:
             self._fail_pending()
 
@@ -131,7 +111,7 @@ class GuestChannel:
         self._closed = True
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(GuestDisconnected(f"lost the connection to the agent in {self._label}"))
+                future.set_exception(GuestDisconnected(f"lost the connection to the agent in {self.label}"))
 
     async def close(self) -> None:
         if self._reader_task.done() and self._closed:
@@ -172,6 +152,19 @@ class _PipeWriter:
                     finally:
                         loop.remove_writer(self._fd)
 
+    def discard_unread(self) -> int:
+        """Read back the bytes the agent has not read yet (our end is O_RDWR), then end any half line.
+
+        Returns how many bytes were taken back. The agent sees at most one broken line, which it
+        answers with an error nobody waits for."""
+        taken = 0
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self._fd, 1 << 16):
+                taken += len(chunk)
+        with contextlib.suppress(OSError):
+            os.write(self._fd, b"\n")
+        return taken
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -189,6 +182,9 @@ class _StreamWriter:
         async with self._lock:
             self._writer.write(data)
             await self._writer.drain()
+
+    def discard_unread(self) -> int:
+        return 0  # a socket gives nothing back; the connection is closed instead
 
     def close(self) -> None:
         self._writer.close()

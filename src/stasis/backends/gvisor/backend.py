@@ -4,9 +4,12 @@ Directory of one sandbox::
 
     bundle/config.json   OCI spec          bundle/rootfs   overlay mount point
     upper/ work/         the sandbox's own writable layer (its files live here)
-    to_guest.fifo from_guest.fifo          the agent's stdin/stdout
+    to_guest.fifo from_guest.fifo          the agent's stdin/stdout (made anew at every boot)
     console.log          the agent's stderr and runsc's complaints
-    suspend/             a complete suspend image (checkpoint.img); suspend.partial/ while written
+    suspend/             a sealed suspend image (checkpoint.img); suspend.partial/ while written
+
+The agent's files are a read-only bind mount of a host directory per agent build
+(see :mod:`.agentdir`): the daemon never writes into a sandbox's tree.
 
 Suspend = `runsc checkpoint` (the sandbox exits), then `runsc delete`, then the
 overlay is unmounted: nothing of the sandbox remains on the host but files.
@@ -19,31 +22,57 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ... import faults, procs
-from ...errors import BackendError, StartupError, StateError
-from ...fsutil import atomic_write, fsync_dir, fsync_tree
-from ...guest.channel import GuestChannel
+from ...errors import BackendError, Incompatible, StartupError
+from ...fsutil import atomic_write
+from ...guest import agent_digest
+from ...guest import protocol as P
+from ...guest.client import GuestChannel
 from ...paths import Paths
-from ..base import BoxRef, HostState
+from ..base import BackendState, BoxRef, HostState
+from ..suspend_image import SuspendImage
 from . import mounts
-from .bundle import AGENT_PATH, oci_config
+from .agentdir import agent_dir
+from .bundle import oci_config
 from .runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags
 
 log = logging.getLogger(__name__)
 
-AGENT_SOURCE = Path(__file__).resolve().parents[2] / "guest" / "agent.py"
 READY_TIMEOUT = 30.0
 # Uncompressed and without zero pages: measured 0.67 s vs 1.45 s (flate) to suspend 200 MB of live data.
 PREFERRED_CHECKPOINT_FLAGS = ("--compression=none", "--exclude-committed-zero-pages")
 
 
+class GvisorState(BackendState):
+    runsc_version: str
+    platform: str
+    agent: str = ""  # the agent build mounted at /opt/stasis; "" for sandboxes made before that mount
+
+
 class GvisorBackend:
-    name = "gvisor"
+    name: ClassVar[str] = "gvisor"
+    kill_points: ClassVar[tuple[str, ...]] = (
+        "gvisor.start.after_mount",
+        "gvisor.start.after_launch",
+        "gvisor.start_from.after_copy",
+        "gvisor.start_from.after_restore",
+        "gvisor.suspend.after_sync",
+        "gvisor.suspend.before_checkpoint",
+        "gvisor.suspend.after_checkpoint",
+        "gvisor.suspend.after_rename",
+        "gvisor.suspend.after_delete",
+        "gvisor.resume.before_mount",
+        "gvisor.resume.before_restore",
+        "gvisor.resume.after_restore",
+        "gvisor.checkpoint.paused",
+        "gvisor.checkpoint.after_files",
+        "gvisor.checkpoint.after_memory",
+        "gvisor.destroy.after_stop",
+    )
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
@@ -53,6 +82,7 @@ class GvisorBackend:
         self.platform_reason = ""
         self.checkpoint_flags: tuple[str, ...] = ()
         self.runsc = Runsc(self.binary, paths.runsc_root, "ptrace")
+        self.agents = paths.home / "agent"
 
     async def initialize(self) -> None:
         self.version = await runsc_version(self.binary)
@@ -60,6 +90,7 @@ class GvisorBackend:
         self.runsc = Runsc(self.binary, self.paths.runsc_root, self.platform)
         self.runsc.root.mkdir(parents=True, exist_ok=True)
         self.checkpoint_flags = await supported_flags(self.binary, "checkpoint", PREFERRED_CHECKPOINT_FLAGS)
+        await asyncio.to_thread(agent_dir, self.agents)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -69,6 +100,12 @@ class GvisorBackend:
             "platform_reason": self.platform_reason,
             "checkpoint_flags": " ".join(self.checkpoint_flags),
         }
+
+    def describe_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        return GvisorState.model_validate(state).model_dump() if state else {}
+
+    def _new_state(self, platform: str | None = None) -> GvisorState:
+        return GvisorState(runsc_version=self.version, platform=platform or self.platform, agent=agent_digest())
 
     # ------------------------------------------------------------ layout
 
@@ -83,44 +120,31 @@ class GvisorBackend:
             "to_guest": d / "to_guest.fifo",
             "from_guest": d / "from_guest.fifo",
             "console": d / "console.log",
-            "suspend": d / "suspend",
-            "partial": d / "suspend.partial",
         }
 
-    def _runsc_for(self, box: BoxRef) -> Runsc:
-        """A restore must use the runsc build and platform the sandbox was started with."""
-        version = box.backend_state.get("runsc_version")
-        if version and version != self.version:
-            raise StateError(
-                f"sandbox {box.id} was suspended by runsc {version} but this host has runsc {self.version}; "
-                "reinstall that runsc build to resume it"
+    @staticmethod
+    def _image(box: BoxRef) -> SuspendImage:
+        return SuspendImage(box.directory, "checkpoint.img")
+
+    def _runsc_for(self, state: GvisorState, what: str) -> Runsc:
+        """A restore must use the runsc build and platform that made the image."""
+        if state.runsc_version != self.version:
+            raise Incompatible(
+                f"{what} was saved by runsc {state.runsc_version} but this host has runsc {self.version}; "
+                "reinstall that runsc build to restore it (or restore a FILESYSTEM checkpoint instead)"
             )
-        return Runsc(self.binary, self.runsc.root, box.backend_state.get("platform", self.platform))
+        return Runsc(self.binary, self.runsc.root, state.platform)
 
-    # ------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------ booting
 
-    async def start(self, box: BoxRef) -> tuple[GuestChannel, dict[str, Any]]:
-        if box.spec.network:
-            raise StateError("network access inside gVisor sandboxes is not supported yet; create it with network off")
-        p = self._prepare(box)
-        agent = p["upper"] / AGENT_PATH.lstrip("/")
-        agent.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(AGENT_SOURCE, agent)  # every fresh boot gets this version of the agent
-        await self.runsc.delete(box.id)  # a stale record, when booting a failed sandbox again
-        runsc = Runsc(self.binary, self.runsc.root, self.platform)
-        args = ("run", "-detach", "--bundle", str(p["bundle"]), box.id)
-        channel = await self._boot(box, runsc, args, "gvisor.start.after_mount", "gvisor.start.after_launch")
-        return channel, {"runsc_version": self.version, "platform": self.platform}
-
-    def _prepare(self, box: BoxRef) -> dict[str, Path]:
-        """The sandbox's directory, its FIFOs and its OCI bundle (idempotent)."""
+    def _prepare(self, box: BoxRef, agent: str) -> dict[str, Path]:
+        """The sandbox's directory and its OCI bundle (idempotent). ``agent`` "" is a sandbox from before
+        the agent was a mount: its restore must see the bundle it was saved with."""
         p = self._paths(box)
         box.directory.mkdir(parents=True, exist_ok=True)
-        for fifo in (p["to_guest"], p["from_guest"]):
-            if not fifo.exists():
-                os.mkfifo(fifo, 0o600)
         p["bundle"].mkdir(exist_ok=True)
-        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]))
+        agent_path = agent_dir(self.agents, agent) if agent else None
+        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path)
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
         return p
 
@@ -141,8 +165,14 @@ class GvisorBackend:
             raise
 
     async def _launch(self, runsc: Runsc, box: BoxRef, *args: str) -> None:
-        """Start runsc with the agent's stdio on the FIFOs (O_RDWR: the agent never sees EOF)."""
+        """Start runsc with the agent's stdio on new FIFOs (O_RDWR: the agent never sees EOF).
+
+        New FIFOs at every boot: bytes left in the old ones (a request that timed out, for an
+        agent that died) must never reach the agent that boots now."""
         p = self._paths(box)
+        for fifo in (p["to_guest"], p["from_guest"]):
+            fifo.unlink(missing_ok=True)
+            os.mkfifo(fifo, 0o600)
         stdin = os.open(p["to_guest"], os.O_RDWR)
         stdout = os.open(p["from_guest"], os.O_RDWR)
         console = os.open(p["console"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -165,13 +195,40 @@ class GvisorBackend:
             raise
         return channel
 
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, box: BoxRef) -> tuple[GuestChannel, GvisorState]:
+        state = self._new_state()
+        self._prepare(box, state.agent)
+        await self.runsc.delete(box.id)  # a stale record, when booting a failed sandbox again
+        runsc = Runsc(self.binary, self.runsc.root, state.platform)
+        args = ("run", "-detach", "--bundle", str(self._paths(box)["bundle"]), box.id)
+        channel = await self._boot(box, runsc, args, "gvisor.start.after_mount", "gvisor.start.after_launch")
+        return channel, state
+
+    async def start_from(
+        self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
+    ) -> tuple[GuestChannel, GvisorState]:
+        """A new sandbox from a checkpoint: its files, and (MEMORY) its processes where they were."""
+        saved = GvisorState.model_validate(source_state)
+        runsc = self._runsc_for(saved, "this checkpoint") if memory else self.runsc
+        p = self._paths(box)
+        box.directory.mkdir(parents=True, exist_ok=True)
+        await copy_tree(source / "files", p["upper"])
+        faults.point("gvisor.start_from.after_copy")
+        if not memory:
+            return await self.start(box)
+        self._prepare(box, saved.agent)
+        args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(source / "memory"), box.id)
+        channel = await self._boot(box, runsc, args, None, "gvisor.start_from.after_restore")
+        return channel, saved.model_copy(update={"runsc_version": self.version})
+
     async def connect(self, box: BoxRef) -> GuestChannel:
         state = await self.runsc.state(box.id)
         if state is not None and state.get("status") == "paused":  # a checkpoint was cut off mid-way
             await self.runsc.call("resume", box.id)
+        self._image(box).discard()  # it runs: any suspend image is stale
         return await self._connect(box)
-
-    # ------------------------------------------------------------ checkpoints
 
     async def checkpoint(self, box: BoxRef, channel: GuestChannel, dest: Path, memory: bool) -> None:
         """Write ``dest/files`` (and ``dest/memory`` for a MEMORY checkpoint); the sandbox keeps running.
@@ -179,13 +236,12 @@ class GvisorBackend:
         The sandbox is paused while its files are copied and its memory saved, so both
         are the same instant; then it continues, none the wiser.
         """
-        p = self._paths(box)
-        runsc = self._runsc_for(box)
-        await channel.call("sync", timeout=60)
+        runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}")
+        await channel.call(P.Sync(), timeout=60)
         await runsc.call("pause", box.id)
         try:
             faults.point("gvisor.checkpoint.paused")
-            await copy_tree(p["upper"], dest / "files")
+            await copy_tree(self._paths(box)["upper"], dest / "files")
             faults.point("gvisor.checkpoint.after_files")
             if memory:
                 (dest / "memory").mkdir()
@@ -195,60 +251,48 @@ class GvisorBackend:
         finally:
             await runsc.call("resume", box.id)
 
-    async def start_from(
-        self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
-    ) -> tuple[GuestChannel, dict[str, Any]]:
-        """A new sandbox from a checkpoint: its files, and (MEMORY) its processes where they were."""
-        p = self._paths(box)
-        if memory and source_state.get("runsc_version") != self.version:
-            raise StateError(
-                f"this checkpoint was made by runsc {source_state.get('runsc_version')} and cannot be restored "
-                f"by runsc {self.version}; restore it on a host with that runsc build, or make a FILESYSTEM checkpoint"
-            )
-        box.directory.mkdir(parents=True, exist_ok=True)
-        await copy_tree(source / "files", p["upper"])
-        faults.point("gvisor.start_from.after_copy")
-        if not memory:
-            return await self.start(box)
-        self._prepare(box)
-        platform = source_state.get("platform", self.platform)
-        runsc = Runsc(self.binary, self.runsc.root, platform)
-        args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(source / "memory"), box.id)
-        channel = await self._boot(box, runsc, args, None, "gvisor.start_from.after_restore")
-        return channel, {"runsc_version": self.version, "platform": platform}
-
     async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
-        p = self._paths(box)
-        runsc = self._runsc_for(box)
-        await channel.call("sync", timeout=60)
+        runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}")
+        image = self._image(box)
+        await channel.call(P.Sync(), timeout=60)
         faults.point("gvisor.suspend.after_sync")
-        shutil.rmtree(p["partial"], ignore_errors=True)
-        p["partial"].mkdir()
+        partial = image.begin()
         faults.point("gvisor.suspend.before_checkpoint")
         started = time.monotonic()
-        await runsc.call("checkpoint", *self.checkpoint_flags, "--image-path", str(p["partial"]), box.id, timeout=600)
+        try:
+            await runsc.call("checkpoint", *self.checkpoint_flags, "--image-path", str(partial), box.id, timeout=600)
+        except BaseException:
+            image.discard_partial()
+            raise
         log.info("checkpointed %s in %.3fs", box.id, time.monotonic() - started)
         faults.point("gvisor.suspend.after_checkpoint")
-        await asyncio.to_thread(fsync_tree, p["partial"])
-        os.rename(p["partial"], p["suspend"])
-        fsync_dir(box.directory)
+        await asyncio.to_thread(image.seal)
         faults.point("gvisor.suspend.after_rename")
         await channel.close()
         await runsc.delete(box.id)
         faults.point("gvisor.suspend.after_delete")
-        mounts.unmount(p["rootfs"])
+        mounts.unmount(self._paths(box)["rootfs"])
 
     async def resume(self, box: BoxRef) -> GuestChannel:
-        p = self._paths(box)
-        if not (p["suspend"] / "checkpoint.img").exists():
-            raise StateError(f"sandbox {box.id} has no suspend image to resume from")
-        runsc = self._runsc_for(box)
-        await runsc.delete(box.id)  # a stale record from an interrupted resume
-        faults.point("gvisor.resume.before_mount")
-        args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(p["suspend"]), box.id)
-        channel = await self._boot(box, runsc, args, "gvisor.resume.before_restore", "gvisor.resume.after_restore")
-        # The files move on from here: the image must never be restored again.
-        await self.discard_suspend_image(box)
+        image = self._image(box)
+        salvaging = image.seal_unsealed()  # a suspend cut off after runsc wrote its image: it may be whole
+        if not image.sealed:
+            raise BackendError(f"sandbox {box.id} has no suspend image to resume from")
+        state = GvisorState.model_validate(box.state)
+        try:
+            runsc = self._runsc_for(state, f"sandbox {box.id}")
+            await runsc.delete(box.id)  # a stale record from an interrupted resume
+            self._prepare(box, state.agent)
+            faults.point("gvisor.resume.before_mount")
+            p = self._paths(box)
+            args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(image.final), box.id)
+            channel = await self._boot(box, runsc, args, "gvisor.resume.before_restore", "gvisor.resume.after_restore")
+        except BaseException:
+            if salvaging:
+                log.warning("could not salvage sandbox %s from its unsealed suspend image", box.id)
+                image.discard()
+            raise
+        image.discard()  # the files move on from here: the image must never be restored again
         return channel
 
     async def host_state(self, box: BoxRef) -> HostState:
@@ -256,33 +300,10 @@ class GvisorBackend:
         # After a checkpoint runsc still says "running" until delete: look at the process too.
         if state is not None and state.get("status") in ("running", "paused") and procs.pid_alive(state.get("pid")):
             return HostState.RUNNING
-        if (self._paths(box)["suspend"] / "checkpoint.img").exists():
+        image = self._image(box)
+        if image.sealed:
             return HostState.SUSPENDED
-        return HostState.STOPPED
-
-    async def salvage(self, box: BoxRef) -> GuestChannel | None:
-        """A suspend was cut off after the sandbox exited but before its image was sealed.
-
-        runsc may well have finished writing it: try to restore from it. If the agent
-        answers, the sandbox is back as it was; if not, there is nothing to save.
-        """
-        p = self._paths(box)
-        if not (p["partial"] / "checkpoint.img").exists():
-            return None
-        shutil.rmtree(p["suspend"], ignore_errors=True)
-        os.rename(p["partial"], p["suspend"])
-        try:
-            return await self.resume(box)
-        except Exception as exc:
-            log.warning("could not salvage sandbox %s from its unsealed suspend image: %s", box.id, exc)
-            shutil.rmtree(p["suspend"], ignore_errors=True)
-            return None
-
-    async def discard_suspend_image(self, box: BoxRef) -> None:
-        shutil.rmtree(self._paths(box)["suspend"], ignore_errors=True)
-
-    async def discard_partial(self, box: BoxRef) -> None:
-        shutil.rmtree(self._paths(box)["partial"], ignore_errors=True)
+        return HostState.PARTIAL if image.unsealed else HostState.STOPPED
 
     async def stop(self, box: BoxRef) -> None:
         """Nothing of the sandbox runs or stays mounted afterwards; its files stay."""
@@ -292,19 +313,29 @@ class GvisorBackend:
     async def destroy(self, box: BoxRef) -> None:
         await self.stop(box)
         faults.point("gvisor.destroy.after_stop")
-        if box.directory.exists():
-            await asyncio.to_thread(shutil.rmtree, box.directory)
+        await asyncio.to_thread(remove_tree, box.directory)
 
-    async def leftovers(self, known_ids: set[str]) -> list[str]:
-        return [sid for sid in await self.runsc.list_ids() if sid not in known_ids]
-
-    async def delete_container(self, sandbox_id: str) -> None:
-        await self.runsc.delete(sandbox_id)
+    async def sweep(self, known_ids: set[str]) -> list[str]:
+        reaped = [sid for sid in await self.runsc.list_ids() if sid not in known_ids]
+        for sandbox_id in reaped:
+            log.warning("reaping runsc container %s that no live sandbox owns", sandbox_id)
+            await self.runsc.delete(sandbox_id)
+        return reaped
 
 
 async def copy_tree(source: Path, dest: Path) -> None:
-    """Copy a sandbox's writable layer (whiteouts and xattrs included); reflinks where the fs allows."""
+    """Copy a sandbox's writable layer (whiteouts and xattrs included); reflinks where the fs allows.
+
+    `cp -a` never follows a link and copies FIFOs and devices as such, without opening them."""
     dest.mkdir(parents=True, exist_ok=True)
     result = await procs.run(["cp", "-a", "--reflink=auto", f"{source}/.", str(dest)], timeout=3600)
     if result.returncode != 0:
         raise BackendError(f"copying {source} to {dest} failed: {result.output}")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a sandbox's directory; never follows a link inside it (shutil.rmtree does not)."""
+    import shutil
+
+    if path.exists():
+        shutil.rmtree(path)

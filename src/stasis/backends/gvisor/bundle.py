@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ...models import SandboxSpec
+from .agentdir import MOUNT_POINT
 
-AGENT_PATH = "/opt/stasis/agent.py"
+AGENT_PATH = f"{MOUNT_POINT}/agent.py"
 CPU_PERIOD = 100_000
 
 # Docker's default set: root in the sandbox can install packages and chown files;
@@ -18,8 +20,10 @@ CAPABILITIES = [
 ]  # fmt: skip
 
 
-def oci_config(sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str) -> dict[str, Any]:
-    return {
+def oci_config(sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str, agent: Path | None) -> dict[str, Any]:
+    """The bundle's config; ``agent`` is the host directory mounted read-only at /opt/stasis
+    (None only for sandboxes made before that, whose agent sits in their own files)."""
+    config = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
@@ -57,3 +61,7 @@ def oci_config(sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str) -
             },
         },
     }
+    if agent is not None:
+        mount = {"destination": MOUNT_POINT, "type": "bind", "source": str(agent), "options": ["rbind", "ro"]}
+        config["mounts"].append(mount)  # type: ignore[attr-defined]
+    return config

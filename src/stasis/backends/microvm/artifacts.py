@@ -26,10 +26,10 @@ from pathlib import Path
 from ... import procs
 from ...errors import BackendError
 from ...fsutil import fsync_dir, fsync_file
+from ...guest import AGENT_DIR, AGENT_FILES, agent_digest
 
 log = logging.getLogger(__name__)
 
-AGENT_SOURCE = Path(__file__).resolve().parents[2] / "guest" / "agent.py"
 AGENT_PORT_NAME = "stasis.agent"
 # Load order matters: virtio_ring before virtio, both before the transports and devices.
 MODULES = ("virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console")
@@ -49,8 +49,12 @@ if grep -qw stasis.probe /proc/cmdline; then echo stasis-probe-ok >/dev/console;
 for _ in $(seq 1 500); do [ -b /dev/vda ] && break; usleep 10000; done
 mkdir -p /newroot
 mount -t ext4 -o noatime /dev/vda /newroot || { echo "stasis-init: cannot mount /dev/vda" >/dev/console; poweroff -f; }
+# The agent lives on its own read-only tmpfs, never on the sandbox's disk (a link planted there is removed).
+[ -L /newroot/opt/stasis ] && rm -f /newroot/opt/stasis
 mkdir -p /newroot/opt/stasis /newroot/proc /newroot/sys /newroot/dev /newroot/run /newroot/tmp
-cp /stasis/agent.py /newroot/opt/stasis/agent.py
+mount -t tmpfs -o size=4m,mode=755 stasis-agent /newroot/opt/stasis
+cp /stasis/*.py /newroot/opt/stasis/
+mount -o remount,ro /newroot/opt/stasis
 port=""
 for _ in $(seq 1 500); do
   for p in /sys/class/virtio-ports/*; do
@@ -114,9 +118,9 @@ def boot_files(cache: Path, boot: Path = Path("/boot"), modules: Path = Path("/l
     if not BUSYBOX.exists():
         raise BackendError("busybox is missing; install it with: apt-get install busybox-static (make setup does)")
     digest = hashlib.sha256()
-    for path in (bzimage, *module_files.values(), BUSYBOX, AGENT_SOURCE):
+    for path in (bzimage, *module_files.values(), BUSYBOX):
         digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    digest.update(INIT_SCRIPT.encode())
+    digest.update(INIT_SCRIPT.encode() + agent_digest().encode())
     key = f"{release}-{digest.hexdigest()[:12]}"
     directory = cache / f"boot-{key}"
     if not (directory / "initramfs.cpio").exists():
@@ -202,8 +206,8 @@ def write_initramfs(dest: Path, module_files: dict[str, Path]) -> None:
         ("stasis", 0o040755, b""),
         ("bin/busybox", 0o100755, BUSYBOX.read_bytes()),
         ("init", 0o100755, init_script().encode()),
-        ("stasis/agent.py", 0o100644, AGENT_SOURCE.read_bytes()),
     ]
+    entries += [(f"stasis/{name}", 0o100644, (AGENT_DIR / name).read_bytes()) for name in AGENT_FILES]
     entries += [(f"modules/{name}.ko", 0o100644, path.read_bytes()) for name, path in module_files.items()]
     with open(dest, "wb") as out:
         for inode, (name, mode, data) in enumerate([*entries, ("TRAILER!!!", 0, b"")], start=1):

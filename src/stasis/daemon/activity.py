@@ -1,0 +1,56 @@
+"""When each sandbox was last used, and whether it is in use now; kept in memory.
+
+A write per exec would cost an fsync, so the last-use times reach the store only
+from time to time (and on shutdown); a restarted daemon gives every sandbox a full
+idle window anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from ..models import SandboxInfo
+from .store import Store
+
+
+def idle_action(info: SandboxInfo) -> str:
+    """Named sandboxes are kept (suspended); unnamed ones are disposable (terminated)."""
+    return info.spec.on_idle or ("suspend" if info.name else "terminate")
+
+
+class Activity:
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._inflight: dict[str, int] = {}  # operations under way: a sandbox in use is never idle
+
+    def touch(self, sandbox_id: str) -> None:
+        self._last[sandbox_id] = time.time()
+
+    def last(self, info: SandboxInfo) -> float:
+        return self._last.get(info.id) or info.last_activity
+
+    @contextlib.contextmanager
+    def busy(self, sandbox_id: str) -> Iterator[None]:
+        """The sandbox counts as in use (never idle) while the block runs."""
+        self._inflight[sandbox_id] = self._inflight.get(sandbox_id, 0) + 1
+        self.touch(sandbox_id)
+        try:
+            yield
+        finally:
+            self._inflight[sandbox_id] -= 1
+            self.touch(sandbox_id)
+
+    def is_idle(self, info: SandboxInfo) -> bool:
+        if info.spec.timeout_secs is None or self._inflight.get(info.id, 0) > 0:
+            return False
+        return time.time() - self.last(info) >= info.spec.timeout_secs
+
+    def forget(self, sandbox_id: str) -> None:
+        self._last.pop(sandbox_id, None)
+        self._inflight.pop(sandbox_id, None)
+
+    def persist(self, store: Store) -> None:
+        for sandbox_id, last in self._last.items():
+            store.touch_at(sandbox_id, last)

@@ -1,0 +1,182 @@
+"""The agent's file operations: binary-safe, chunked, and atomic on the sandbox's side.
+
+Runs inside the sandbox (standard library only). A write goes to a temp file beside its
+target and is renamed over it by the last chunk; each temp file in progress is recorded
+under ``UPLOADS``, so one left by an interrupted upload is removed when the agent starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import time
+
+try:
+    from . import protocol as P
+    from .commands import READ_CHUNK_LIMIT, b64, unb64
+    from .processes import RequestError
+except ImportError:  # run as a script inside the sandbox
+    import protocol as P  # type: ignore[no-redef]
+    from commands import READ_CHUNK_LIMIT, b64, unb64  # type: ignore[no-redef]
+    from processes import RequestError  # type: ignore[no-redef]
+
+UPLOADS = os.path.join(os.environ.get("STASIS_AGENT_STATE", "/var/lib/stasis"), "uploads")
+STALE_UPLOAD_SECONDS = 3600.0
+
+
+def absolute(path: str) -> str:
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise RequestError(P.ErrorKind.INVALID, "path must be a non-empty string without NUL bytes")
+    return os.path.normpath(os.path.join("/root", path))
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
+    temp = f"{path}.stasis-tmp"
+    with open(temp, "wb") as f:
+        f.write(data)
+        os.fchmod(f.fileno(), mode)
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    fsync_dir(os.path.dirname(path))  # in a VM, a rename not yet in the journal dies with the guest
+
+
+def file_stat(path: str, name: str) -> P.FileStat:
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        kind = "directory"
+    elif stat.S_ISLNK(st.st_mode):
+        kind = "symlink"
+    elif stat.S_ISREG(st.st_mode):
+        kind = "file"
+    else:
+        kind = "other"
+    return P.FileStat(
+        name=name, path=path, type=kind, size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime
+    )
+
+
+def remove_interrupted_uploads(older_than: float = 0.0) -> int:
+    """Delete temp files of uploads that never finished (recorded older than ``older_than`` seconds)."""
+    removed = 0
+    try:
+        records = os.listdir(UPLOADS)
+    except OSError:
+        return 0
+    for record in records:
+        path = os.path.join(UPLOADS, record)
+        try:
+            if time.time() - os.lstat(path).st_mtime < older_than:
+                continue
+            with open(path) as f:
+                temp = f.read()
+            if os.path.basename(temp).endswith(f".stasis-{record}") and os.path.lexists(temp):
+                os.unlink(temp)
+                removed += 1
+            os.unlink(path)
+        except OSError:
+            continue
+    return removed
+
+
+class Files:
+    def read(self, req: P.ReadFile) -> P.FileData:
+        path = absolute(req.path)
+        length = min(int(req.length), READ_CHUNK_LIMIT)
+        if os.path.isdir(path):
+            raise RequestError(P.ErrorKind.IS_A_DIRECTORY, f"{path} is a directory, not a file")
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(int(req.offset))
+            data = f.read(length)
+        return P.FileData(data=b64(data), size=size, eof=int(req.offset) + len(data) >= size)
+
+    def write(self, req: P.WriteFile) -> P.PathResult:
+        path = absolute(req.path)
+        if os.path.isdir(path):
+            raise RequestError(P.ErrorKind.IS_A_DIRECTORY, f"{path} is a directory, not a file")
+        parent = os.path.dirname(path)
+        if req.make_parents:
+            os.makedirs(parent, exist_ok=True)
+        upload = str(req.upload_id)
+        if not upload.isalnum():
+            raise RequestError(P.ErrorKind.INVALID, "upload_id must be alphanumeric")
+        temp = os.path.join(parent, f".{os.path.basename(path)}.stasis-{upload}")
+        offset = int(req.offset)
+        if offset == 0 and not req.final:
+            self._record(upload, temp)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0), 0o600)
+        try:
+            os.pwrite(fd, unb64(req.data), offset)
+            if req.final:
+                os.fchmod(fd, int(req.mode))
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if not req.final:
+            return P.PathResult(path=path)
+        os.replace(temp, path)
+        fsync_dir(parent)  # in a VM, a rename not yet in the journal dies with the guest
+        if offset:
+            self._forget(upload)
+        return P.PathResult(path=path, size=os.stat(path).st_size)
+
+    @staticmethod
+    def _record(upload: str, temp: str) -> None:
+        try:
+            os.makedirs(UPLOADS, exist_ok=True)
+            remove_interrupted_uploads(older_than=STALE_UPLOAD_SECONDS)
+            with open(os.path.join(UPLOADS, upload), "w") as f:
+                f.write(temp)
+        except OSError:
+            pass  # a read-only /var: the temp file is still renamed or overwritten by a retry
+
+    @staticmethod
+    def _forget(upload: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(UPLOADS, upload))
+
+    def list(self, req: P.ListDir) -> P.DirListing:
+        path = absolute(req.path)
+        if not os.path.isdir(path):
+            if os.path.exists(path):
+                raise RequestError(P.ErrorKind.NOT_A_DIRECTORY, f"{path} is not a directory")
+            raise RequestError(P.ErrorKind.FILE_NOT_FOUND, f"no such directory: {path}")
+        entries = []
+        with os.scandir(path) as it:
+            for entry in it:
+                try:
+                    entries.append(file_stat(entry.path, entry.name))
+                except FileNotFoundError:
+                    continue
+        entries.sort(key=lambda e: e.name)
+        return P.DirListing(path=path, entries=entries)
+
+    def stat(self, req: P.StatFile) -> P.FileStat:
+        path = absolute(req.path)
+        return file_stat(path, os.path.basename(path) or "/")
+
+    def delete(self, req: P.DeleteFile) -> P.Empty:
+        path = absolute(req.path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            if req.recursive:
+                shutil.rmtree(path)
+            else:
+                os.rmdir(path)
+        else:
+            os.unlink(path)
+        return P.Empty()
+
+    def mkdir(self, req: P.MakeDir) -> P.PathResult:
+        path = absolute(req.path)
+        os.makedirs(path, exist_ok=bool(req.exist_ok))
+        return P.PathResult(path=path)

@@ -1,0 +1,325 @@
+"""The agent's process table: spawning, reaping and remembering commands and their output.
+
+Runs inside the sandbox (standard library only). The agent is pid 1, so every orphan
+in the sandbox becomes its child: one thread reaps all children with ``waitpid(-1)``
+and hands each exit status to the process that owns the pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, BinaryIO
+
+try:
+    from . import protocol as P
+except ImportError:  # run as a script inside the sandbox
+    import protocol as P  # type: ignore[no-redef]
+
+DEFAULT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "TERM": "xterm-256color",
+}
+EXEC_OUTPUT_LIMIT = 1 << 20  # default bytes of stdout (and of stderr) kept for an exec
+PROCESS_OUTPUT_LIMIT = 8 << 20  # bytes of each stream kept for a background process
+FINISHED_KEPT = 256  # finished processes remembered for reattachment
+MARKER_ENV = "STASIS_EXEC_ID"
+
+
+class RequestError(Exception):
+    """An error the client caused; reported with its ``kind`` (a :class:`protocol.ErrorKind`)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def start_thread(target: Any, *args: Any) -> None:
+    """A daemon thread; a sandbox out of threads (a fork bomb) gets an error, not a dead agent."""
+    try:
+        threading.Thread(target=target, args=args, daemon=True).start()
+    except RuntimeError as exc:  # "can't start new thread"
+        raise RequestError(P.ErrorKind.OS_ERROR, f"the sandbox is out of threads or processes: {exc}") from exc
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte. The runtime may hand us a non-blocking pipe: short writes and EAGAIN happen."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [], 0.05)
+
+
+class OutputBuffer:
+    """The last ``limit`` bytes of a stream, addressed by absolute offsets."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.start = 0  # absolute offset of data[0]
+        self.closed = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+    def append(self, chunk: bytes) -> None:
+        self.data += chunk
+        overflow = len(self.data) - self.limit
+        if overflow > 0:
+            del self.data[:overflow]
+            self.start += overflow
+
+    def read(self, offset: int, max_bytes: int) -> tuple[bytes, int, int]:
+        """Bytes from ``offset``; returns (data, first offset served, bytes lost before it)."""
+        offset = max(0, offset)
+        lost = max(0, self.start - offset)
+        begin = max(offset, self.start) - self.start
+        return bytes(self.data[begin : begin + max_bytes]), max(offset, self.start), lost
+
+
+class Process:
+    def __init__(self, pid: int, proc_id: str, name: str | None, cmd: list[str], limit: int) -> None:
+        self.pid = pid
+        self.id = proc_id
+        self.name = name
+        self.cmd = cmd
+        self.started_at = time.time()
+        self.finished_at: float | None = None
+        self.exit_code: int | None = None
+        self.timed_out = False
+        self.stdout = OutputBuffer(limit)
+        self.stderr = OutputBuffer(limit)
+        self.stdin: BinaryIO | None = None
+        self.master: int | None = None  # a terminal's pty master
+
+    def state(self) -> P.ProcessState:
+        return P.ProcessState(
+            id=self.id,
+            pid=self.pid,
+            name=self.name,
+            cmd=self.cmd,
+            status="running" if self.exit_code is None else "exited",
+            exit_code=self.exit_code,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            stdout_bytes=self.stdout.end,
+            stderr_bytes=self.stderr.end,
+        )
+
+
+def command_env(extra: dict[str, str] | None, marker: str) -> dict[str, str]:
+    env = dict(DEFAULT_ENV)
+    env.update(extra or {})
+    env[MARKER_ENV] = marker
+    return env
+
+
+class ProcessTable:
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.by_id: dict[str, Process] = {}
+        self.by_pid: dict[int, Process] = {}
+        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.early_exits: dict[int, int] = {}
+        self.counter = 0
+        threading.Thread(target=self._reap_forever, name="reaper", daemon=True).start()
+
+    def _reap_forever(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                with self.lock:
+                    self.lock.wait(0.5)
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            with self.lock:
+                proc = self.by_pid.pop(pid, None)
+                if proc is None:
+                    self.early_exits[pid] = code  # reaped before spawn() registered it, or an orphan
+                    if len(self.early_exits) > 1024:
+                        self.early_exits.pop(next(iter(self.early_exits)))
+                else:
+                    self._finish(proc, code)
+
+    def _finish(self, proc: Process, code: int) -> None:
+        proc.exit_code = code
+        proc.finished_at = time.time()
+        self.finished[proc.id] = None
+        while len(self.finished) > FINISHED_KEPT:
+            old, _ = self.finished.popitem(last=False)
+            self.by_id.pop(old, None)
+        self.lock.notify_all()
+
+    def next_id(self, prefix: str) -> str:
+        with self.lock:
+            self.counter += 1
+            return f"{prefix}-{self.counter}"
+
+    def register(self, proc: Process) -> None:
+        """Track a process just forked (call with the lock held, before its exit can be missed)."""
+        self.by_id[proc.id] = proc
+        if proc.pid in self.early_exits:
+            self._finish(proc, self.early_exits.pop(proc.pid))
+        else:
+            self.by_pid[proc.pid] = proc
+        self.lock.notify_all()  # wake the reaper if it idles for lack of children
+
+    def spawn(
+        self,
+        cmd: list[str],
+        env: dict[str, str] | None,
+        cwd: str | None,
+        proc_id: str | None,
+        limit: int,
+        *,
+        name: str | None = None,
+        stdin: bool = False,
+    ) -> Process:
+        if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str) for c in cmd):
+            raise RequestError(P.ErrorKind.INVALID, "cmd must be a non-empty list of strings")
+        with self.lock:
+            proc_id = proc_id or self.next_id("p")
+            if proc_id in self.by_id:
+                raise RequestError(P.ErrorKind.FILE_EXISTS, f"a process with id {proc_id!r} already exists")
+            full_env = command_env(env, proc_id)
+            cwd = cwd or full_env.get("HOME", "/")
+            if not os.path.isdir(cwd):
+                raise RequestError(P.ErrorKind.INVALID, f"working directory {cwd!r} does not exist in the sandbox")
+            try:
+                popen = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=full_env,
+                    cwd=cwd,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise RequestError(P.ErrorKind.COMMAND_NOT_FOUND, f"command not found: {cmd[0]!r}") from exc
+            except PermissionError as exc:
+                raise RequestError(P.ErrorKind.PERMISSION, f"cannot execute {cmd[0]!r}: {exc.strerror}") from exc
+            except (BlockingIOError, RuntimeError) as exc:  # EAGAIN from fork: out of processes
+                raise RequestError(P.ErrorKind.OS_ERROR, f"cannot start {cmd[0]!r}: {exc}") from exc
+            popen.returncode = 0  # we reap; stop Popen from ever calling waitpid itself
+            proc = Process(popen.pid, proc_id, name, cmd, limit)
+            proc.stdin = popen.stdin
+            self.register(proc)
+        for stream, buffer in ((popen.stdout, proc.stdout), (popen.stderr, proc.stderr)):
+            start_thread(self._pump, stream.fileno(), buffer, stream)
+        return proc
+
+    def pump(self, fd: int, buffer: OutputBuffer) -> None:
+        """Copy a stream into its buffer until it ends (EIO from a pty counts as the end)."""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            with self.lock:
+                if not chunk:
+                    buffer.closed = True
+                    self.lock.notify_all()
+                    return
+                buffer.append(chunk)
+                self.lock.notify_all()
+
+    def _pump(self, fd: int, buffer: OutputBuffer, stream: BinaryIO) -> None:
+        try:
+            self.pump(fd, buffer)
+        finally:
+            stream.close()
+
+    def get(self, proc_id: str) -> Process:
+        with self.lock:
+            proc = self.by_id.get(proc_id)
+        if proc is None:
+            raise RequestError(P.ErrorKind.PROCESS_NOT_FOUND, f"no process with id {proc_id!r} in this sandbox")
+        return proc
+
+    def find(self, proc_id: str | None) -> Process | None:
+        with self.lock:
+            return self.by_id.get(proc_id) if proc_id else None
+
+    def states(self) -> list[P.ProcessState]:
+        with self.lock:
+            return [p.state() for p in self.by_id.values()]
+
+    def wait(self, proc: Process, timeout: float | None) -> bool:
+        """Wait for exit, then briefly for the output pipes to drain. True if it exited."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            while proc.exit_code is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self.lock.wait(left)
+            # A background grandchild may hold the pipes open forever: don't wait for it.
+            drain_until = time.monotonic() + 0.2
+            while not (proc.stdout.closed and proc.stderr.closed):
+                left = drain_until - time.monotonic()
+                if left <= 0:
+                    break
+                self.lock.wait(left)
+        return True
+
+    def kill_tree(self, proc: Process, sig: int = signal.SIGKILL) -> None:
+        """Signal the process, its group, its descendants and everything carrying its marker."""
+        for _ in range(50):
+            victims = tree_members(proc.pid, proc.id)
+            if not victims:
+                return
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            if sig != signal.SIGKILL:
+                return
+            time.sleep(0.02)
+
+
+def tree_members(root_pid: int, marker: str) -> set[int]:
+    """Live pids that belong to a process: descendants, its session, or its env marker."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    parents: dict[int, int] = {}
+    members: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == 1:
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == b"Z":
+            continue
+        parents[pid] = int(fields[1])
+        if pid == root_pid or int(fields[3]) == root_pid:  # fields[3]: session id
+            members.add(pid)
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    members.add(pid)
+        except OSError:
+            pass
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in members and pid not in members:
+                members.add(pid)
+                changed = True
+    return members

@@ -1,0 +1,425 @@
+"""The guest protocol as data: one dataclass per operation, its result, and the error kinds.
+
+Standard library only: this file is shipped into every sandbox beside the agent, and
+the host imports it as ``stasis.guest.protocol``. Host and agent build and read every
+message through these classes; nothing else names an operation.
+
+Wire format (newline-delimited JSON, one request or reply per line)::
+
+    -> {"id": "a1", "op": "exec", "args": {"cmd": ["echo", "hi"]}}
+    <- {"id": "a1", "ok": true, "result": {"exit_code": 0, "stdout": "aGkK", ...}}
+    <- {"id": "a2", "ok": false, "error": {"type": "FileNotFoundError", "message": "..."}}
+
+Bytes travel base64-encoded. Field names are the wire names and never change
+meaning: a sandbox restored from an old MEMORY checkpoint runs the agent it was
+saved with, so new fields are optional and unknown ones are ignored on both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+VERSION = 2  # 2: boot ids (requests sent before the agent booted are refused)
+
+R = TypeVar("R")
+
+
+class ErrorKind:
+    """The ``type`` of an error reply: what went wrong, named for what the caller can do."""
+
+    FILE_NOT_FOUND = "FileNotFoundError"
+    IS_A_DIRECTORY = "IsADirectoryError"
+    NOT_A_DIRECTORY = "NotADirectoryError"
+    FILE_EXISTS = "FileExistsError"
+    PERMISSION = "PermissionError"
+    NO_SPACE = "NoSpace"  # ENOSPC/EDQUOT: the sandbox's disk is full
+    OS_ERROR = "OSError"
+    PROCESS_NOT_FOUND = "ProcessNotFound"
+    PROCESS_EXITED = "ProcessExited"
+    INVALID = "ValueError"
+    COMMAND_NOT_FOUND = "CommandNotFound"
+    UNKNOWN_OPERATION = "UnknownOperation"  # the agent is older than the host's request
+    STALE = "StaleRequest"  # sent to an earlier boot of the agent; never executed
+    AGENT_BUG = "AgentError"
+
+
+def decode(cls: type[Any], data: dict[str, Any]) -> Any:
+    """A dataclass from its wire dict: unknown keys are ignored, nested results follow ``metadata['of']``."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value, inner = data[f.name], f.metadata.get("of")
+        if inner is not None and isinstance(value, list):
+            value = [decode(inner, item) for item in value]
+        elif inner is not None and value is not None:
+            value = decode(inner, value)
+        values[f.name] = value
+    return cls(**values)
+
+
+def encode(obj: Any, keep_none: bool = False) -> dict[str, Any]:
+    """The wire dict of a dataclass. A request leaves ``None`` out (the agent's default applies);
+    a result keeps it (``None`` means something there: no exit code yet, no name)."""
+    fields = dataclasses.asdict(obj)
+    return fields if keep_none else {k: v for k, v in fields.items() if v is not None}
+
+
+class Operation(Generic[R]):
+    """A request's arguments. ``op`` names it on the wire; ``result`` the dataclass of its reply."""
+
+    op: ClassVar[str]
+    result: ClassVar[type]
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class Empty:
+    pass
+
+
+@dataclass
+class HealthInfo:
+    version: int
+    pid: int
+    uptime: float
+    boot_id: str = ""  # empty from agents older than VERSION 2
+
+
+@dataclass
+class IdentityInfo:
+    hostname: str
+    time: float
+    boot_id: str = ""
+
+
+@dataclass
+class ExecResult:
+    """A finished run; ``status`` is "running" (and nothing else is set) for a run still going."""
+
+    exec_id: str
+    status: str = "exited"
+    exit_code: int | None = None
+    timed_out: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration: float = 0.0
+
+
+@dataclass
+class ProcessState:
+    id: str
+    pid: int
+    name: str | None
+    cmd: list[str]
+    status: str  # "running" | "exited"
+    exit_code: int | None
+    started_at: float
+    finished_at: float | None
+    stdout_bytes: int
+    stderr_bytes: int
+
+
+@dataclass
+class ProcessListing:
+    processes: list[ProcessState] = field(default_factory=list, metadata={"of": ProcessState})
+
+
+@dataclass
+class StreamChunk:
+    data: str
+    offset: int
+    next_offset: int
+    lost: int
+    eof: bool
+
+
+@dataclass
+class ProcessStreams:
+    exit_code: int | None
+    timed_out: bool
+    stdout: StreamChunk = field(metadata={"of": StreamChunk})
+    stderr: StreamChunk = field(metadata={"of": StreamChunk})
+
+
+@dataclass
+class OutputChunk:
+    data: str
+    offset: int
+    next_offset: int
+    lost: int
+    eof: bool
+    exit_code: int | None
+
+
+@dataclass
+class PtySize:
+    cols: int
+    rows: int
+
+
+@dataclass
+class FileData:
+    data: str
+    size: int
+    eof: bool
+
+
+@dataclass
+class PathResult:
+    path: str
+    size: int | None = None
+
+
+@dataclass
+class FileStat:
+    name: str
+    path: str
+    type: str  # "file" | "directory" | "symlink" | "other"
+    size: int
+    mode: int
+    mtime: float
+
+
+@dataclass
+class DirListing:
+    path: str
+    entries: list[FileStat] = field(default_factory=list, metadata={"of": FileStat})
+
+
+# ---------------------------------------------------------------- operations: the agent itself
+
+
+@dataclass
+class Health(Operation[HealthInfo]):
+    op = "health"
+    result = HealthInfo
+
+
+@dataclass
+class Sync(Operation[Empty]):
+    """Prepare for suspend or checkpoint: flush file data to the backing store."""
+
+    op = "sync"
+    result = Empty
+
+
+@dataclass
+class SetIdentity(Operation[IdentityInfo]):
+    """Make a restored copy its own machine: clock, hostname, machine id, reseeded RNG."""
+
+    op = "identity"
+    result = IdentityInfo
+    time: float | None = None
+    hostname: str | None = None
+    machine_id: str | None = None
+    entropy: str | None = None  # base64 bytes mixed into the kernel RNG
+
+
+# ---------------------------------------------------------------- commands and processes
+
+
+@dataclass
+class Exec(Operation[ExecResult]):
+    """Run to completion. A known ``exec_id`` reattaches to that run instead of starting it again."""
+
+    op = "exec"
+    result = ExecResult
+    cmd: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    timeout: float | None = None
+    max_output: int | None = None
+    exec_id: str | None = None
+    stdin: bool = False
+    stdin_data: str | None = None  # base64; written to the command's stdin, then closed
+
+
+@dataclass
+class ExecStatus(Operation[ExecResult]):
+    op = "exec_status"
+    result = ExecResult
+    exec_id: str
+
+
+@dataclass
+class StartProcess(Operation[ProcessState]):
+    op = "process_start"
+    result = ProcessState
+    cmd: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    name: str | None = None
+    stdin: bool = False
+    id: str | None = None
+    max_output: int | None = None  # bytes of each stream kept; default 8 MiB
+
+
+@dataclass
+class ListProcesses(Operation[ProcessListing]):
+    op = "process_list"
+    result = ProcessListing
+
+
+@dataclass
+class GetProcess(Operation[ProcessState]):
+    op = "process_get"
+    result = ProcessState
+    id: str
+
+
+@dataclass
+class ReadStreams(Operation[ProcessStreams]):
+    """New output of both streams from their offsets, waiting up to ``wait`` s for either to move."""
+
+    op = "process_read"
+    result = ProcessStreams
+    id: str
+    stdout_offset: int = 0
+    stderr_offset: int = 0
+    max_bytes: int = 1 << 20
+    wait: float = 0.0
+
+
+@dataclass
+class ReadOutput(Operation[OutputChunk]):
+    """One stream from an absolute offset, waiting up to ``wait`` s for new bytes."""
+
+    op = "process_output"
+    result = OutputChunk
+    id: str
+    stream: str = "stdout"
+    offset: int = 0
+    max_bytes: int = 1 << 20
+    wait: float = 0.0
+
+
+@dataclass
+class SignalProcess(Operation[ProcessState]):
+    op = "process_signal"
+    result = ProcessState
+    id: str
+    signal: str = "SIGTERM"
+    tree: bool = True
+
+
+@dataclass
+class WriteStdin(Operation[Empty]):
+    op = "process_stdin"
+    result = Empty
+    id: str
+    data: str = ""
+    close: bool = False
+
+
+# ---------------------------------------------------------------- terminals
+
+
+@dataclass
+class OpenPty(Operation[ProcessState]):
+    op = "pty_open"
+    result = ProcessState
+    cmd: list[str] | None = None
+    cols: int = 80
+    rows: int = 24
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass
+class WritePty(Operation[Empty]):
+    op = "pty_write"
+    result = Empty
+    id: str
+    data: str = ""
+
+
+@dataclass
+class ResizePty(Operation[PtySize]):
+    op = "pty_resize"
+    result = PtySize
+    id: str
+    cols: int = 80
+    rows: int = 24
+
+
+@dataclass
+class ClosePty(Operation[ProcessState]):
+    op = "pty_close"
+    result = ProcessState
+    id: str
+
+
+# ---------------------------------------------------------------- files
+
+
+@dataclass
+class ReadFile(Operation[FileData]):
+    op = "file_read"
+    result = FileData
+    path: str
+    offset: int = 0
+    length: int = 4 << 20
+
+
+@dataclass
+class WriteFile(Operation[PathResult]):
+    """One chunk of an atomic write: chunks go to a temp file renamed over ``path`` by the ``final`` one."""
+
+    op = "file_write"
+    result = PathResult
+    path: str
+    data: str = ""
+    offset: int = 0
+    final: bool = True
+    upload_id: str = "x"
+    mode: int = 0o644
+    make_parents: bool = True
+
+
+@dataclass
+class ListDir(Operation[DirListing]):
+    op = "file_list"
+    result = DirListing
+    path: str
+
+
+@dataclass
+class StatFile(Operation[FileStat]):
+    op = "file_stat"
+    result = FileStat
+    path: str
+
+
+@dataclass
+class DeleteFile(Operation[Empty]):
+    op = "file_delete"
+    result = Empty
+    path: str
+    recursive: bool = False
+
+
+@dataclass
+class MakeDir(Operation[PathResult]):
+    op = "mkdir"
+    result = PathResult
+    path: str
+    exist_ok: bool = True
+
+
+OPERATIONS: dict[str, type[Operation[Any]]] = {
+    op.op: op
+    for op in (
+        Health, Sync, SetIdentity, Exec, ExecStatus, StartProcess, ListProcesses, GetProcess, ReadStreams,
+        ReadOutput, SignalProcess, WriteStdin, OpenPty, WritePty, ResizePty, ClosePty, ReadFile, WriteFile,
+        ListDir, StatFile, DeleteFile, MakeDir,
+    )
+}  # fmt: skip
