@@ -111,7 +111,7 @@ def main() -> int:
     failures: list[dict] = []
     try:
         for n in range(args.iterations):
-            point = rng.choice(faults.POINTS)
+            point = rng.choice(faults.all_points())
             paths = Paths(home=root / f"it-{n}", images=image_dir)
             paths.ensure()
             daemon = start_daemon(paths, point)

@@ -22,8 +22,12 @@ import httpx
 import pytest
 
 from stasis import Client, Sandbox, procs
-from stasis.backends import BACKENDS
+from stasis.backends import BACKENDS, register_backend
 from stasis.paths import Paths, default_home
+from tests.fakes import fake_agents
+
+REAL_BACKENDS = tuple(BACKENDS)  # before the fast tier's fake joins the registry
+register_backend("fake", "tests.fakes:FakeBackend")
 
 IMAGE_DIR = Path(os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images")
 TEST_ROOT = Path(tempfile.gettempdir()) / f"stasis-tests-{os.getpid()}"
@@ -43,6 +47,7 @@ class Daemon:
 
     def start(self, **extra_env: str) -> Daemon:
         """Start (or restart) the daemon; ``extra_env`` (e.g. STASIS_KILL_POINT) applies to this run only."""
+        require_default_image()
         env = {**self.env, **extra_env}
         self.paths.home.mkdir(parents=True, exist_ok=True)
         log = open(self.paths.home / "daemon-test.log", "ab")  # noqa: SIM115 - the daemon keeps writing to it
@@ -113,13 +118,16 @@ def mounts_under(home: Path) -> list[str]:
         return [line.split()[1] for line in mounts if line.split()[1].startswith(str(home))]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def leak_check() -> Iterator[None]:
+def require_default_image() -> None:
     if not any(IMAGE_DIR.glob("default-*/image.json")):
         pytest.exit(f"the default image is not built in {IMAGE_DIR}; run `make setup` first", returncode=2)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leak_check() -> Iterator[None]:
     TEST_ROOT.mkdir(parents=True, exist_ok=True)
     yield
-    leaked_processes = sandbox_processes_under(TEST_ROOT)
+    leaked_processes = sandbox_processes_under(TEST_ROOT) + [f"{pid}: {cmd}" for pid, cmd in fake_agents(TEST_ROOT)]
     leaked_mounts = mounts_under(TEST_ROOT)
     leftover = [str(p) for p in TEST_ROOT.glob("*/sandboxes/*")]
     leftover += [str(p) for home in TEST_ROOT.iterdir() for p in Paths(home, IMAGE_DIR).runsc_root.glob("*")]
@@ -164,7 +172,7 @@ def client(daemon: Daemon) -> Iterator[Client]:
         yield c
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=REAL_BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """Tests that take this run once per backend: gVisor and the QEMU microVM."""
     return str(request.param)

@@ -3,7 +3,8 @@
 ``STASIS_KILL_POINT=<name>`` makes the process SIGKILL itself when it reaches
 :func:`point` with that name; ``STASIS_FAIL_POINT=<name>`` makes it raise a
 ``BackendError`` there instead. Costs two dict lookups when unset. Every name
-passed to :func:`point` is listed in ``POINTS`` (a test keeps the list honest).
+passed to :func:`point` is listed in ``POINTS`` or in its backend's ``kill_points``
+(a test keeps the lists honest).
 """
 
 from __future__ import annotations
@@ -21,27 +22,12 @@ _FAIL_POINT = os.environ.get("STASIS_FAIL_POINT")
 
 POINTS = (
     "create.after_intent",
-    "gvisor.start.after_mount",
-    "gvisor.start.after_launch",
-    "gvisor.start_from.after_copy",
-    "gvisor.start_from.after_restore",
     "create.before_outcome",
     "suspend.after_intent",
-    "gvisor.suspend.after_sync",
-    "gvisor.suspend.before_checkpoint",
-    "gvisor.suspend.after_checkpoint",
-    "gvisor.suspend.after_rename",
-    "gvisor.suspend.after_delete",
     "suspend.before_outcome",
     "resume.after_intent",
-    "gvisor.resume.before_mount",
-    "gvisor.resume.before_restore",
-    "gvisor.resume.after_restore",
     "resume.before_outcome",
     "checkpoint.after_intent",
-    "gvisor.checkpoint.paused",
-    "gvisor.checkpoint.after_files",
-    "gvisor.checkpoint.after_memory",
     "checkpoint.before_seal",
     "checkpoint.after_seal",
     "checkpoint.before_outcome",
@@ -49,16 +35,15 @@ POINTS = (
     "fork.after_children",
     "terminate.after_intent",
     "terminate.after_close",
-    "gvisor.destroy.after_stop",
     "terminate.before_outcome",
-    # the microVM backend's own windows
-    "microvm.start.after_restore",
-    "microvm.suspend.after_save",
-    "microvm.suspend.after_quit",
-    "microvm.suspend.after_rename",
-    "microvm.resume.after_load",
-    "microvm.checkpoint.after_save",
-)
+)  # the daemon's own; each backend lists its windows in its ``kill_points``
+
+
+def all_points() -> tuple[str, ...]:
+    """The daemon's points and those of every registered backend."""
+    from .backends import BACKENDS, backend_class
+
+    return POINTS + tuple(p for name in BACKENDS for p in backend_class(name).kill_points)
 
 
 # The agent harness's own points (the harness is a client process, not the daemon).

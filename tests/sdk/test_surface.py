@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 import stasis
 from stasis import AsyncSandbox, Sandbox
+
+pytestmark = pytest.mark.fast
 
 
 def test_exported_members() -> None:

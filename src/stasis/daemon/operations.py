@@ -29,6 +29,7 @@ from .service import SandboxService
 S = SandboxStatus
 FILE_CHUNK = 1 << 20  # bytes per write request to the agent (1.4 MB of base64 on the wire)
 READ_CHUNK = 4 << 20
+STREAM_BUFFER = 8 << 20  # bytes of each stream the agent keeps for a streamed run, at least
 
 
 def new_exec_id() -> str:
@@ -80,12 +81,13 @@ class GuestOperations:
         """Run a command and yield its output as it comes: {"stdout": b64} / {"stderr": b64}, then
         {"exit_code", "timed_out", "exec_id", "stdout_truncated", "stderr_truncated"}. The command is
         a background process under ``exec_id``, so a client that goes away can still collect it. The
-        agent keeps ``max_output`` bytes of each stream; a reader that falls further behind loses the
-        oldest bytes, and the exit event says so."""
+        agent keeps at least 8 MiB (or ``max_output``) of each stream; a reader that falls further behind
+        loses the oldest bytes, and the exit event says so. Keeping only the last ``max_output`` bytes
+        of what was streamed is the client's part."""
         exec_id = request.exec_id or new_exec_id()
         start = P.StartProcess(
             cmd=request.cmd, env=request.env, cwd=request.cwd, id=exec_id, stdin=request.stdin_b64 is not None,
-            max_output=request.max_output,
+            max_output=max(request.max_output, STREAM_BUFFER),
         )  # fmt: skip
         async with self.service.guest(ref) as channel:
             await channel.call(start)
@@ -119,7 +121,11 @@ class GuestOperations:
     async def exec_status(self, ref: str, exec_id: str) -> dict[str, Any]:
         async with self.service.guest(ref) as channel:
             result = await channel.call(P.ExecStatus(exec_id=exec_id))
-        return P.encode(result, keep_none=True) if result.status == "exited" else {"exec_id": result.exec_id, "status": "running"}
+        return (
+            P.encode(result, keep_none=True)
+            if result.status == "exited"
+            else {"exec_id": result.exec_id, "status": "running"}
+        )
 
     # ------------------------------------------------------------ processes
 

@@ -35,8 +35,10 @@ from ..models import (
     SandboxSpec,
     SandboxStatus,
 )
+from ._async import AsyncSandbox
+from ._base import CommandResult, OutputEvent
 from ._client import AsyncClient, Client
-from ._sandbox import AsyncSandbox, CommandResult, OutputEvent, Sandbox
+from ._sync import Sandbox
 
 __all__ = [
     "AsyncClient",

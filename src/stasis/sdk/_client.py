@@ -18,6 +18,7 @@ import httpx
 
 from ..errors import DaemonUnavailable, error_from_payload
 from ..paths import Paths
+from ._base import Call
 from ._daemon import start_daemon
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=None)
@@ -95,9 +96,13 @@ class Client(_BaseClient):
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
 
-    def stream_lines(self, method: str, path: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    def call(self, call: Call) -> Any:
+        """Carry out a recipe: send it, check the answer, parse it."""
+        return call.parse(self.request(call.method, call.path, **call.kwargs))
+
+    def stream_lines(self, call: Call) -> Iterator[dict[str, Any]]:
         """JSON lines of a streaming response, as they arrive."""
-        response = self._send(method, path, stream=True, **kwargs)
+        response = self._send(call.method, call.path, stream=True, **call.kwargs)
         try:
             if not response.is_success:
                 response.read()
@@ -158,8 +163,11 @@ class AsyncClient(_BaseClient):
     async def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return (await self.request(method, path, **kwargs)).json()
 
-    async def stream_lines(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
-        response = await self._send(method, path, stream=True, **kwargs)
+    async def call(self, call: Call) -> Any:
+        return call.parse(await self.request(call.method, call.path, **call.kwargs))
+
+    async def stream_lines(self, call: Call) -> AsyncIterator[dict[str, Any]]:
+        response = await self._send(call.method, call.path, stream=True, **call.kwargs)
         try:
             if not response.is_success:
                 await response.aread()

@@ -1,0 +1,30 @@
+"""`stasis`: the command line. A thin shell over the SDK, one module per group of commands."""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import StasisError
+
+# isort: off
+# Each module registers its commands; the order of these imports is the order of `stasis --help`.
+from . import sandboxes, checkpoints, agent, host  # noqa: F401
+
+# isort: on
+from ._common import app, err
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    try:
+        app()
+    except StasisError as exc:
+        err.print(f"[red]error:[/red] {exc.message}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

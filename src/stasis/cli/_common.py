@@ -1,0 +1,52 @@
+"""What every CLI module shares: the app, its consoles, and how times and states are shown."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ..models import SandboxInfo
+from ..sdk import Client
+
+app = typer.Typer(
+    help="Stateful sandboxes for AI agents: suspend a machine with its processes, resume it exactly where it was.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+out = Console()
+err = Console(stderr=True)
+
+Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+Name = Annotated[str, typer.Argument(help="Sandbox name or id.")]
+
+
+def client() -> Client:
+    return Client()
+
+
+def ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    seconds = max(0, time.time() - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+def in_(ts: float) -> str:
+    seconds = max(0, ts - time.time())
+    return f"in {seconds:.0f}s" if seconds < 120 else f"in {seconds / 60:.0f}m"
+
+
+STATUS_STYLE = {"running": "green", "suspended": "cyan", "failed": "red", "terminated": "dim"}
+
+
+def status(info: SandboxInfo) -> str:
+    style = STATUS_STYLE.get(info.status.value, "yellow")
+    return f"[{style}]{info.status.value}[/{style}]"

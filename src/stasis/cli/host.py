@@ -1,0 +1,99 @@
+"""`stasis serve`, `stasis doctor` and `stasis image ls|build`: the daemon and the host."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..paths import Paths
+from ._common import Json, ago, app, err, out
+
+image_app = typer.Typer(help="Root filesystem images.", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+
+
+@app.command()
+def serve(
+    tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (needs STASIS_TOKEN).")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+) -> None:
+    """Run the daemon in the foreground (the CLI and SDK start it on demand)."""
+    from ..daemon.server import serve as run_server
+
+    run_server(Paths.from_env(), tcp=tcp, token=os.environ.get("STASIS_TOKEN"), log_level=log_level.upper())
+
+
+# ------------------------------------------------------------ the host
+
+
+@app.command()
+def doctor(as_json: Json = False) -> None:
+    """Check which backends and accelerators work on this host, and why (no daemon needed)."""
+    from ..doctor import check_host
+
+    paths = Paths.from_env()
+    paths.ensure()
+    with err.status("probing backends (the first run builds the microVM kernel files)..."):
+        report = asyncio.run(check_host(paths))
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("BACKEND", "WORKS", "DETAILS"):
+        table.add_column(column)
+    for name, result in report["backends"].items():
+        works = "[green]yes[/green]" if result["works"] else "[red]no[/red]"
+        details = "\n".join(f"{k.replace('_', ' ')}: {v}" for k, v in result.items() if k not in ("works", "backend"))
+        table.add_row(name, works, details)
+    out.print(table)
+    images = report["images"]
+    out.print(f"images: {', '.join(images) if images else 'none built; run `stasis image build default`'}")
+    if not any(r["works"] for r in report["backends"].values()):
+        raise typer.Exit(1)
+
+
+# ------------------------------------------------------------ images
+
+
+@image_app.command("ls")
+def image_ls(as_json: Json = False) -> None:
+    """List built images."""
+    from ..images import ImageStore
+
+    images = ImageStore(Paths.from_env().images).list()
+    if as_json:
+        print(json.dumps([i.model_dump() for i in images], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "KEY", "SIZE", "BUILT", "PACKAGES"):
+        table.add_column(column)
+    for i in images:
+        table.add_row(i.name, i.key, f"{i.size_bytes / 1e6:.0f} MB", ago(i.built_at), ", ".join(i.packages))
+    out.print(table if images else "no images; build one with `stasis image build default`")
+
+
+@image_app.command("build")
+def image_build(
+    name: Annotated[str, typer.Argument(help="Recipe name.")] = "default",
+    force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False,
+) -> None:
+    """Build an image from its recipe (cached by the recipe's hash)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ..images import ImageStore
+
+    store = ImageStore(Paths.from_env().images)
+    recipe = store.recipe(name)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
+        task = progress.add_task(f"building image {recipe.key}", total=None)
+        info = store.build(
+            name,
+            progress=lambda line: progress.update(task, description=f"{recipe.key}: {line[:90]}"),
+            force=force,
+        )
+    out.print(f"image [bold]{info.key}[/bold]: {info.size_bytes / 1e6:.0f} MB, built in {info.build_seconds:.1f}s")

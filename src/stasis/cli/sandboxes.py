@@ -1,0 +1,291 @@
+"""`stasis create|ls|run|shell|ps|logs|kill|suspend|resume|info|rm|fork|df`: one sandbox at a time."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..backends import BACKENDS, DEFAULT_BACKEND
+from ..errors import InvalidRequest
+from ..models import DiskUsage, SandboxSpec
+from ..paths import Paths
+from ..sdk import Sandbox
+from ..sdk._base import EXIT_CODE_TIMEOUT
+from ._common import Json, Name, ago, app, client, err, in_, out, status
+
+SPEC = SandboxSpec.model_fields
+
+
+@app.command()
+def create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Unique name of the sandbox.")],
+    image: Annotated[str, typer.Option(help="Image to start from (`stasis image ls`).")] = SPEC["image"].default,
+    cpus: Annotated[float, typer.Option(help="CPU cores (fractions allowed).")] = SPEC["cpus"].default,
+    memory_mb: Annotated[int, typer.Option("--memory-mb", help="Memory limit in MiB.")] = SPEC["memory_mb"].default,
+    timeout_secs: Annotated[int, typer.Option("--timeout-secs", help="Idle seconds before the idle action.")] = SPEC[
+        "timeout_secs"
+    ].default,
+    on_idle: Annotated[str | None, typer.Option("--on-idle", help="suspend | terminate")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help=f"Isolation backend: {' or '.join(BACKENDS)} (default {DEFAULT_BACKEND}).")
+    ] = None,
+    from_checkpoint: Annotated[
+        str | None, typer.Option("--from", help="Checkpoint id or name to create it from.")
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """Create a sandbox and start it (from an image, or from a checkpoint with --from)."""
+    explicit = {
+        key: value
+        for key, value in (("image", image), ("cpus", cpus), ("memory_mb", memory_mb), ("timeout_secs", timeout_secs))
+        if from_checkpoint is None or ctx.get_parameter_source(key).name != "DEFAULT"
+    }
+    with err.status(f"creating sandbox {name}..."):
+        started = time.monotonic()
+        sbx = Sandbox.create(
+            name, on_idle=on_idle, backend=backend, snapshot_id=from_checkpoint, client=client(), **explicit
+        )
+    if as_json:
+        out.print_json(sbx.info().model_dump_json())
+    else:
+        out.print(f"created [bold]{name}[/bold] ({sbx.id}) in {time.monotonic() - started:.2f}s")
+
+
+@app.command("ls")
+def list_sandboxes(
+    as_json: Json = False,
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Include terminated sandboxes.")] = False,
+) -> None:
+    """List sandboxes."""
+    sandboxes = Sandbox.list(include_terminated=all_, client=client())
+    if as_json:
+        print(json.dumps([s.model_dump(mode="json") for s in sandboxes], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "ID", "STATUS", "IMAGE", "CPUS", "MEMORY", "CREATED", "LAST ACTIVITY"):
+        table.add_column(column, no_wrap=True)
+    for s in sandboxes:
+        table.add_row(
+            s.name or "-", s.id, status(s), s.spec.image, f"{s.spec.cpus:g}", f"{s.spec.memory_mb} MiB",
+            ago(s.created_at), ago(s.last_activity),
+        )  # fmt: skip
+    out.print(table if sandboxes else "no sandboxes; create one with `stasis create NAME`")
+
+
+@app.command()
+def run(
+    name: Name,
+    command: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],
+    timeout: Annotated[
+        float | None, typer.Option(help="Kill the command (and its children) after this many seconds.")
+    ] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
+    cwd: Annotated[str | None, typer.Option("--cwd", help="Working directory inside the sandbox.")] = None,
+) -> None:
+    """Run a command to completion; print its output and exit with its exit code."""
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise InvalidRequest("no command given; usage: stasis run NAME -- CMD [ARGS...]")
+    environment = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"--env wants KEY=VALUE, got {item!r}")
+        environment[key] = value
+    sbx = Sandbox.connect(name, client=client())
+    code = 0
+    for event in sbx.stream(command, env=environment, working_dir=cwd, timeout=timeout):  # printed as it comes
+        if event.kind == "exit":
+            if event.timed_out:
+                err.print(f"[yellow]stasis: command timed out after {timeout:g}s and was killed[/yellow]")
+                raise typer.Exit(EXIT_CODE_TIMEOUT)
+            code = event.exit_code if event.exit_code is not None else 1
+        else:
+            target = sys.stdout if event.kind == "stdout" else sys.stderr
+            target.buffer.write(event.data)
+            target.flush()
+    raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+@app.command()
+def shell(
+    name: Name,
+    command: Annotated[list[str] | None, typer.Argument(help="Program instead of the tmux session (after --).")] = None,
+) -> None:
+    """Attach this terminal to the sandbox: a tmux session named after it. Ctrl-\\ detaches."""
+    from .shell import attach
+
+    info = Sandbox.connect(name, client=client()).info()  # starts the daemon; clear errors for unknown names
+    err.print(f"[dim]attached to {info.name or info.id} ({info.status.value}); Ctrl-\\ detaches[/dim]")
+    reason = attach(Paths.from_env(), info.id, command or None)
+    err.print(f"\r\n[dim]{reason}[/dim]")
+
+
+@app.command()
+def ps(name: Name, as_json: Json = False) -> None:
+    """Processes started through stasis in a sandbox."""
+    processes = Sandbox.connect(name, client=client()).list_processes()
+    if as_json:
+        print(json.dumps([p.model_dump() for p in processes], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "PID", "NAME", "STATUS", "EXIT", "STARTED", "COMMAND"):
+        table.add_column(column, no_wrap=column != "COMMAND")
+    for p in processes:
+        exit_code = "" if p.exit_code is None else str(p.exit_code)
+        table.add_row(p.id, str(p.pid), p.name or "", p.status, exit_code, ago(p.started_at), " ".join(p.cmd)[:80])
+    out.print(table if processes else "no processes")
+
+
+def _process_id(sbx: Sandbox, ref: str) -> str:
+    """A process by id, or by the name it was started with."""
+    for p in sbx.list_processes():
+        if ref in (p.id, p.name):
+            return p.id
+    return ref
+
+
+@app.command()
+def logs(
+    name: Name,
+    process: Annotated[str, typer.Argument(help="Process id or name.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until it exits.")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="The error stream instead of stdout.")] = False,
+) -> None:
+    """Output of a background process."""
+    sbx = Sandbox.connect(name, client=client())
+    process_id = _process_id(sbx, process)
+    stream = "stderr" if stderr else "stdout"
+    if follow:
+        for _offset, data in sbx.follow_output(process_id, stream=stream):
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        return
+    offset = 0
+    while True:
+        chunk = sbx.process_output(process_id, stream=stream, offset=offset)
+        sys.stdout.buffer.write(base64.b64decode(chunk.data_b64))
+        if chunk.next_offset == offset or chunk.eof:
+            break
+        offset = chunk.next_offset
+    sys.stdout.flush()
+
+
+@app.command()
+def kill(
+    name: Name,
+    process: Annotated[str, typer.Argument(help="Process id or name.")],
+    signal_name: Annotated[str, typer.Option("--signal", "-s", help="e.g. SIGTERM, SIGINT, SIGKILL.")] = "SIGKILL",
+) -> None:
+    """Send a signal to a background process (and its children)."""
+    sbx = Sandbox.connect(name, client=client())
+    info = sbx.send_signal(_process_id(sbx, process), signal_name)
+    out.print(f"sent {signal_name.upper()} to {info.id} (pid {info.pid})")
+
+
+@app.command()
+def suspend(name: Name) -> None:
+    """Suspend a sandbox to disk: memory, processes and files. Nothing of it keeps running."""
+    sbx = Sandbox.connect(name, client=client())
+    with err.status(f"suspending {name}..."):
+        info = sbx.suspend()
+    took = f" in {info.last_suspend_seconds:.3f}s" if info.last_suspend_seconds else ""
+    out.print(f"suspended [bold]{name}[/bold]{took}")
+
+
+@app.command()
+def resume(name: Name) -> None:
+    """Resume a suspended sandbox exactly where it was."""
+    sbx = Sandbox.connect(name, client=client())
+    with err.status(f"resuming {name}..."):
+        info = sbx.resume()
+    took = f" in {info.last_resume_seconds:.3f}s" if info.last_resume_seconds else ""
+    out.print(f"resumed [bold]{name}[/bold]{took}")
+
+
+@app.command()
+def info(name: Name, as_json: Json = False) -> None:
+    """Show one sandbox."""
+    data = Sandbox.connect(name, client=client()).info()
+    if as_json:
+        print(data.model_dump_json(indent=2))
+        return
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, Any]] = [
+        ("name", data.name or "-"),
+        ("id", data.id),
+        ("status", status(data)),
+        ("image", data.spec.image),
+        ("backend", data.spec.backend),
+        ("cpus / memory", f"{data.spec.cpus:g} / {data.spec.memory_mb} MiB"),
+        ("network", "on" if data.spec.network else "off"),
+        ("created", datetime.fromtimestamp(data.created_at).isoformat(sep=" ", timespec="seconds")),
+        ("last activity", ago(data.last_activity)),
+        ("idle timeout", f"{data.spec.timeout_secs}s" if data.spec.timeout_secs else "never"),
+    ]
+    if data.idle_action_at:
+        rows.append((f"idle {data.idle_action}", in_(data.idle_action_at)))
+    for key, value in sorted(data.runtime.items()):
+        rows.append((key.replace("_", " "), value))
+    if data.last_suspend_seconds is not None:
+        rows.append(("last suspend", f"{data.last_suspend_seconds:.3f}s"))
+    if data.last_resume_seconds is not None:
+        rows.append(("last resume", f"{data.last_resume_seconds:.3f}s"))
+    if data.error:
+        rows.append(("error", f"[red]{data.error}[/red]"))
+    for key, value in rows:
+        table.add_row(key, str(value))
+    out.print(table)
+
+
+@app.command("rm")
+def remove(names: Annotated[list[str], typer.Argument(help="Sandbox names or ids.")]) -> None:
+    """Terminate sandboxes and delete their files."""
+    connection = client()
+    for name in names:
+        with err.status(f"removing {name}..."):
+            Sandbox.connect(name, client=connection).terminate()
+        out.print(f"removed [bold]{name}[/bold]")
+
+
+@app.command()
+def fork(
+    name: Name,
+    count: Annotated[int, typer.Option("--count", "-n", help="How many copies.")] = 1,
+) -> None:
+    """Live copies of a running sandbox: they continue from now (memory, processes, files), then diverge."""
+    sbx = Sandbox.connect(name, client=client())
+    with err.status(f"forking {name} x{count}..."):
+        started = time.monotonic()
+        children = sbx.copy(times=count)
+    err.print(f"{count} fork(s) of {name} in {time.monotonic() - started:.2f}s")
+    for child in children:
+        print(child.name or child.id)
+
+
+@app.command()
+def df(as_json: Json = False) -> None:
+    """Disk used by sandboxes, checkpoints and images."""
+    usage = DiskUsage.model_validate(client().json("GET", "/v1/df"))
+    if as_json:
+        print(usage.model_dump_json(indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("KIND", "COUNT", "SIZE"):
+        table.add_column(column)
+    table.add_row("sandboxes", str(len(usage.sandboxes)), f"{usage.sandboxes_bytes / 1e6:.1f} MB")
+    table.add_row("checkpoints", str(len(usage.checkpoints)), f"{usage.checkpoints_bytes / 1e6:.1f} MB")
+    table.add_row("images", "", f"{usage.images_bytes / 1e6:.1f} MB")
+    out.print(table)
+    out.print(f"[dim]{usage.shared_note}[/dim]")

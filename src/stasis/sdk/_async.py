@@ -1,0 +1,190 @@
+"""``AsyncSandbox``: a sandbox driven from asyncio. The twin of ``Sandbox``: same recipes, awaited I/O."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+from typing_extensions import Unpack
+
+from ..models import CheckpointInfo, CheckpointType, FileEntry, ProcessInfo, ProcessOutput, RunRequest, SandboxInfo
+from . import _base as b
+from ._base import (
+    CheckpointOptions,
+    Command,
+    CommandResult,
+    CreateOptions,
+    OutputCallback,
+    OutputEvent,
+    ProcessOptions,
+    RunOptions,
+)
+from ._client import AsyncClient
+
+
+class AsyncSandbox(b.SandboxBase):
+    """A sandbox, driven from asyncio. Same methods as :class:`Sandbox`, awaited."""
+
+    def __init__(self, info: SandboxInfo, client: AsyncClient) -> None:
+        super().__init__(info)
+        self._client = client
+
+    # ---------------------------------------------------- lifecycle
+
+    @classmethod
+    async def create(
+        cls, name: str | None = None, *, client: AsyncClient | None = None, **options: Unpack[CreateOptions]
+    ) -> AsyncSandbox:
+        """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files)."""
+        client = client or AsyncClient()
+        return cls(await client.call(b.create_call(name, options)), client)
+
+    @classmethod
+    async def connect(cls, id_or_name: str, client: AsyncClient | None = None) -> AsyncSandbox:
+        client = client or AsyncClient()
+        return cls(await client.call(b.connect_call(id_or_name)), client)
+
+    @classmethod
+    async def list(cls, include_terminated: bool = False, client: AsyncClient | None = None) -> list[SandboxInfo]:
+        return await (client or AsyncClient()).call(b.list_call(include_terminated))
+
+    async def info(self) -> SandboxInfo:
+        return await self._client.call(self._info_call())
+
+    async def suspend(self) -> SandboxInfo:
+        """Save memory, processes and files to disk; nothing of it keeps running."""
+        return await self._client.call(self._lifecycle_call("suspend"))
+
+    async def resume(self) -> SandboxInfo:
+        return await self._client.call(self._lifecycle_call("resume"))
+
+    async def terminate(self) -> SandboxInfo:
+        return await self._client.call(self._terminate_call())
+
+    async def aclose(self) -> None:
+        """Close the connection to the daemon; the sandbox keeps running."""
+        await self._client.aclose()
+
+    # ---------------------------------------------------- checkpoints and forks
+
+    async def checkpoint(
+        self, checkpoint_type: CheckpointType | str = CheckpointType.MEMORY, **options: Unpack[CheckpointOptions]
+    ) -> CheckpointInfo:
+        """An immutable artifact of this instant; the sandbox keeps running. Restore with ``create(snapshot_id=)``."""
+        return await self._client.call(self._checkpoint_call(checkpoint_type, options))
+
+    async def copy(self, times: int = 1) -> list[AsyncSandbox]:
+        """Live forks: new running sandboxes that continue from this instant, then diverge."""
+        return [AsyncSandbox(info, self._client) for info in await self._client.call(self._fork_call(times))]
+
+    @classmethod
+    async def list_checkpoints(cls, client: AsyncClient | None = None) -> list[CheckpointInfo]:
+        return await (client or AsyncClient()).call(b.list_checkpoints_call())
+
+    @classmethod
+    async def get_checkpoint(cls, checkpoint_id: str, client: AsyncClient | None = None) -> CheckpointInfo:
+        return await (client or AsyncClient()).call(b.checkpoint_call("GET", checkpoint_id))
+
+    @classmethod
+    async def delete_checkpoint(cls, checkpoint_id: str, client: AsyncClient | None = None) -> CheckpointInfo:
+        return await (client or AsyncClient()).call(b.checkpoint_call("DELETE", checkpoint_id))
+
+    # ---------------------------------------------------- commands
+
+    async def run(
+        self,
+        command: Command,
+        args: list[str] | None = None,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        **options: Unpack[RunOptions],
+    ) -> CommandResult:
+        """Run to completion. With ``on_stdout``/``on_stderr``, output reaches them as it is produced."""
+        request = b.run_request(command, args, options)
+        if on_stdout is None and on_stderr is None:
+            return await self._client.call(self._run_call(request))
+        collector = self._collector(on_stdout, on_stderr, request)
+        async for event in self._events(request):
+            collector.feed(event)
+        assert collector.result is not None
+        return collector.result
+
+    async def stream(
+        self, command: Command, args: list[str] | None = None, **options: Unpack[RunOptions]
+    ) -> AsyncIterator[OutputEvent]:
+        """Run and yield stdout/stderr chunks while the command runs; the last event is ``exit``."""
+        async for event in self._events(b.run_request(command, args, options)):
+            yield event
+
+    async def _events(self, request: RunRequest) -> AsyncIterator[OutputEvent]:
+        async for line in self._client.stream_lines(self._stream_call(request)):
+            if (event := b.stream_event(line)) is not None:
+                yield event
+
+    async def follow_output(
+        self, process_id: str, stream: str = "stdout", offset: int = 0, wait: float = 5.0
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """(offset, bytes) chunks of a process's output from ``offset`` until it ends.
+
+        Keep the last offset plus the chunk's length: a client that comes back (after a kill, or a
+        suspend) continues from there with nothing lost or repeated.
+        """
+        while True:
+            chunk = await self.process_output(process_id, stream=stream, offset=offset, wait=wait)
+            if data := base64.b64decode(chunk.data_b64):
+                yield chunk.offset, data
+            if chunk.eof:
+                return
+            offset = chunk.next_offset
+
+    async def start_process(
+        self, command: Command, args: list[str] | None = None, **options: Unpack[ProcessOptions]
+    ) -> ProcessInfo:
+        return await self._client.call(self._start_process_call(command, args, options))
+
+    async def list_processes(self) -> list[ProcessInfo]:
+        return await self._client.call(self._processes_call())
+
+    async def get_process(self, process_id: str) -> ProcessInfo:
+        return await self._client.call(self._process_call(process_id))
+
+    async def process_output(
+        self, process_id: str, stream: str = "stdout", offset: int = 0, max_bytes: int = 1 << 20, wait: float = 0
+    ) -> ProcessOutput:
+        return await self._client.call(self._output_call(process_id, stream, offset, max_bytes, wait))
+
+    async def send_signal(self, process_id: str, signal: str = "SIGTERM") -> ProcessInfo:
+        return await self._client.call(self._signal_call(process_id, signal))
+
+    async def kill_process(self, process_id: str) -> ProcessInfo:
+        return await self.send_signal(process_id, "SIGKILL")
+
+    async def write_stdin(self, process_id: str, data: bytes | str, close: bool = False) -> None:
+        await self._client.call(self._stdin_call(process_id, data, close))
+
+    async def close_stdin(self, process_id: str) -> None:
+        await self.write_stdin(process_id, b"", close=True)
+
+    # ---------------------------------------------------- files
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._client.call(self._read_call(path))
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> FileEntry:
+        return await self._client.call(self._write_call(path, data, mode))
+
+    async def list_directory(self, path: str = "/root") -> list[FileEntry]:
+        return await self._client.call(self._list_call(path))
+
+    async def stat(self, path: str) -> FileEntry:
+        return await self._client.call(self._stat_call(path))
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        await self._client.call(self._remove_call(path, recursive))
+
+    async def make_dir(self, path: str) -> FileEntry:
+        return await self._client.call(self._mkdir_call(path))
+
+
+__all__ = ["AsyncSandbox"]

@@ -1,0 +1,363 @@
+"""What ``Sandbox`` and ``AsyncSandbox`` share: results, options, and every request as a pure recipe.
+
+A recipe (:class:`Call`) says which method and URL, what to send and how to read the
+answer; the twins only carry it out, one with ``httpx.Client``, one with ``httpx.AsyncClient``
+(httpx's BaseClient pattern). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+import httpx
+
+from ..models import (
+    CheckpointInfo,
+    CheckpointType,
+    CreateCheckpointRequest,
+    CreateSandboxRequest,
+    FileEntry,
+    ProcessInfo,
+    ProcessOutput,
+    RunRequest,
+    RunResult,
+    SandboxInfo,
+    SandboxStatus,
+    StartProcessRequest,
+    build,
+)
+
+EXIT_CODE_TIMEOUT = 124  # what `timeout(1)` returns; used by the CLI
+OutputCallback = Callable[[bytes], None]
+Command = str | list[str]
+
+
+class CreateOptions(TypedDict, total=False):
+    image: str
+    cpus: float
+    memory_mb: int
+    timeout_secs: int
+    on_idle: str
+    backend: str
+    network: bool
+    snapshot_id: str  # create from this checkpoint (id or name): its processes and files
+
+
+class RunOptions(TypedDict, total=False):
+    env: dict[str, str]
+    working_dir: str
+    timeout: float  # seconds; the command and its children are killed after it
+    max_output: int  # bytes of stdout (and of stderr) kept, the last ones; the rest is marked truncated
+    exec_id: str  # idempotency key: a known id reattaches to that run instead of starting it again
+    stdin: bytes | str
+
+
+class ProcessOptions(TypedDict, total=False):
+    env: dict[str, str]
+    working_dir: str
+    name: str
+    stdin: bool
+
+
+class CheckpointOptions(TypedDict, total=False):
+    name: str
+    metadata: dict[str, Any]
+    ttl_secs: int
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The outcome of ``run``. ``stdout``/``stderr`` are decoded; ``*_bytes`` are exact."""
+
+    exec_id: str
+    exit_code: int
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    duration: float
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode(errors="replace")
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_truncated or self.stderr_truncated
+
+    @classmethod
+    def from_wire(cls, result: RunResult) -> CommandResult:
+        return cls(
+            exec_id=result.exec_id,
+            exit_code=result.exit_code,
+            stdout_bytes=base64.b64decode(result.stdout_b64),
+            stderr_bytes=base64.b64decode(result.stderr_b64),
+            stdout_truncated=result.stdout_truncated,
+            stderr_truncated=result.stderr_truncated,
+            timed_out=result.timed_out,
+            duration=result.duration,
+        )
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """One piece of a streamed run: output on ``stdout``/``stderr``, or (last) the ``exit`` event."""
+
+    kind: str  # "stdout" | "stderr" | "exit"
+    data: bytes = b""
+    exit_code: int | None = None
+    timed_out: bool = False
+    exec_id: str = ""
+    truncated: tuple[bool, bool] = (False, False)  # (stdout, stderr): the daemon could not keep up
+
+
+def stream_event(event: dict[str, Any]) -> OutputEvent | None:
+    for kind in ("stdout", "stderr"):
+        if kind in event:
+            return OutputEvent(kind, base64.b64decode(event[kind]))
+    if "exit_code" in event:
+        truncated = (bool(event.get("stdout_truncated")), bool(event.get("stderr_truncated")))
+        return OutputEvent("exit", b"", event["exit_code"], event["timed_out"], event["exec_id"], truncated)
+    return None  # the opening {"exec_id"} line
+
+
+class Collector:
+    """Builds a CommandResult from streamed events, feeding the callbacks on the way.
+
+    Like a plain run, it keeps the last ``max_output`` bytes of each stream; callbacks see every byte."""
+
+    def __init__(self, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None, max_output: int) -> None:
+        self.parts: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.cut = {"stdout": False, "stderr": False}
+        self.callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        self.max_output = max_output
+        self.started = time.monotonic()
+        self.result: CommandResult | None = None
+
+    def feed(self, event: OutputEvent) -> None:
+        if event.kind == "exit":
+            self.result = CommandResult(
+                exec_id=event.exec_id, exit_code=event.exit_code if event.exit_code is not None else -1,
+                stdout_bytes=bytes(self.parts["stdout"]), stderr_bytes=bytes(self.parts["stderr"]),
+                stdout_truncated=self.cut["stdout"] or event.truncated[0],
+                stderr_truncated=self.cut["stderr"] or event.truncated[1],
+                timed_out=event.timed_out, duration=time.monotonic() - self.started,
+            )  # fmt: skip
+            return
+        part = self.parts[event.kind]
+        part += event.data
+        if len(part) > self.max_output:
+            del part[: len(part) - self.max_output]
+            self.cut[event.kind] = True
+        callback = self.callbacks[event.kind]
+        if callback is not None:
+            callback(event.data)
+
+
+def command_argv(command: Command, args: list[str] | None) -> list[str]:
+    """``run("ls -la")`` goes through the shell; ``run("ls", ["-la"])`` and ``run(["ls", "-la"])`` do not."""
+    if isinstance(command, list):
+        return [*command, *(args or [])]
+    if args is None:
+        return ["/bin/sh", "-c", command]
+    return [command, *args]
+
+
+def _bytes(data: bytes | str) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _b64(data: bytes | str) -> str:
+    return base64.b64encode(_bytes(data)).decode()
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to the daemon and how to read its answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], Any] = lambda response: None
+    params: dict[str, Any] | None = None
+    json: Any = None
+    content: bytes | None = None
+    kwargs: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        sent = {"params": self.params, "json": self.json, "content": self.content}
+        object.__setattr__(self, "kwargs", {k: v for k, v in sent.items() if v is not None})
+
+
+def _model(model: Any) -> Callable[[httpx.Response], Any]:
+    return lambda response: model.model_validate(response.json())
+
+
+def _models(model: Any) -> Callable[[httpx.Response], Any]:
+    return lambda response: [model.model_validate(item) for item in response.json()]
+
+
+# ---------------------------------------------------------------- recipes that need no sandbox
+
+
+def create_call(name: str | None, options: CreateOptions) -> Call:
+    fields = {k: v for k, v in options.items() if v is not None}
+    body = build(CreateSandboxRequest, name=name, **fields).model_dump(exclude_unset=True)
+    return Call("POST", "/v1/sandboxes", _model(SandboxInfo), json=body)
+
+
+def connect_call(id_or_name: str) -> Call:
+    return Call("GET", f"/v1/sandboxes/{id_or_name}", _model(SandboxInfo))
+
+
+def list_call(include_terminated: bool) -> Call:
+    return Call("GET", "/v1/sandboxes", _models(SandboxInfo), params={"all": "true"} if include_terminated else None)
+
+
+def list_checkpoints_call() -> Call:
+    return Call("GET", "/v1/checkpoints", _models(CheckpointInfo))
+
+
+def checkpoint_call(method: str, checkpoint_id: str) -> Call:
+    return Call(method, f"/v1/checkpoints/{checkpoint_id}", _model(CheckpointInfo))
+
+
+def run_request(command: Command, args: list[str] | None, options: RunOptions) -> RunRequest:
+    stdin = options.get("stdin")
+    max_output = options.get("max_output")
+    return build(
+        RunRequest,
+        cmd=command_argv(command, args),
+        env=options.get("env") or {},
+        cwd=options.get("working_dir"),
+        timeout=options.get("timeout"),
+        exec_id=options.get("exec_id"),
+        stdin_b64=None if stdin is None else _b64(stdin),
+        **({"max_output": max_output} if max_output else {}),
+    )
+
+
+class SandboxBase:
+    """State and recipes of one sandbox; the twins add I/O."""
+
+    def __init__(self, info: SandboxInfo) -> None:
+        self._info = info
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def name(self) -> str | None:
+        return self._info.name
+
+    @property
+    def status(self) -> SandboxStatus:
+        """As of the last call; ``info()`` refreshes it."""
+        return self._info.status
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self.id!r} name={self.name!r} status={self.status.value}>"
+
+    @property
+    def _url(self) -> str:
+        return f"/v1/sandboxes/{self._info.id}"
+
+    def _keep(self, response: httpx.Response) -> SandboxInfo:
+        self._info = SandboxInfo.model_validate(response.json())
+        return self._info
+
+    # -- lifecycle
+
+    def _info_call(self) -> Call:
+        return Call("GET", self._url, self._keep)
+
+    def _lifecycle_call(self, action: str) -> Call:
+        return Call("POST", f"{self._url}/{action}", self._keep)
+
+    def _terminate_call(self) -> Call:
+        return Call("DELETE", self._url, self._keep)
+
+    def _checkpoint_call(self, checkpoint_type: CheckpointType | str, options: CheckpointOptions) -> Call:
+        request = build(
+            CreateCheckpointRequest, type=CheckpointType(checkpoint_type), name=options.get("name"),
+            metadata=options.get("metadata") or {}, ttl_secs=options.get("ttl_secs"),
+        )  # fmt: skip
+        return Call("POST", f"{self._url}/checkpoints", _model(CheckpointInfo), json=request.model_dump(mode="json"))
+
+    def _fork_call(self, times: int) -> Call:
+        return Call("POST", f"{self._url}/fork", _models(SandboxInfo), json={"times": times})
+
+    # -- commands
+
+    def _run_call(self, request: RunRequest) -> Call:
+        body = request.model_dump(exclude_none=True)
+        return Call(
+            "POST",
+            f"{self._url}/exec",
+            lambda r: CommandResult.from_wire(RunResult.model_validate(r.json())),
+            json=body,
+        )
+
+    def _stream_call(self, request: RunRequest) -> Call:
+        return Call("POST", f"{self._url}/exec/stream", json=request.model_dump(exclude_none=True))
+
+    @staticmethod
+    def _collector(
+        on_stdout: OutputCallback | None, on_stderr: OutputCallback | None, request: RunRequest
+    ) -> Collector:
+        return Collector(on_stdout, on_stderr, request.max_output)
+
+    def _start_process_call(self, command: Command, args: list[str] | None, options: ProcessOptions) -> Call:
+        request = build(
+            StartProcessRequest, cmd=command_argv(command, args), env=options.get("env") or {},
+            cwd=options.get("working_dir"), name=options.get("name"), stdin=options.get("stdin", False),
+        )  # fmt: skip
+        return Call("POST", f"{self._url}/processes", _model(ProcessInfo), json=request.model_dump())
+
+    def _processes_call(self) -> Call:
+        return Call("GET", f"{self._url}/processes", _models(ProcessInfo))
+
+    def _process_call(self, process_id: str) -> Call:
+        return Call("GET", f"{self._url}/processes/{process_id}", _model(ProcessInfo))
+
+    def _output_call(self, process_id: str, stream: str, offset: int, max_bytes: int, wait: float) -> Call:
+        params = {"stream": stream, "offset": offset, "max_bytes": max_bytes, "wait": wait}
+        return Call("GET", f"{self._url}/processes/{process_id}/output", _model(ProcessOutput), params=params)
+
+    def _signal_call(self, process_id: str, signal: str) -> Call:
+        url = f"{self._url}/processes/{process_id}/signal"
+        return Call("POST", url, _model(ProcessInfo), json={"signal": signal})
+
+    def _stdin_call(self, process_id: str, data: bytes | str, close: bool) -> Call:
+        body = {"data_b64": _b64(data), "close": close}
+        return Call("POST", f"{self._url}/processes/{process_id}/stdin", json=body)
+
+    # -- files
+
+    def _read_call(self, path: str) -> Call:
+        return Call("GET", f"{self._url}/files", lambda r: r.content, params={"path": path})
+
+    def _write_call(self, path: str, data: bytes | str, mode: int) -> Call:
+        params = {"path": path, "mode": mode}
+        return Call("PUT", f"{self._url}/files", _model(FileEntry), params=params, content=_bytes(data))
+
+    def _list_call(self, path: str) -> Call:
+        return Call("GET", f"{self._url}/files/list", _models(FileEntry), params={"path": path})
+
+    def _stat_call(self, path: str) -> Call:
+        return Call("GET", f"{self._url}/files/stat", _model(FileEntry), params={"path": path})
+
+    def _remove_call(self, path: str, recursive: bool) -> Call:
+        return Call("DELETE", f"{self._url}/files", params={"path": path, "recursive": recursive})
+
+    def _mkdir_call(self, path: str) -> Call:
+        return Call("POST", f"{self._url}/files/mkdir", _model(FileEntry), params={"path": path})

@@ -1,0 +1,189 @@
+"""``Sandbox``: a sandbox driven synchronously. Every method is a recipe of ``SandboxBase`` plus its I/O."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+
+from typing_extensions import Unpack
+
+from ..models import CheckpointInfo, CheckpointType, FileEntry, ProcessInfo, ProcessOutput, RunRequest, SandboxInfo
+from . import _base as b
+from ._base import (
+    CheckpointOptions,
+    Command,
+    CommandResult,
+    CreateOptions,
+    OutputCallback,
+    OutputEvent,
+    ProcessOptions,
+    RunOptions,
+)
+from ._client import Client
+
+
+class Sandbox(b.SandboxBase):
+    """A sandbox, driven synchronously."""
+
+    def __init__(self, info: SandboxInfo, client: Client) -> None:
+        super().__init__(info)
+        self._client = client
+
+    # ---------------------------------------------------- lifecycle
+
+    @classmethod
+    def create(
+        cls, name: str | None = None, *, client: Client | None = None, **options: Unpack[CreateOptions]
+    ) -> Sandbox:
+        """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files)."""
+        client = client or Client()
+        return cls(client.call(b.create_call(name, options)), client)
+
+    @classmethod
+    def connect(cls, id_or_name: str, client: Client | None = None) -> Sandbox:
+        client = client or Client()
+        return cls(client.call(b.connect_call(id_or_name)), client)
+
+    @classmethod
+    def list(cls, include_terminated: bool = False, client: Client | None = None) -> list[SandboxInfo]:
+        return (client or Client()).call(b.list_call(include_terminated))
+
+    def info(self) -> SandboxInfo:
+        return self._client.call(self._info_call())
+
+    def suspend(self) -> SandboxInfo:
+        """Save memory, processes and files to disk; nothing of it keeps running."""
+        return self._client.call(self._lifecycle_call("suspend"))
+
+    def resume(self) -> SandboxInfo:
+        return self._client.call(self._lifecycle_call("resume"))
+
+    def terminate(self) -> SandboxInfo:
+        return self._client.call(self._terminate_call())
+
+    def close(self) -> None:
+        """Close the connection to the daemon; the sandbox keeps running."""
+        self._client.close()
+
+    # ---------------------------------------------------- checkpoints and forks
+
+    def checkpoint(
+        self, checkpoint_type: CheckpointType | str = CheckpointType.MEMORY, **options: Unpack[CheckpointOptions]
+    ) -> CheckpointInfo:
+        """An immutable artifact of this instant; the sandbox keeps running. Restore with ``create(snapshot_id=)``."""
+        return self._client.call(self._checkpoint_call(checkpoint_type, options))
+
+    def copy(self, times: int = 1) -> list[Sandbox]:
+        """Live forks: new running sandboxes that continue from this instant, then diverge."""
+        return [Sandbox(info, self._client) for info in self._client.call(self._fork_call(times))]
+
+    @classmethod
+    def list_checkpoints(cls, client: Client | None = None) -> list[CheckpointInfo]:
+        return (client or Client()).call(b.list_checkpoints_call())
+
+    @classmethod
+    def get_checkpoint(cls, checkpoint_id: str, client: Client | None = None) -> CheckpointInfo:
+        return (client or Client()).call(b.checkpoint_call("GET", checkpoint_id))
+
+    @classmethod
+    def delete_checkpoint(cls, checkpoint_id: str, client: Client | None = None) -> CheckpointInfo:
+        return (client or Client()).call(b.checkpoint_call("DELETE", checkpoint_id))
+
+    # ---------------------------------------------------- commands
+
+    def run(
+        self,
+        command: Command,
+        args: list[str] | None = None,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        **options: Unpack[RunOptions],
+    ) -> CommandResult:
+        """Run to completion. With ``on_stdout``/``on_stderr``, output reaches them as it is produced."""
+        request = b.run_request(command, args, options)
+        if on_stdout is None and on_stderr is None:
+            return self._client.call(self._run_call(request))
+        collector = self._collector(on_stdout, on_stderr, request)
+        for event in self._events(request):
+            collector.feed(event)
+        assert collector.result is not None
+        return collector.result
+
+    def stream(
+        self, command: Command, args: list[str] | None = None, **options: Unpack[RunOptions]
+    ) -> Iterator[OutputEvent]:
+        """Run and yield stdout/stderr chunks while the command runs; the last event is ``exit``."""
+        return self._events(b.run_request(command, args, options))
+
+    def _events(self, request: RunRequest) -> Iterator[OutputEvent]:
+        for line in self._client.stream_lines(self._stream_call(request)):
+            if (event := b.stream_event(line)) is not None:
+                yield event
+
+    def follow_output(
+        self, process_id: str, stream: str = "stdout", offset: int = 0, wait: float = 5.0
+    ) -> Iterator[tuple[int, bytes]]:
+        """(offset, bytes) chunks of a process's output from ``offset`` until it ends.
+
+        Keep the last offset plus the chunk's length: a client that comes back (after a kill, or a
+        suspend) continues from there with nothing lost or repeated.
+        """
+        while True:
+            chunk = self.process_output(process_id, stream=stream, offset=offset, wait=wait)
+            if data := base64.b64decode(chunk.data_b64):
+                yield chunk.offset, data
+            if chunk.eof:
+                return
+            offset = chunk.next_offset
+
+    def start_process(
+        self, command: Command, args: list[str] | None = None, **options: Unpack[ProcessOptions]
+    ) -> ProcessInfo:
+        return self._client.call(self._start_process_call(command, args, options))
+
+    def list_processes(self) -> list[ProcessInfo]:
+        return self._client.call(self._processes_call())
+
+    def get_process(self, process_id: str) -> ProcessInfo:
+        return self._client.call(self._process_call(process_id))
+
+    def process_output(
+        self, process_id: str, stream: str = "stdout", offset: int = 0, max_bytes: int = 1 << 20, wait: float = 0
+    ) -> ProcessOutput:
+        return self._client.call(self._output_call(process_id, stream, offset, max_bytes, wait))
+
+    def send_signal(self, process_id: str, signal: str = "SIGTERM") -> ProcessInfo:
+        return self._client.call(self._signal_call(process_id, signal))
+
+    def kill_process(self, process_id: str) -> ProcessInfo:
+        return self.send_signal(process_id, "SIGKILL")
+
+    def write_stdin(self, process_id: str, data: bytes | str, close: bool = False) -> None:
+        self._client.call(self._stdin_call(process_id, data, close))
+
+    def close_stdin(self, process_id: str) -> None:
+        self.write_stdin(process_id, b"", close=True)
+
+    # ---------------------------------------------------- files
+
+    def read_file(self, path: str) -> bytes:
+        return self._client.call(self._read_call(path))
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> FileEntry:
+        return self._client.call(self._write_call(path, data, mode))
+
+    def list_directory(self, path: str = "/root") -> list[FileEntry]:
+        return self._client.call(self._list_call(path))
+
+    def stat(self, path: str) -> FileEntry:
+        return self._client.call(self._stat_call(path))
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        self._client.call(self._remove_call(path, recursive))
+
+    def make_dir(self, path: str) -> FileEntry:
+        return self._client.call(self._mkdir_call(path))
+
+
+__all__ = ["Sandbox"]

@@ -1,0 +1,213 @@
+"""The service's lifecycle, recovery and idle reaper on the FakeBackend (real agent, no runsc/QEMU)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from stasis.backends.base import HostState
+from stasis.daemon.idle import IdleReaper
+from stasis.daemon.operations import GuestOperations
+from stasis.daemon.service import SandboxService
+from stasis.daemon.states import require
+from stasis.errors import BackendError, StateError, Unsupported
+from stasis.models import RunRequest
+from stasis.models import SandboxStatus as S
+from stasis.paths import Paths
+from tests.fastkit import create, fake, fake_home, running_service, statuses
+
+pytestmark = pytest.mark.fast
+
+
+def run(scenario: Callable[[SandboxService], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with running_service(fake_home("service")) as service:
+            await scenario(service)
+
+    asyncio.run(main())
+
+
+async def echo(service: SandboxService, ref: str, text: str) -> str:
+    result = await GuestOperations(service).run(ref, RunRequest(cmd=["echo", text]))
+    return base64.b64decode(result.stdout_b64).decode()
+
+
+def test_a_lifecycle_walks_the_exact_transitions() -> None:
+    async def scenario(service: SandboxService) -> None:
+        info = await create(service, "life")
+        assert info.status == S.RUNNING and info.runtime == {"boots": 1}
+        await service.suspend("life")
+        assert await echo(service, "life", "awake") == "awake\n"  # a request resumes it
+        await service.terminate("life")
+        assert statuses(service, info.id) == [
+            "pending", "running", "suspending", "suspended", "resuming", "running", "terminating", "terminated",
+        ]  # fmt: skip
+        assert not (service.paths.sandboxes / info.id).exists()
+
+    run(scenario)
+
+
+def test_a_failed_suspend_leaves_the_sandbox_running_with_the_error_recorded() -> None:
+    async def scenario(service: SandboxService) -> None:
+        info = await create(service, "stubborn")
+        fake(service).fail_next["suspend"] = BackendError("disk on fire")
+        with pytest.raises(BackendError):
+            await service.suspend("stubborn")
+        after = service.get("stubborn")
+        assert after.status == S.RUNNING and "disk on fire" in (after.error or "")
+        assert await echo(service, "stubborn", "still here") == "still here\n"
+        assert statuses(service, info.id)[-2:] == ["suspending", "running"]
+
+    run(scenario)
+
+
+def test_a_failed_create_leaves_nothing_and_frees_the_name() -> None:
+    async def scenario(service: SandboxService) -> None:
+        fake(service).fail_next["start"] = BackendError("no luck")
+        with pytest.raises(BackendError):
+            await create(service, "phoenix")
+        assert service.list() == []
+        assert list(service.paths.sandboxes.iterdir()) == []
+        assert (await create(service, "phoenix")).status == S.RUNNING
+
+    run(scenario)
+
+
+def test_wrong_state_errors_say_what_to_do() -> None:
+    async def scenario(service: SandboxService) -> None:
+        await create(service, "sleepy")
+        await service.suspend("sleepy")
+        with pytest.raises(StateError, match="resume it first") as caught:
+            require(service.store.get("sleepy"), S.RUNNING)
+        assert caught.value.details == {"status": "suspended", "required": ["running"]}
+        with pytest.raises(Unsupported, match="network"):
+            await create(service, "online", network=True)
+
+    run(scenario)
+
+
+async def restart(paths: Paths, crash: Callable[[SandboxService], Awaitable[None]]) -> SandboxService:
+    """Leave a service as a killed daemon would (no close), then start a new one on the same home."""
+    first = SandboxService(paths, backends={"fake": fake_backend(paths)})
+    await first.start()
+    await crash(first)
+    first.store.close()
+    return first
+
+
+def fake_backend(paths: Paths):  # type: ignore[no-untyped-def]
+    from tests.fakes import FakeBackend
+
+    return FakeBackend(paths)
+
+
+def test_recovery_adopts_a_running_sandbox_whose_suspend_was_cut_off() -> None:
+    async def main() -> None:
+        paths = fake_home("recover")
+
+        async def crash(service: SandboxService) -> None:
+            info = await create(service, "cut")
+            service.store.transition(info.id, S.SUSPENDING)  # the intent was written, then the daemon died
+
+        await restart(paths, crash)
+        async with running_service(paths) as service:
+            assert service.get("cut").status == S.RUNNING
+            assert await echo(service, "cut", "alive") == "alive\n"
+            assert statuses(service, service.get("cut").id)[-1] == "running"
+
+    asyncio.run(main())
+
+
+def test_recovery_fails_a_sandbox_whose_processes_died_and_resume_boots_it_again() -> None:
+    async def main() -> None:
+        paths = fake_home("lost")
+
+        async def crash(service: SandboxService) -> None:
+            info = await create(service, "lost")
+            box = service._box(service.store.get(info.id))
+            os.killpg(fake(service).pid(box), signal.SIGKILL)  # the host rebooted under it
+
+        await restart(paths, crash)
+        async with running_service(paths) as service:
+            failed = service.get("lost")
+            assert failed.status == S.FAILED and "host restart" in (failed.error or "")
+            with pytest.raises(StateError, match="stasis resume lost"):
+                await echo(service, "lost", "x")  # never silently resumed
+            resumed = await service.resume("lost")
+            assert resumed.status == S.RUNNING and resumed.runtime == {"boots": 2}
+
+    asyncio.run(main())
+
+
+def test_recovery_completes_a_suspend_found_done_on_the_host() -> None:
+    async def main() -> None:
+        paths = fake_home("done")
+
+        async def crash(service: SandboxService) -> None:
+            info = await create(service, "done")
+            service.store.transition(info.id, S.SUSPENDING)
+            box = service._box(service.store.get(info.id))
+            await fake(service).suspend(box, service._channels[info.id])  # the work finished, the outcome never
+
+        await restart(paths, crash)
+        async with running_service(paths) as service:
+            info = service.get("done")
+            assert info.status == S.SUSPENDED
+            assert await fake(service).host_state(service._box(info)) == HostState.SUSPENDED
+            assert await echo(service, "done", "back") == "back\n"
+
+    asyncio.run(main())
+
+
+def test_recovery_reaps_agents_and_directories_nobody_owns() -> None:
+    async def main() -> None:
+        paths = fake_home("orphans")
+
+        async def crash(service: SandboxService) -> None:
+            info = await create(service, "orphan")
+            service.store.db.execute("DELETE FROM sandboxes WHERE id = ?", (info.id,))
+
+        first = await restart(paths, crash)
+        assert list(paths.sandboxes.iterdir())
+        async with running_service(paths):
+            assert list(paths.sandboxes.iterdir()) == []
+        del first
+
+    asyncio.run(main())
+
+
+def test_the_idle_reaper_suspends_named_and_removes_unnamed_sandboxes() -> None:
+    async def scenario(service: SandboxService) -> None:
+        named = await create(service, "keeper", timeout_secs=1)
+        unnamed = await create(service, None, timeout_secs=1)
+        busy = await create(service, "busy", timeout_secs=1)
+        reaper = IdleReaper(service)
+        with service.activity.busy(busy.id):  # a request under way holds the clock
+            time.sleep(1.1)
+            reaper.tick()
+            for _ in range(100):
+                if service.get(named.id).status == S.SUSPENDED and service.get(unnamed.id).status == S.TERMINATED:
+                    break
+                await asyncio.sleep(0.05)
+        assert service.get(named.id).status == S.SUSPENDED
+        assert service.get(unnamed.id).status == S.TERMINATED
+        assert service.get(busy.id).status == S.RUNNING
+
+    run(scenario)
+
+
+def test_concurrent_requests_to_a_suspended_sandbox_share_one_resume() -> None:
+    async def scenario(service: SandboxService) -> None:
+        info = await create(service, "crowd")
+        await service.suspend("crowd")
+        replies = await asyncio.gather(*(echo(service, "crowd", str(i)) for i in range(8)))
+        assert replies == [f"{i}\n" for i in range(8)]
+        assert statuses(service, info.id).count("resuming") == 1
+
+    run(scenario)

@@ -1,0 +1,59 @@
+"""The fast tier's set-up: a temporary home with a stand-in image, and a service on the FakeBackend."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from stasis.daemon.recovery import Recovery
+from stasis.daemon.service import SandboxService
+from stasis.images import ImageInfo, ImageStore
+from stasis.models import CreateSandboxRequest, SandboxInfo
+from stasis.paths import Paths
+from tests.conftest import TEST_ROOT
+from tests.fakes import FakeBackend
+
+
+def fake_home(name: str = "fast") -> Paths:
+    """A home whose image directory holds an empty 'default' image (the fake never mounts it)."""
+    TEST_ROOT.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=TEST_ROOT))
+    paths = Paths(home=home, images=home / "images")
+    paths.ensure()
+    recipe = ImageStore(paths.images).recipe("default")
+    image = paths.images / recipe.key
+    (image / "rootfs").mkdir(parents=True)
+    info = ImageInfo(name="default", key=recipe.key, digest=recipe.digest, packages=[], suite="none",
+                     size_bytes=0, built_at=time.time(), build_seconds=0, path=str(image))  # fmt: skip
+    (image / "image.json").write_text(info.model_dump_json())
+    return paths
+
+
+@contextlib.asynccontextmanager
+async def running_service(paths: Paths, *, cleanup: bool = True) -> AsyncIterator[SandboxService]:
+    """A started service (recovery run, as in the app's lifespan); ``cleanup`` removes its sandboxes after."""
+    service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
+    await service.start()
+    await Recovery(service).run()
+    try:
+        yield service
+    finally:
+        if cleanup:
+            for info in service.store.list():
+                await service.terminate(info.id)
+        await service.close()
+
+
+def fake(service: SandboxService) -> FakeBackend:
+    return service.backends["fake"]  # type: ignore[return-value]
+
+
+async def create(service: SandboxService, name: str | None = None, **spec: object) -> SandboxInfo:
+    return await service.create(CreateSandboxRequest(name=name, backend="fake", **spec))  # type: ignore[arg-type]
+
+
+def statuses(service: SandboxService, sandbox_id: str) -> list[str]:
+    return [t["to_status"] for t in service.store.transitions(sandbox_id)]
