@@ -1,4 +1,4 @@
-.PHONY: setup test demo bench soak lint clean
+.PHONY: setup test test-fast demo bench soak lint clean
 
 setup:
 	@scripts/setup.sh
@@ -6,6 +6,16 @@ setup:
 test: setup
 	.venv/bin/ruff check src tests benchmarks demo
 	.venv/bin/pytest -v -rs
+
+# No runsc, QEMU or image: the real agent on a fake backend, the tables, the store, the SDK recipes.
+test-fast: .venv/.stasis-installed
+	.venv/bin/pytest -q -m fast
+
+.venv/.stasis-installed: pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[dev]'
+	touch $@
 
 demo: setup
 	.venv/bin/python demo/demo.py $(ARGS)

@@ -26,13 +26,14 @@ from rich.table import Table
 from stasis import AsyncSandbox
 from stasis.backends.gvisor.backend import copy_tree
 from stasis.backends.gvisor.runsc import Runsc
+from stasis.guest import protocol as P
 
 console = Console(width=140)
 RESULTS = Path(__file__).parent / "results"
 
 
 async def raw_checkpoint(raw: RawBox, dest: Path, memory: bool) -> None:
-    raw.call("sync")
+    raw.call(P.Sync())
     await raw.runsc.call("pause", raw.id)
     await copy_tree(raw.dir / "upper", dest / "files")
     if memory:
@@ -48,7 +49,7 @@ async def raw_restore(root: Path, runsc: Runsc, image: Path, flags: tuple[str, .
     await box._launch(
         "restore", "--detach", "--bundle", str(box.bundle), "--image-path", str(source / "memory"), box.id
     )
-    box.call("exec", {"cmd": ["true"]})
+    box.call(P.Exec(cmd=["true"]))
     return box
 
 
@@ -76,7 +77,7 @@ async def measure(r: Rig, rounds: int) -> dict:
         await sbx.start_process(holder_cmd(64))
         raw = RawBox(root, runsc, image, flags, counter := counter + 1)
         await raw.start()
-        raw.call("process_start", {"cmd": holder_cmd(64)})
+        raw.call(P.StartProcess(cmd=holder_cmd(64)))
         await asyncio.sleep(2)  # both holders fill their 64 MiB
 
         for kind in ("memory", "filesystem"):

@@ -32,15 +32,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from stasis import AsyncClient, AsyncSandbox, procs
 from stasis.backends.gvisor import mounts
-from stasis.backends.gvisor.backend import AGENT_SOURCE, PREFERRED_CHECKPOINT_FLAGS
-from stasis.backends.gvisor.bundle import AGENT_PATH, oci_config
+from stasis.backends.gvisor.agentdir import agent_dir
+from stasis.backends.gvisor.backend import PREFERRED_CHECKPOINT_FLAGS
+from stasis.backends.gvisor.bundle import oci_config
 from stasis.backends.gvisor.runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags
+from stasis.guest import protocol as P
 from stasis.models import SandboxSpec
 from stasis.paths import Paths, default_home
 
@@ -73,12 +76,12 @@ class RawBox:
         self.runsc = runsc
         self.checkpoint_flags = checkpoint_flags
         self.bundle, self.rootfs = self.dir / "bundle", self.dir / "bundle" / "rootfs"
-        (self.dir / "upper" / AGENT_PATH.lstrip("/")).parent.mkdir(parents=True)
+        (self.dir / "upper").mkdir(parents=True)
         if files_from is not None:  # a restore: the checkpoint's files first
             subprocess.run(["cp", "-a", f"{files_from}/.", str(self.dir / "upper")], check=False)
-        shutil.copyfile(AGENT_SOURCE, self.dir / "upper" / AGENT_PATH.lstrip("/"))
         self.bundle.mkdir()
-        config = oci_config(self.id, self.id, SandboxSpec(memory_mb=1024), str(self.rootfs))
+        agent = agent_dir(root / "agent")  # mounted read-only, as stasis does
+        config = oci_config(self.id, self.id, SandboxSpec(memory_mb=1024), str(self.rootfs), agent)
         (self.bundle / "config.json").write_text(json.dumps(config))
         mounts.mount_overlay(image, self.dir / "upper", self.dir / "work", self.rootfs)
         for name in ("in", "out"):
@@ -90,9 +93,9 @@ class RawBox:
     async def _launch(self, *args: str) -> None:
         await self.runsc.call(*args, stdin=self.to_guest, stdout=self.from_guest, stderr=subprocess.DEVNULL)
 
-    def call(self, op: str, args: dict | None = None) -> dict:
+    def call(self, op: P.Operation[Any]) -> dict:
         self.seq += 1
-        request = {"id": f"raw-{self.seq}", "op": op, "args": args or {}}
+        request = {"id": f"raw-{self.seq}", "op": op.op, "args": P.encode(op)}
         os.write(self.to_guest, json.dumps(request).encode() + b"\n")
         pending = b""
         while True:
@@ -105,10 +108,10 @@ class RawBox:
 
     async def start(self) -> None:
         await self._launch("run", "-detach", "--bundle", str(self.bundle), self.id)
-        self.call("health")
+        self.call(P.Health())
 
     async def suspend(self) -> None:
-        self.call("sync")
+        self.call(P.Sync())
         shutil.rmtree(self.dir / "image", ignore_errors=True)
         await self.runsc.call("checkpoint", *self.checkpoint_flags, "--image-path", str(self.dir / "image"), self.id)
         await self.runsc.delete(self.id)
@@ -116,7 +119,7 @@ class RawBox:
     async def resume(self) -> None:
         image = str(self.dir / "image")
         await self._launch("restore", "--detach", "--bundle", str(self.bundle), "--image-path", image, self.id)
-        self.call("health")
+        self.call(P.Health())
 
     async def destroy(self) -> None:
         await self.runsc.delete(self.id)
@@ -139,7 +142,7 @@ async def until_ready(sbx: AsyncSandbox, raw: RawBox) -> None:
     """Wait until both holder processes have their memory filled."""
     for _ in range(600):
         ours = (await sbx.run(["test", "-f", "/tmp/ready"])).exit_code
-        theirs = raw.call("exec", {"cmd": ["test", "-f", "/tmp/ready"]})["result"]["exit_code"]
+        theirs = raw.call(P.Exec(cmd=["test", "-f", "/tmp/ready"]))["result"]["exit_code"]
         if ours == theirs == 0:
             return
         await asyncio.sleep(0.05)
@@ -177,14 +180,14 @@ async def one_round(client: AsyncClient, raw: RawBox, hold_mb: int, samples: dic
 
     async def raw_create() -> None:
         await raw.start()
-        raw.call("exec", {"cmd": ["true"]})
+        raw.call(P.Exec(cmd=["true"]))
 
     samples["create_first_exec"].append(await timed(create))
     samples["raw_create_first_exec"].append(await timed(raw_create))
     sbx = created[0]
 
     async def agent_true() -> None:
-        raw.call("exec", {"cmd": ["true"]})
+        raw.call(P.Exec(cmd=["true"]))
 
     for _ in range(20):
         samples["exec"].append(await timed(lambda: sbx.run(["true"])))
@@ -193,7 +196,7 @@ async def one_round(client: AsyncClient, raw: RawBox, hold_mb: int, samples: dic
 
     # the same memory-holding workload on both sides
     await sbx.start_process(holder_cmd(hold_mb))
-    raw.call("process_start", {"cmd": holder_cmd(hold_mb)})
+    raw.call(P.StartProcess(cmd=holder_cmd(hold_mb)))
     await until_ready(sbx, raw)
 
     samples["suspend"].append(await timed(sbx.suspend))
@@ -205,7 +208,7 @@ async def one_round(client: AsyncClient, raw: RawBox, hold_mb: int, samples: dic
 
     async def raw_resume() -> None:
         await raw.resume()
-        raw.call("exec", {"cmd": ["true"]})
+        raw.call(P.Exec(cmd=["true"]))
 
     samples["resume_first_exec"].append(await timed(resume))
     samples["raw_resume_first_exec"].append(await timed(raw_resume))

@@ -26,15 +26,17 @@ import socket
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from lifecycle import comparison_table, holder_cmd, rig, save_report, timed
 from rich.console import Console
 
 from stasis import AsyncSandbox, procs
 from stasis.backends.microvm import qemu
-from stasis.backends.microvm.backend import copy_file
+from stasis.backends.microvm.files import copy_file
 from stasis.backends.microvm.qemu import Machine, VmFiles
 from stasis.fsutil import fsync_file
+from stasis.guest import protocol as P
 
 console = Console(width=140)
 
@@ -53,7 +55,7 @@ class RawVm:
     def argv(self, incoming: bool) -> list[str]:
         return qemu.command_line(qemu.find_qemu(), self.machine, self.files, f"raw-{self.name}", incoming)
 
-    def call(self, op: str, args: dict | None = None, timeout: float = 60) -> dict:
+    def call(self, op: P.Operation[Any], timeout: float = 60) -> dict:
         deadline = time.monotonic() + timeout
         while self.sock is None:
             try:
@@ -65,7 +67,7 @@ class RawVm:
                     raise
                 time.sleep(0.005)
         self.seq += 1
-        request = {"id": f"raw-{self.seq}", "op": op, "args": args or {}}
+        request = {"id": f"raw-{self.seq}", "op": op.op, "args": P.encode(op)}
         self.sock.settimeout(timeout)
         self.sock.sendall(json.dumps(request).encode() + b"\n")
         pending = b""
@@ -83,7 +85,7 @@ class RawVm:
 
     async def boot(self) -> None:
         await qemu.launch(self.argv(incoming=False), self.files)
-        self.call("health", timeout=120)
+        self.call(P.Health(), timeout=120)
 
     async def restore(self, vmstate: Path) -> None:
         await self.launch()
@@ -97,7 +99,7 @@ class RawVm:
             await qemu.load_state(client, vmstate)
 
     async def save(self, vmstate: Path, keep_running: bool = False) -> None:
-        self.call("sync")
+        self.call(P.Sync())
         async with qemu.qmp(self.files) as client:
             await qemu.save_state(client, vmstate)
             if keep_running:
@@ -168,7 +170,7 @@ async def bench(rounds: int, hold_mb: int) -> dict:
                 await copy_file(template / "disk.qcow2", raw.files.disk)
                 await copy_file(template / "memory.ram", raw.files.memory)
                 await raw.restore(template / "vmstate")
-                raw.call("exec", {"cmd": ["true"]})  # the first request: it waits for the agent
+                raw.call(P.Exec(cmd=["true"]))  # the first request: it waits for the agent
 
             add("create", await timed(create))
             add("raw_create", await timed(raw_create))
@@ -178,10 +180,10 @@ async def bench(rounds: int, hold_mb: int) -> dict:
                 add("raw_exec", await timed(lambda: asyncio.to_thread(raw.call, "exec", {"cmd": ["true"]})))
 
             await sbx.start_process(holder_cmd(hold_mb))
-            raw.call("process_start", {"cmd": holder_cmd(hold_mb)})
+            raw.call(P.StartProcess(cmd=holder_cmd(hold_mb)))
             for _ in range(1200):
                 ours = (await sbx.run(["test", "-f", "/tmp/ready"])).exit_code
-                theirs = raw.call("exec", {"cmd": ["test", "-f", "/tmp/ready"]})["result"]["exit_code"]
+                theirs = raw.call(P.Exec(cmd=["test", "-f", "/tmp/ready"]))["result"]["exit_code"]
                 if ours == theirs == 0:
                     break
                 await asyncio.sleep(0.1)
@@ -202,7 +204,7 @@ async def bench(rounds: int, hold_mb: int) -> dict:
 
             async def raw_resume() -> None:
                 await raw.restore(vmstate)
-                raw.call("exec", {"cmd": ["true"]})
+                raw.call(P.Exec(cmd=["true"]))
 
             add("resume", await timed(resume))
             add("raw_resume", await timed(raw_resume))
@@ -232,7 +234,7 @@ async def bench(rounds: int, hold_mb: int) -> dict:
                 await copy_file(raw.files.memory, child.files.memory)
                 await raw.cont()
                 await child.restore(state)
-                child.call("exec", {"cmd": ["true"]})
+                child.call(P.Exec(cmd=["true"]))
 
             add("fork", await timed(fork))
             add("raw_fork", await timed(raw_fork))
