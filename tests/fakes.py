@@ -90,7 +90,7 @@ class FakeBackend:
         stdin, stdout = os.open(d / "to_guest.fifo", os.O_RDWR), os.open(d / "from_guest.fifo", os.O_RDWR)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-u", str(AGENT_DIR / "agent.py"), MARKER, str(d)],
+                [sys.executable, "-I", "-S", "-u", str(AGENT_DIR / "boot.py"), MARKER, str(d)],
                 stdin=stdin,
                 stdout=stdout,
                 stderr=subprocess.DEVNULL,

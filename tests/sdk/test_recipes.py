@@ -24,7 +24,7 @@ INFO = {"id": "sb-000000000001", "name": "x", "status": "running", "spec": {}, "
 
 def test_run_recipe_carries_stdin_and_max_output() -> None:
     request = b.run_request("cat", None, {"stdin": "hi", "max_output": 10, "timeout": 2, "working_dir": "/tmp"})
-    sbx = Sandbox(b.SandboxBase(b.connect_call("x").parse(httpx.Response(200, json=INFO)))._info, None)  # type: ignore[arg-type]
+    sbx = Sandbox(b.connect_call("x").parse(httpx.Response(200, json=INFO)), None)
     for call in (sbx._run_call(request), sbx._stream_call(request)):
         assert call.method == "POST" and call.path.startswith("/v1/sandboxes/sb-000000000001/exec")
         assert call.json["stdin_b64"] == base64.b64encode(b"hi").decode()

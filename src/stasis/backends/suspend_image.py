@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from ..fsutil import fsync_dir, fsync_file, fsync_tree
+from .base import HostState
 
 
 class SuspendImage:
@@ -30,6 +31,12 @@ class SuspendImage:
     def unsealed(self) -> bool:
         """Written (its marker exists) but cut off before the seal."""
         return (self.partial / self.marker).exists() and not self.sealed
+
+    def host_state(self) -> HostState:
+        """What this image says about a sandbox whose processes are gone."""
+        if self.sealed:
+            return HostState.SUSPENDED
+        return HostState.PARTIAL if self.unsealed else HostState.STOPPED
 
     def begin(self) -> Path:
         shutil.rmtree(self.partial, ignore_errors=True)

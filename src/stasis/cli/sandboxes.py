@@ -6,6 +6,7 @@ import base64
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from rich.table import Table
 
 from ..backends import BACKENDS, DEFAULT_BACKEND
 from ..errors import InvalidRequest
-from ..models import DiskUsage, SandboxSpec
+from ..models import DiskUsage, SandboxInfo, SandboxSpec
 from ..paths import Paths
 from ..sdk import Sandbox
 from ..sdk._base import EXIT_CODE_TIMEOUT
@@ -122,7 +123,7 @@ def shell(
     command: Annotated[list[str] | None, typer.Argument(help="Program instead of the tmux session (after --).")] = None,
 ) -> None:
     """Attach this terminal to the sandbox: a tmux session named after it. Ctrl-\\ detaches."""
-    from .shell import attach
+    from ..shell import attach
 
     info = Sandbox.connect(name, client=client()).info()  # starts the daemon; clear errors for unknown names
     err.print(f"[dim]attached to {info.name or info.id} ({info.status.value}); Ctrl-\\ detaches[/dim]")
@@ -192,24 +193,24 @@ def kill(
     out.print(f"sent {signal_name.upper()} to {info.id} (pid {info.pid})")
 
 
+def _transition(name: str, verb: str, act: Callable[[Sandbox], SandboxInfo]) -> None:
+    sbx = Sandbox.connect(name, client=client())
+    with err.status(f"{verb.removesuffix('e')}ing {name}..."):
+        info = act(sbx)
+    seconds = info.last_suspend_seconds if verb == "suspend" else info.last_resume_seconds
+    out.print(f"{verb}ed [bold]{name}[/bold]{f' in {seconds:.3f}s' if seconds else ''}")
+
+
 @app.command()
 def suspend(name: Name) -> None:
     """Suspend a sandbox to disk: memory, processes and files. Nothing of it keeps running."""
-    sbx = Sandbox.connect(name, client=client())
-    with err.status(f"suspending {name}..."):
-        info = sbx.suspend()
-    took = f" in {info.last_suspend_seconds:.3f}s" if info.last_suspend_seconds else ""
-    out.print(f"suspended [bold]{name}[/bold]{took}")
+    _transition(name, "suspend", Sandbox.suspend)
 
 
 @app.command()
 def resume(name: Name) -> None:
     """Resume a suspended sandbox exactly where it was."""
-    sbx = Sandbox.connect(name, client=client())
-    with err.status(f"resuming {name}..."):
-        info = sbx.resume()
-    took = f" in {info.last_resume_seconds:.3f}s" if info.last_resume_seconds else ""
-    out.print(f"resumed [bold]{name}[/bold]{took}")
+    _transition(name, "resume", Sandbox.resume)
 
 
 @app.command()

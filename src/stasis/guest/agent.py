@@ -1,8 +1,9 @@
 """The stasis guest agent: the one process that runs *inside* every sandbox.
 
 Standard library only: its directory (this file, ``protocol.py`` and the modules
-named in ``AGENT_FILES``) is made visible inside the sandbox read-only and run by
-the image's ``python3`` as the sandbox's init (pid 1). It speaks the JSON-lines
+named in ``AGENT_FILES``) is made visible inside the sandbox read-only at
+``/opt/stasis`` and started by ``boot.py`` with the image's ``python3`` as the
+sandbox's init (pid 1). It speaks the JSON-lines
 protocol of :mod:`protocol` on stdin/stdout, which the host backs with FIFOs
 (gVisor) or a virtio-serial port (microVM), and dispatches every request through
 ``protocol.OPERATIONS``.
@@ -31,19 +32,11 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script inside the sandbox: the modules beside it
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import protocol as P  # type: ignore[no-redef]
-    from commands import Commands  # type: ignore[no-redef]
-    from files import Files, remove_interrupted_uploads, write_atomic  # type: ignore[no-redef]
-    from processes import ProcessTable, RequestError, start_thread, write_all  # type: ignore[no-redef]
-    from terminals import Terminals  # type: ignore[no-redef]
-else:
-    from . import protocol as P
-    from .commands import Commands
-    from .files import Files, remove_interrupted_uploads, write_atomic
-    from .processes import ProcessTable, RequestError, start_thread, write_all
-    from .terminals import Terminals
+from . import protocol as P
+from .commands import Commands
+from .files import Files, remove_interrupted_uploads, write_atomic
+from .processes import ProcessTable, RequestError, start_thread, write_all
+from .terminals import Terminals
 
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)

@@ -12,28 +12,16 @@ import os
 import signal
 import time
 
-try:
-    from . import protocol as P
-    from .processes import (
-        EXEC_OUTPUT_LIMIT,
-        PROCESS_OUTPUT_LIMIT,
-        OutputBuffer,
-        Process,
-        ProcessTable,
-        RequestError,
-        start_thread,
-    )
-except ImportError:  # run as a script inside the sandbox
-    import protocol as P  # type: ignore[no-redef]
-    from processes import (  # type: ignore[no-redef]
-        EXEC_OUTPUT_LIMIT,
-        PROCESS_OUTPUT_LIMIT,
-        OutputBuffer,
-        Process,
-        ProcessTable,
-        RequestError,
-        start_thread,
-    )
+from . import protocol as P
+from .processes import (
+    EXEC_OUTPUT_LIMIT,
+    PROCESS_OUTPUT_LIMIT,
+    OutputBuffer,
+    Process,
+    ProcessTable,
+    RequestError,
+    start_thread,
+)
 
 READ_CHUNK_LIMIT = 4 << 20
 

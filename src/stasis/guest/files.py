@@ -13,14 +13,9 @@ import shutil
 import stat
 import time
 
-try:
-    from . import protocol as P
-    from .commands import READ_CHUNK_LIMIT, b64, unb64
-    from .processes import RequestError
-except ImportError:  # run as a script inside the sandbox
-    import protocol as P  # type: ignore[no-redef]
-    from commands import READ_CHUNK_LIMIT, b64, unb64  # type: ignore[no-redef]
-    from processes import RequestError  # type: ignore[no-redef]
+from . import protocol as P
+from .commands import READ_CHUNK_LIMIT, b64, unb64
+from .processes import RequestError
 
 UPLOADS = os.path.join(os.environ.get("STASIS_AGENT_STATE", "/var/lib/stasis"), "uploads")
 STALE_UPLOAD_SECONDS = 3600.0

@@ -17,10 +17,7 @@ import time
 from collections import OrderedDict
 from typing import Any, BinaryIO
 
-try:
-    from . import protocol as P
-except ImportError:  # run as a script inside the sandbox
-    import protocol as P  # type: ignore[no-redef]
+from . import protocol as P
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

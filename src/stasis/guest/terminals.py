@@ -12,30 +12,17 @@ import signal
 import struct
 import termios
 
-try:
-    from . import protocol as P
-    from .commands import unb64
-    from .processes import (
-        PROCESS_OUTPUT_LIMIT,
-        Process,
-        ProcessTable,
-        RequestError,
-        command_env,
-        start_thread,
-        write_all,
-    )
-except ImportError:  # run as a script inside the sandbox
-    import protocol as P  # type: ignore[no-redef]
-    from commands import unb64  # type: ignore[no-redef]
-    from processes import (  # type: ignore[no-redef]
-        PROCESS_OUTPUT_LIMIT,
-        Process,
-        ProcessTable,
-        RequestError,
-        command_env,
-        start_thread,
-        write_all,
-    )
+from . import protocol as P
+from .commands import unb64
+from .processes import (
+    PROCESS_OUTPUT_LIMIT,
+    Process,
+    ProcessTable,
+    RequestError,
+    command_env,
+    start_thread,
+    write_all,
+)
 
 
 def _window(cols: int, rows: int) -> tuple[int, int]:

@@ -9,31 +9,19 @@ from typing_extensions import Unpack
 
 from ..models import CheckpointInfo, CheckpointType, FileEntry, ProcessInfo, ProcessOutput, RunRequest, SandboxInfo
 from . import _base as b
-from ._base import (
-    CheckpointOptions,
-    Command,
-    CommandResult,
-    CreateOptions,
-    OutputCallback,
-    OutputEvent,
-    ProcessOptions,
-    RunOptions,
-)
 from ._client import AsyncClient
 
 
 class AsyncSandbox(b.SandboxBase):
     """A sandbox, driven from asyncio. Same methods as :class:`Sandbox`, awaited."""
 
-    def __init__(self, info: SandboxInfo, client: AsyncClient) -> None:
-        super().__init__(info)
-        self._client = client
+    _client: AsyncClient
 
     # ---------------------------------------------------- lifecycle
 
     @classmethod
     async def create(
-        cls, name: str | None = None, *, client: AsyncClient | None = None, **options: Unpack[CreateOptions]
+        cls, name: str | None = None, *, client: AsyncClient | None = None, **options: Unpack[b.CreateOptions]
     ) -> AsyncSandbox:
         """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files)."""
         client = client or AsyncClient()
@@ -68,7 +56,7 @@ class AsyncSandbox(b.SandboxBase):
     # ---------------------------------------------------- checkpoints and forks
 
     async def checkpoint(
-        self, checkpoint_type: CheckpointType | str = CheckpointType.MEMORY, **options: Unpack[CheckpointOptions]
+        self, checkpoint_type: CheckpointType | str = CheckpointType.MEMORY, **options: Unpack[b.CheckpointOptions]
     ) -> CheckpointInfo:
         """An immutable artifact of this instant; the sandbox keeps running. Restore with ``create(snapshot_id=)``."""
         return await self._client.call(self._checkpoint_call(checkpoint_type, options))
@@ -92,32 +80,24 @@ class AsyncSandbox(b.SandboxBase):
     # ---------------------------------------------------- commands
 
     async def run(
-        self,
-        command: Command,
-        args: list[str] | None = None,
-        *,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        **options: Unpack[RunOptions],
-    ) -> CommandResult:
+        self, command: b.Command, args: b.Args = None, **options: Unpack[b.WatchedRunOptions]
+    ) -> b.CommandResult:
         """Run to completion. With ``on_stdout``/``on_stderr``, output reaches them as it is produced."""
-        request = b.run_request(command, args, options)
-        if on_stdout is None and on_stderr is None:
+        request, collector = self._run_plan(command, args, options)
+        if collector is None:
             return await self._client.call(self._run_call(request))
-        collector = self._collector(on_stdout, on_stderr, request)
         async for event in self._events(request):
             collector.feed(event)
-        assert collector.result is not None
-        return collector.result
+        return collector.finish()
 
     async def stream(
-        self, command: Command, args: list[str] | None = None, **options: Unpack[RunOptions]
-    ) -> AsyncIterator[OutputEvent]:
+        self, command: b.Command, args: b.Args = None, **options: Unpack[b.RunOptions]
+    ) -> AsyncIterator[b.OutputEvent]:
         """Run and yield stdout/stderr chunks while the command runs; the last event is ``exit``."""
         async for event in self._events(b.run_request(command, args, options)):
             yield event
 
-    async def _events(self, request: RunRequest) -> AsyncIterator[OutputEvent]:
+    async def _events(self, request: RunRequest) -> AsyncIterator[b.OutputEvent]:
         async for line in self._client.stream_lines(self._stream_call(request)):
             if (event := b.stream_event(line)) is not None:
                 yield event
@@ -139,7 +119,7 @@ class AsyncSandbox(b.SandboxBase):
             offset = chunk.next_offset
 
     async def start_process(
-        self, command: Command, args: list[str] | None = None, **options: Unpack[ProcessOptions]
+        self, command: b.Command, args: b.Args = None, **options: Unpack[b.ProcessOptions]
     ) -> ProcessInfo:
         return await self._client.call(self._start_process_call(command, args, options))
 

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 import httpx
 
+from ..errors import GuestDisconnected
 from ..models import (
     CheckpointInfo,
     CheckpointType,
@@ -34,6 +35,7 @@ from ..models import (
 EXIT_CODE_TIMEOUT = 124  # what `timeout(1)` returns; used by the CLI
 OutputCallback = Callable[[bytes], None]
 Command = str | list[str]
+Args = list[str] | None
 
 
 class CreateOptions(TypedDict, total=False):
@@ -54,6 +56,11 @@ class RunOptions(TypedDict, total=False):
     max_output: int  # bytes of stdout (and of stderr) kept, the last ones; the rest is marked truncated
     exec_id: str  # idempotency key: a known id reattaches to that run instead of starting it again
     stdin: bytes | str
+
+
+class WatchedRunOptions(RunOptions, total=False):
+    on_stdout: OutputCallback  # called with each chunk as the command writes it
+    on_stderr: OutputCallback
 
 
 class ProcessOptions(TypedDict, total=False):
@@ -142,6 +149,11 @@ class Collector:
         self.max_output = max_output
         self.started = time.monotonic()
         self.result: CommandResult | None = None
+
+    def finish(self) -> CommandResult:
+        if self.result is None:
+            raise GuestDisconnected("the command's output stream ended before its exit status arrived")
+        return self.result
 
     def feed(self, event: OutputEvent) -> None:
         if event.kind == "exit":
@@ -246,10 +258,11 @@ def run_request(command: Command, args: list[str] | None, options: RunOptions) -
 
 
 class SandboxBase:
-    """State and recipes of one sandbox; the twins add I/O."""
+    """State and recipes of one sandbox; the twins add I/O through their ``_client``."""
 
-    def __init__(self, info: SandboxInfo) -> None:
+    def __init__(self, info: SandboxInfo, client: Any) -> None:
         self._info = info
+        self._client = client
 
     @property
     def id(self) -> str:
@@ -311,10 +324,13 @@ class SandboxBase:
         return Call("POST", f"{self._url}/exec/stream", json=request.model_dump(exclude_none=True))
 
     @staticmethod
-    def _collector(
-        on_stdout: OutputCallback | None, on_stderr: OutputCallback | None, request: RunRequest
-    ) -> Collector:
-        return Collector(on_stdout, on_stderr, request.max_output)
+    def _run_plan(command: Command, args: Args, options: WatchedRunOptions) -> tuple[RunRequest, Collector | None]:
+        """The request, and (when output is watched) the collector its streamed events go to."""
+        rest = dict(options)
+        on_stdout, on_stderr = rest.pop("on_stdout", None), rest.pop("on_stderr", None)
+        request = run_request(command, args, rest)  # type: ignore[arg-type]
+        watched = on_stdout is not None or on_stderr is not None
+        return request, Collector(on_stdout, on_stderr, request.max_output) if watched else None  # type: ignore[arg-type]
 
     def _start_process_call(self, command: Command, args: list[str] | None, options: ProcessOptions) -> Call:
         request = build(

@@ -9,31 +9,19 @@ from typing_extensions import Unpack
 
 from ..models import CheckpointInfo, CheckpointType, FileEntry, ProcessInfo, ProcessOutput, RunRequest, SandboxInfo
 from . import _base as b
-from ._base import (
-    CheckpointOptions,
-    Command,
-    CommandResult,
-    CreateOptions,
-    OutputCallback,
-    OutputEvent,
-    ProcessOptions,
-    RunOptions,
-)
 from ._client import Client
 
 
 class Sandbox(b.SandboxBase):
     """A sandbox, driven synchronously."""
 
-    def __init__(self, info: SandboxInfo, client: Client) -> None:
-        super().__init__(info)
-        self._client = client
+    _client: Client
 
     # ---------------------------------------------------- lifecycle
 
     @classmethod
     def create(
-        cls, name: str | None = None, *, client: Client | None = None, **options: Unpack[CreateOptions]
+        cls, name: str | None = None, *, client: Client | None = None, **options: Unpack[b.CreateOptions]
     ) -> Sandbox:
         """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files)."""
         client = client or Client()
@@ -68,7 +56,7 @@ class Sandbox(b.SandboxBase):
     # ---------------------------------------------------- checkpoints and forks
 
     def checkpoint(
-        self, checkpoint_type: CheckpointType | str = CheckpointType.MEMORY, **options: Unpack[CheckpointOptions]
+        self, checkpoint_type: CheckpointType | str = CheckpointType.MEMORY, **options: Unpack[b.CheckpointOptions]
     ) -> CheckpointInfo:
         """An immutable artifact of this instant; the sandbox keeps running. Restore with ``create(snapshot_id=)``."""
         return self._client.call(self._checkpoint_call(checkpoint_type, options))
@@ -91,32 +79,22 @@ class Sandbox(b.SandboxBase):
 
     # ---------------------------------------------------- commands
 
-    def run(
-        self,
-        command: Command,
-        args: list[str] | None = None,
-        *,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        **options: Unpack[RunOptions],
-    ) -> CommandResult:
+    def run(self, command: b.Command, args: b.Args = None, **options: Unpack[b.WatchedRunOptions]) -> b.CommandResult:
         """Run to completion. With ``on_stdout``/``on_stderr``, output reaches them as it is produced."""
-        request = b.run_request(command, args, options)
-        if on_stdout is None and on_stderr is None:
+        request, collector = self._run_plan(command, args, options)
+        if collector is None:
             return self._client.call(self._run_call(request))
-        collector = self._collector(on_stdout, on_stderr, request)
         for event in self._events(request):
             collector.feed(event)
-        assert collector.result is not None
-        return collector.result
+        return collector.finish()
 
     def stream(
-        self, command: Command, args: list[str] | None = None, **options: Unpack[RunOptions]
-    ) -> Iterator[OutputEvent]:
+        self, command: b.Command, args: b.Args = None, **options: Unpack[b.RunOptions]
+    ) -> Iterator[b.OutputEvent]:
         """Run and yield stdout/stderr chunks while the command runs; the last event is ``exit``."""
         return self._events(b.run_request(command, args, options))
 
-    def _events(self, request: RunRequest) -> Iterator[OutputEvent]:
+    def _events(self, request: RunRequest) -> Iterator[b.OutputEvent]:
         for line in self._client.stream_lines(self._stream_call(request)):
             if (event := b.stream_event(line)) is not None:
                 yield event
@@ -138,7 +116,7 @@ class Sandbox(b.SandboxBase):
             offset = chunk.next_offset
 
     def start_process(
-        self, command: Command, args: list[str] | None = None, **options: Unpack[ProcessOptions]
+        self, command: b.Command, args: b.Args = None, **options: Unpack[b.ProcessOptions]
     ) -> ProcessInfo:
         return self._client.call(self._start_process_call(command, args, options))
 

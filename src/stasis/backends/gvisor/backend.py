@@ -56,23 +56,13 @@ class GvisorState(BackendState):
 class GvisorBackend:
     name: ClassVar[str] = "gvisor"
     kill_points: ClassVar[tuple[str, ...]] = (
-        "gvisor.start.after_mount",
-        "gvisor.start.after_launch",
-        "gvisor.start_from.after_copy",
-        "gvisor.start_from.after_restore",
-        "gvisor.suspend.after_sync",
-        "gvisor.suspend.before_checkpoint",
-        "gvisor.suspend.after_checkpoint",
-        "gvisor.suspend.after_rename",
-        "gvisor.suspend.after_delete",
-        "gvisor.resume.before_mount",
-        "gvisor.resume.before_restore",
-        "gvisor.resume.after_restore",
-        "gvisor.checkpoint.paused",
-        "gvisor.checkpoint.after_files",
-        "gvisor.checkpoint.after_memory",
+        "gvisor.start.after_mount", "gvisor.start.after_launch", "gvisor.start_from.after_copy",
+        "gvisor.start_from.after_restore", "gvisor.suspend.after_sync", "gvisor.suspend.before_checkpoint",
+        "gvisor.suspend.after_checkpoint", "gvisor.suspend.after_rename", "gvisor.suspend.after_delete",
+        "gvisor.resume.before_mount", "gvisor.resume.before_restore", "gvisor.resume.after_restore",
+        "gvisor.checkpoint.paused", "gvisor.checkpoint.after_files", "gvisor.checkpoint.after_memory",
         "gvisor.destroy.after_stop",
-    )
+    )  # fmt: skip
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
@@ -300,10 +290,7 @@ class GvisorBackend:
         # After a checkpoint runsc still says "running" until delete: look at the process too.
         if state is not None and state.get("status") in ("running", "paused") and procs.pid_alive(state.get("pid")):
             return HostState.RUNNING
-        image = self._image(box)
-        if image.sealed:
-            return HostState.SUSPENDED
-        return HostState.PARTIAL if image.unsealed else HostState.STOPPED
+        return self._image(box).host_state()
 
     async def stop(self, box: BoxRef) -> None:
         """Nothing of the sandbox runs or stays mounted afterwards; its files stay."""

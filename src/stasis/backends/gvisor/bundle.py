@@ -8,7 +8,8 @@ from typing import Any
 from ...models import SandboxSpec
 from .agentdir import MOUNT_POINT
 
-AGENT_PATH = f"{MOUNT_POINT}/agent.py"
+AGENT_PATH = f"{MOUNT_POINT}/boot.py"
+LEGACY_AGENT_PATH = f"{MOUNT_POINT}/agent.py"  # sandboxes made before the mount: the agent sits in their files
 CPU_PERIOD = 100_000
 
 # Docker's default set: root in the sandbox can install packages and chown files;
@@ -28,7 +29,8 @@ def oci_config(sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str, a
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": ["/usr/bin/python3", "-I", "-S", "-u", AGENT_PATH],  # -S: no site import, 30 ms faster
+            # -S: no site import, 30 ms faster
+            "args": ["/usr/bin/python3", "-I", "-S", "-u", AGENT_PATH if agent else LEGACY_AGENT_PATH],
             "env": [
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "HOME=/root",

@@ -77,7 +77,7 @@ mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
 mount -t tmpfs -o mode=755 tmpfs /newroot/run
 ip link set lo up 2>/dev/null
 # /dev now lives under /newroot: open the port there (a bare path would create a plain file).
-exec switch_root /newroot /usr/bin/python3 -I -S -u /opt/stasis/agent.py 0<>"/newroot$port" 1>&0 2>/newroot/dev/console
+exec switch_root /newroot /usr/bin/python3 -I -S -u /opt/stasis/boot.py 0<>"/newroot$port" 1>&0 2>/newroot/dev/console
 """
 
 

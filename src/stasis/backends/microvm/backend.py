@@ -66,13 +66,9 @@ class MicrovmState(BackendState):
 class MicrovmBackend:
     name: ClassVar[str] = "microvm"
     kill_points: ClassVar[tuple[str, ...]] = (
-        "microvm.start.after_restore",
-        "microvm.suspend.after_save",
-        "microvm.suspend.after_quit",
-        "microvm.suspend.after_rename",
-        "microvm.resume.after_load",
-        "microvm.checkpoint.after_save",
-    )
+        "microvm.start.after_restore", "microvm.suspend.after_save", "microvm.suspend.after_quit",
+        "microvm.suspend.after_rename", "microvm.resume.after_load", "microvm.checkpoint.after_save",
+    )  # fmt: skip
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
@@ -346,10 +342,7 @@ class MicrovmBackend:
     async def host_state(self, box: BoxRef) -> HostState:
         if qemu.running_pid(self._box_files(box)) is not None:
             return HostState.RUNNING
-        image = self._image(box)
-        if image.sealed:
-            return HostState.SUSPENDED
-        return HostState.PARTIAL if image.unsealed else HostState.STOPPED
+        return self._image(box).host_state()
 
     async def stop(self, box: BoxRef) -> None:
         await qemu.kill(self._box_files(box))
