@@ -155,6 +155,12 @@ class FakeBackend:
             return HostState.PARTIAL
         return HostState.STOPPED
 
+    async def host_pid(self, box: BoxRef) -> int | None:
+        return self.pid(box)
+
+    def stop_reason(self, box: BoxRef) -> str:
+        return "the fake agent died"
+
     async def stop(self, box: BoxRef) -> None:
         """Nothing runs afterwards. A suspended fake's stopped process *is* its image: it stays."""
         pid = self.pid(box)

@@ -67,15 +67,29 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 
 def tree_bytes(path: Path) -> int:
-    """Disk space taken by the regular files below ``path`` (allocated blocks: holes cost nothing)."""
+    """Disk space taken by the regular files below ``path`` (allocated blocks: holes cost nothing).
+
+    Stays on ``path``'s file system: a sandbox's mounted root (its image) is not its own bytes."""
     total = 0
-    for root, _dirs, files in os.walk(path):
+    try:
+        device = os.lstat(path).st_dev
+    except OSError:
+        return 0
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if _same_device(os.path.join(root, d), device)]
         for name in files:
             try:
                 total += os.lstat(os.path.join(root, name)).st_blocks * 512
             except OSError:
                 continue
     return total
+
+
+def _same_device(path: str, device: int) -> bool:
+    try:
+        return os.lstat(path).st_dev == device
+    except OSError:
+        return False
 
 
 def connect_sqlite(path: Path) -> sqlite3.Connection:

@@ -41,6 +41,30 @@ def describe_validation_errors(errors: list[Any]) -> str:
     return "; ".join(problems) or "invalid request"
 
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def validate_command(cmd: list[str]) -> list[str]:
+    if any("\0" in part for part in cmd):
+        raise ValueError("the command must not contain NUL bytes")
+    return cmd
+
+
+def validate_env(env: dict[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        if not ENV_NAME.fullmatch(key):
+            raise ValueError(f"invalid environment variable name {key[:80]!r}: use letters, digits and '_'")
+        if "\0" in value:
+            raise ValueError(f"environment variable {key!r} must not contain NUL bytes")
+    return env
+
+
+def validate_path(path: str | None) -> str | None:
+    if path is not None and "\0" in path:
+        raise ValueError("the working directory must not contain NUL bytes")
+    return path
+
+
 def build(model: type[ModelT], **fields: Any) -> ModelT:
     """Validate client-side, raising the same InvalidRequest the daemon would send."""
     try:
@@ -68,7 +92,7 @@ class _Strict(BaseModel):
 class SandboxSpec(_Strict):
     image: str = "default"
     backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
-    cpus: float = Field(1.0, gt=0, le=64)
+    cpus: float = Field(1.0, ge=0.01, le=64, description="CPU cores; at least 0.01 (the kernel's smallest CPU quota)")
     memory_mb: int = Field(1024, ge=128, le=262144)
     network: bool = False
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
@@ -126,6 +150,10 @@ class RunRequest(_Strict):
             raise ValueError("exec_id must be 1-128 letters, digits, '.', '_', ':' or '-'")
         return exec_id
 
+    _valid_cmd = field_validator("cmd")(classmethod(lambda cls, v: validate_command(v)))
+    _valid_env = field_validator("env")(classmethod(lambda cls, v: validate_env(v)))
+    _valid_cwd = field_validator("cwd")(classmethod(lambda cls, v: validate_path(v)))
+
 
 class RunResult(BaseModel):
     exec_id: str
@@ -144,6 +172,10 @@ class StartProcessRequest(_Strict):
     cwd: str | None = None
     name: str | None = None
     stdin: bool = False
+
+    _valid_cmd = field_validator("cmd")(classmethod(lambda cls, v: validate_command(v)))
+    _valid_env = field_validator("env")(classmethod(lambda cls, v: validate_env(v)))
+    _valid_cwd = field_validator("cwd")(classmethod(lambda cls, v: validate_path(v)))
 
 
 class ProcessInfo(BaseModel):

@@ -211,3 +211,21 @@ def test_concurrent_requests_to_a_suspended_sandbox_share_one_resume() -> None:
         assert statuses(service, info.id).count("resuming") == 1
 
     run(scenario)
+
+
+def test_a_sandbox_that_dies_on_the_host_is_failed_at_once_and_its_waiters_told_why() -> None:
+    async def scenario(service: SandboxService) -> None:
+        info = await create(service, "mortal")
+        ops = GuestOperations(service)
+        waiting = asyncio.ensure_future(ops.run("mortal", RunRequest(cmd=["sleep", "600"])))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        os.killpg(fake(service).pid(service._box(service.store.get(info.id))), signal.SIGKILL)
+        with pytest.raises(StateError, match="fake agent died"):
+            await asyncio.wait_for(waiting, 10)
+        assert time.monotonic() - started < 2
+        assert service.get("mortal").status == S.FAILED
+        assert (await service.resume("mortal")).status == S.RUNNING  # boots again with its files
+        assert await echo(service, "mortal", "again") == "again\n"
+
+    run(scenario)

@@ -98,6 +98,14 @@ class Backend(Protocol):
 
     async def host_state(self, box: BoxRef) -> HostState: ...
 
+    async def host_pid(self, box: BoxRef) -> int | None:
+        """The host process whose exit means the sandbox died (runsc's sandbox, QEMU); None if none runs."""
+        ...
+
+    def stop_reason(self, box: BoxRef) -> str:
+        """Why a sandbox stopped without being asked to (the host OOM killer, ...), as a user should read it."""
+        ...
+
     async def stop(self, box: BoxRef) -> None:
         """Stop all processes and unmount, keep the files (rolls back a failed start; idempotent)."""
         ...

@@ -13,9 +13,10 @@ from typing import Annotated
 from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..errors import InvalidRequest, StasisError
+from ..errors import InvalidRequest, NotFound, StasisError
 from ..images import ImageInfo
 from ..models import (
     CheckpointInfo,
@@ -38,6 +39,7 @@ from ..models import (
 from ..paths import Paths
 from .forks import fork as fork_sandbox
 from .idle import IdleReaper
+from .limits import BodyLimit
 from .operations import GuestOperations
 from .recovery import Recovery
 from .service import SandboxService
@@ -69,6 +71,7 @@ def create_app(
             on_shutdown()
 
     app = FastAPI(title="stasis", version=__version__, lifespan=lifespan)
+    app.add_middleware(BodyLimit)
     app.state.service = service
 
     if token:
@@ -89,6 +92,12 @@ def create_app(
     @app.exception_handler(StasisError)
     async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
         return _error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cls = NotFound if exc.status_code == 404 else InvalidRequest
+        message = f"no such route: {request.method} {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        return _error(cls(f"{message} (see /docs for the API)"), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -253,7 +262,7 @@ def create_app(
         ref: str, path: Path_, request: Request, mode: Annotated[int, Query(ge=0, le=0o7777)] = 0o644
     ) -> FileEntry:
         """The request body is the file's raw bytes."""
-        return await ops.write_file(ref, path, await request.body(), mode)
+        return await ops.write_file(ref, path, request.stream(), mode)
 
     @app.delete("/v1/sandboxes/{ref}/files", status_code=204)
     async def delete_file(ref: str, path: Path_, recursive: bool = False) -> Response:

@@ -36,6 +36,10 @@ def new_exec_id() -> str:
     return "x-" + secrets.token_hex(8)  # so an interrupted run can be reattached
 
 
+async def _single(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
 def _process(state: P.ProcessState) -> ProcessInfo:
     return ProcessInfo.model_validate(asdict(state))
 
@@ -185,19 +189,24 @@ class GuestOperations:
 
         return chunks()
 
-    async def write_file(self, ref: str, path: str, data: bytes, mode: int = 0o644) -> FileEntry:
-        upload_id = secrets.token_hex(6)
+    async def write_file(self, ref: str, path: str, data: bytes | AsyncIterator[bytes], mode: int = 0o644) -> FileEntry:
+        """Write ``data`` (bytes, or chunks as they arrive) atomically: the file appears whole or not at all."""
+        upload_id, offset, pending = secrets.token_hex(6), 0, bytearray()
+        chunks = _single(data) if isinstance(data, bytes) else data
         async with self.service.guest(ref) as channel:
-            offset = 0
-            while True:
-                chunk = data[offset : offset + FILE_CHUNK]
-                final = offset + len(chunk) >= len(data)
-                encoded = base64.b64encode(chunk).decode()
+
+            async def send(part: bytes, final: bool) -> None:
+                encoded = base64.b64encode(part).decode()
                 op = P.WriteFile(path=path, data=encoded, offset=offset, final=final, upload_id=upload_id, mode=mode)
                 await channel.call(op, timeout=120)
-                offset += len(chunk)
-                if final:
-                    break
+
+            async for piece in chunks:
+                pending += piece
+                while len(pending) > FILE_CHUNK:  # keep the last chunk back: it is the final one
+                    await send(bytes(pending[:FILE_CHUNK]), final=False)
+                    offset += FILE_CHUNK
+                    del pending[:FILE_CHUNK]
+            await send(bytes(pending), final=True)
             return _entry(await channel.call(P.StatFile(path=path)))
 
     async def list_directory(self, ref: str, path: str) -> list[FileEntry]:

@@ -122,7 +122,7 @@ class Recovery:
             await backend.stop(box)
             self.store.transition(info.id, S.FAILED, error=LOST)
             return
-        self.service.adopt_channel(info, channel, detail)
+        await self.service.adopt_channel(info, channel, detail)
 
     async def _sweep(self) -> None:
         """Reap what runs on the host, and directories, that no live sandbox owns."""

@@ -56,6 +56,7 @@ def _tcp_socket(address: str) -> socket.socket:
         raise InvalidRequest(f"--tcp wants HOST:PORT, got {address!r}")
     sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted sockets: no Nagle stalls
     sock.bind((host.strip("[]"), int(port)))
     sock.listen(128)
     return sock

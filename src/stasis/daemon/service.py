@@ -45,6 +45,7 @@ from .checkpoints import CheckpointFiles
 from .metrics import Metrics
 from .states import require
 from .store import Store
+from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class SandboxService:
         self.metrics = Metrics()
         self._channels: dict[str, GuestChannel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.watchdog = Watchdog(self)
 
     # ------------------------------------------------------------ start-up and shutdown
 
@@ -91,6 +93,7 @@ class SandboxService:
     async def close(self) -> None:
         """Stop serving. Sandboxes keep running; the next daemon re-adopts them."""
         self.activity.persist(self.store)
+        self.watchdog.close()
         for channel in list(self._channels.values()):
             await channel.close()
         self._channels.clear()
@@ -123,8 +126,14 @@ class SandboxService:
 
     # ------------------------------------------------------------ helpers
 
-    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+    def lock(self, sandbox_id: str) -> asyncio.Lock:
+        """Serialises lifecycle operations on one sandbox."""
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    async def drop_channel(self, sandbox_id: str) -> None:
+        channel = self._channels.pop(sandbox_id, None)
+        if channel is not None:
+            await channel.close()
 
     def backend_of(self, info: SandboxInfo) -> Backend:
         backend = self.backends.get(info.spec.backend)
@@ -174,7 +183,7 @@ class SandboxService:
         from_checkpoint = checkpoint.id if checkpoint else None
         info = self.store.insert(new_id("sb-"), request.name, spec, image_key, from_checkpoint)
         backend = self.backends[spec.backend]
-        async with self._lock(info.id):
+        async with self.lock(info.id):
             box = self._box(info)
             faults.point("create.after_intent")
             started = time.monotonic()
@@ -192,6 +201,7 @@ class SandboxService:
             faults.point("create.before_outcome")
             detail = f"from checkpoint {checkpoint.id}" if checkpoint else "started"
             info = self.store.transition(info.id, S.RUNNING, detail, backend_state=state.model_dump(mode="json"))
+            await self.watchdog.watch(info.id)
             self.activity.touch(info.id)
             self.metrics.create_seconds.observe(time.monotonic() - started)
             log.info("created %s (%s) in %.3fs", info.id, info.name, time.monotonic() - started)
@@ -224,7 +234,7 @@ class SandboxService:
     async def checkpoint(self, ref: str, request: CreateCheckpointRequest, *, internal: bool = False) -> CheckpointInfo:
         """Capture the sandbox (paused briefly) as an immutable artifact; it keeps running."""
         info = await self.ensure_running(self.store.get(ref))
-        async with self._lock(info.id):
+        async with self.lock(info.id):
             info = self.store.get(info.id)
             require(info, S.RUNNING)
             backend, box = self.backend_of(info), self._box(info)
@@ -265,7 +275,7 @@ class SandboxService:
 
     async def suspend(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
         info = self.store.get(ref)
-        async with self._lock(info.id):
+        async with self.lock(info.id):
             info = self.store.get(info.id)
             if info.status == S.SUSPENDED:
                 return self._present(info)
@@ -275,6 +285,7 @@ class SandboxService:
             if only_if_idle and not self.activity.is_idle(info):
                 return self._present(info)  # used since the reaper looked: no await between this and the intent
             self.store.transition(info.id, S.SUSPENDING, "idle" if only_if_idle else None)
+            self.watchdog.forget(info.id)
             faults.point("suspend.after_intent")
             started = time.monotonic()
             try:
@@ -302,13 +313,14 @@ class SandboxService:
                 self._channels[info.id] = await backend.resume(box)
         if info.id in self._channels:
             self.store.transition(info.id, S.RUNNING, "suspend rolled back", error=f"suspend failed: {exc}")
+            await self.watchdog.watch(info.id)
         else:
             await backend.stop(box)
             self.store.transition(info.id, S.FAILED, error=f"suspend failed and the sandbox stopped: {exc}")
 
     async def resume(self, ref: str) -> SandboxInfo:
         info = self.store.get(ref)
-        async with self._lock(info.id):
+        async with self.lock(info.id):
             info = self.store.get(info.id)
             if info.status == S.RUNNING:
                 return self._present(info)
@@ -340,6 +352,7 @@ class SandboxService:
             info = self.store.transition(
                 info.id, S.RUNNING, f"{elapsed:.3f}s", last_resume_seconds=elapsed, backend_state=backend_state
             )
+            await self.watchdog.watch(info.id)
             self.activity.touch(info.id)
             self.metrics.resume_seconds.observe(elapsed)
             log.info("resumed %s in %.3fs", info.id, elapsed)
@@ -347,7 +360,7 @@ class SandboxService:
 
     async def terminate(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
         info = self.store.get(ref)
-        async with self._lock(info.id):
+        async with self.lock(info.id):
             info = self.store.get(info.id)
             if info.status == S.TERMINATED:
                 return self._present(info)
@@ -356,9 +369,8 @@ class SandboxService:
             if info.status != S.TERMINATING:
                 self.store.transition(info.id, S.TERMINATING)
             faults.point("terminate.after_intent")
-            channel = self._channels.pop(info.id, None)
-            if channel is not None:
-                await channel.close()
+            self.watchdog.forget(info.id)
+            await self.drop_channel(info.id)
             faults.point("terminate.after_close")
             await self.backend_of(info).destroy(self.box_or_bare(info))
             faults.point("terminate.before_outcome")
@@ -370,13 +382,14 @@ class SandboxService:
 
     async def adopt(self, info: SandboxInfo, box: BoxRef, detail: str) -> None:
         """Take over a sandbox found running (after a daemon restart)."""
-        self.adopt_channel(info, await self.backend_of(info).connect(box), detail)
+        await self.adopt_channel(info, await self.backend_of(info).connect(box), detail)
 
-    def adopt_channel(self, info: SandboxInfo, channel: GuestChannel, detail: str) -> None:
+    async def adopt_channel(self, info: SandboxInfo, channel: GuestChannel, detail: str) -> None:
         self._channels[info.id] = channel
         self.activity.touch(info.id)  # a restarted daemon gives every sandbox a full idle window
         if info.status != S.RUNNING:
             self.store.transition(info.id, S.RUNNING, detail)
+        await self.watchdog.watch(info.id)
 
     # ------------------------------------------------------------ the guest
 
@@ -408,7 +421,7 @@ class SandboxService:
         if info.status == S.RUNNING:
             return info
         if info.status in (S.PENDING, S.SNAPSHOTTING):  # brief: wait for the operation, then go on
-            async with self._lock(info.id):
+            async with self.lock(info.id):
                 info = self.store.get(info.id)
         if info.status in (S.SUSPENDED, S.SUSPENDING, S.RESUMING):
             resumed = await self.resume(info.id)
@@ -420,14 +433,11 @@ class SandboxService:
         return info
 
     async def _check_alive(self, info: SandboxInfo) -> None:
+        """After a lost connection: if the sandbox died, say why (a StateError) instead of "disconnected"."""
+        await self.watchdog.died(info.id)
         current = self.store.get(info.id)
-        if current.status != S.RUNNING:
-            return
-        if await self.backend_of(current).host_state(self._box(current)) != HostState.RUNNING:
-            reason = "the sandbox stopped unexpectedly (out of memory, or killed on the host)"
-            self._channels.pop(info.id, None)
-            self.store.transition(info.id, S.FAILED, error=reason)
-            raise StateError(f"sandbox {current.name or current.id!r}: {reason}", status=S.FAILED.value)
+        if current.status == S.FAILED:
+            raise StateError(f"sandbox {current.name or current.id!r} failed: {current.error}", status="failed")
 
     # ------------------------------------------------------------ checkpoints and disk
 

@@ -292,6 +292,14 @@ class GvisorBackend:
             return HostState.RUNNING
         return self._image(box).host_state()
 
+    async def host_pid(self, box: BoxRef) -> int | None:
+        state = await self.runsc.state(box.id)
+        pid = state.get("pid") if state else None
+        return pid if procs.pid_alive(pid) else None
+
+    def stop_reason(self, box: BoxRef) -> str:
+        return stop_reason(box.id, box.spec.memory_mb)
+
     async def stop(self, box: BoxRef) -> None:
         """Nothing of the sandbox runs or stays mounted afterwards; its files stay."""
         await self.runsc.delete(box.id)
@@ -308,6 +316,24 @@ class GvisorBackend:
             log.warning("reaping runsc container %s that no live sandbox owns", sandbox_id)
             await self.runsc.delete(sandbox_id)
         return reaped
+
+
+def stop_reason(sandbox_id: str, memory_mb: int) -> str:
+    """Why a sandbox died, from its memory cgroup (v1 or v2), which lives until `runsc delete`."""
+    for events in (
+        Path(f"/sys/fs/cgroup/memory/stasis/{sandbox_id}/memory.oom_control"),
+        Path(f"/sys/fs/cgroup/stasis/{sandbox_id}/memory.events"),
+    ):
+        try:
+            counters = dict(line.split() for line in events.read_text().splitlines() if len(line.split()) == 2)
+        except (OSError, ValueError):
+            continue
+        if int(counters.get("oom_kill", "0")) > 0:
+            return (
+                f"killed by the host OOM killer: the sandbox used all of its memory_mb ({memory_mb} MiB; "
+                "files in /tmp count too); resume it to boot it again with its files, or recreate it with more memory"
+            )
+    return "the sandbox's processes on the host exited unexpectedly (killed on the host?); resume it to boot it again"
 
 
 async def copy_tree(source: Path, dest: Path) -> None:

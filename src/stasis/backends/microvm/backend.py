@@ -344,6 +344,13 @@ class MicrovmBackend:
             return HostState.RUNNING
         return self._image(box).host_state()
 
+    async def host_pid(self, box: BoxRef) -> int | None:
+        return qemu.running_pid(self._box_files(box))
+
+    def stop_reason(self, box: BoxRef) -> str:
+        tail = _console_tail(self._box_files(box))
+        return f"QEMU exited unexpectedly{tail}; resume it to boot it again with its files"
+
     async def stop(self, box: BoxRef) -> None:
         await qemu.kill(self._box_files(box))
 

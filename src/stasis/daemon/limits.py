@@ -1,0 +1,56 @@
+"""Request bodies within bounds: a JSON body larger than ``MAX_JSON_BODY`` is refused with 413
+before it is read into memory. File uploads are exempt: they are streamed to the sandbox."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_JSON_BODY = 16 << 20  # a run's stdin travels base64 in JSON: ~12 MiB of it
+Scope = dict[str, Any]
+
+
+class BodyLimit:
+    """Pure ASGI middleware: counts what arrives and answers 413 once a body is over the limit."""
+
+    def __init__(self, app: Any, limit: int = MAX_JSON_BODY) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or (scope["method"] == "PUT" and scope["path"].endswith("/files")):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send)
+            return
+        seen = 0
+
+        async def counted() -> Any:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Any) -> None:
+        body = json.dumps({
+            "type": "InvalidRequest",
+            "message": f"the request body is over {self.limit >> 20} MiB; send files with PUT .../files "
+            "(streamed) instead of inside JSON",
+            "details": {"limit": self.limit},
+        }).encode()  # fmt: skip
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass

@@ -1,0 +1,109 @@
+"""The HTTP API's edges, in-process on the fake backend: every bad input is a 4xx in the usual shape."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from stasis.daemon.app import create_app
+from stasis.daemon.service import SandboxService
+from tests.fakes import FakeBackend
+from tests.fastkit import fake_home
+
+pytestmark = pytest.mark.fast
+
+
+def with_app(scenario: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
+    async def main() -> None:
+        paths = fake_home("http")
+        service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
+        app = create_app(paths, service=service)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://stasis") as http:
+                try:
+                    await scenario(http)
+                finally:
+                    for info in service.store.list():
+                        await service.terminate(info.id)
+
+    asyncio.run(main())
+
+
+def assert_error(response: httpx.Response, status: int, kind: str, words: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == kind and words in body["message"], body
+    assert len(response.content) < 4096  # the input is never echoed back
+
+
+BAD_RUNS = [
+    ({"cmd": ["echo", "a\0b"]}, "NUL"),
+    ({"cmd": ["env"], "env": {"BAD=NAME": "x"}}, "environment variable name"),
+    ({"cmd": ["env"], "env": {"OK": "nul\0"}}, "NUL"),
+    ({"cmd": ["pwd"], "cwd": "/tmp\0"}, "NUL"),
+    ({"cmd": []}, "cmd"),
+    ({"cmd": ["true"], "timeout": -1}, "timeout"),
+]
+
+
+@pytest.mark.parametrize(("body", "words"), BAD_RUNS)
+def test_bad_commands_are_400_before_reaching_the_agent(body: dict, words: str) -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        created = await http.post("/v1/sandboxes", json={"name": "edges", "backend": "fake"})
+        assert created.status_code == 201
+        for route in ("/v1/sandboxes/edges/exec", "/v1/sandboxes/edges/exec/stream", "/v1/sandboxes/edges/processes"):
+            assert_error(await http.post(route, json=body), 400, "InvalidRequest", words)
+
+    with_app(scenario)
+
+
+def test_bad_specs_are_400() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        assert_error(await http.post("/v1/sandboxes", json={"cpus": 0.0001, "backend": "fake"}), 400,
+                     "InvalidRequest", "cpus")  # fmt: skip
+        assert_error(await http.post("/v1/sandboxes", json={"backend": "xen"}), 400, "InvalidRequest", "xen")
+        json_header = {"content-type": "application/json"}
+        assert_error(
+            await http.post("/v1/sandboxes", content=b"{not json", headers=json_header), 400, "InvalidRequest", "JSON"
+        )
+
+    with_app(scenario)
+
+
+def test_a_huge_json_body_is_refused_unread_and_not_echoed() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        huge = b'{"cmd": ["' + b"x" * (20 << 20) + b'"]}'
+        assert_error(await http.post("/v1/sandboxes/x/exec", content=huge), 413, "InvalidRequest", "MiB")
+
+    with_app(scenario)
+
+
+def test_unknown_routes_and_encoded_slashes_answer_in_the_usual_shape() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        assert_error(await http.get("/v1/sandboxes/a%2Fb/files/stat"), 404, "NotFound", "no such route")
+        assert_error(await http.get("/v1/nothing-here"), 404, "NotFound", "no such route")
+        assert_error(await http.get("/v1/sandboxes/ghost"), 404, "SandboxNotFound", "stasis ls")
+
+    with_app(scenario)
+
+
+def test_a_file_upload_is_streamed_to_the_sandbox_in_chunks() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        await http.post("/v1/sandboxes", json={"name": "files", "backend": "fake"})
+        payload = bytes(range(256)) * 12_000  # 3 MB: three chunks to the agent
+        path = "/tmp/stasis-fast-upload.bin"
+
+        async def body():  # type: ignore[no-untyped-def]
+            for i in range(0, len(payload), 100_000):
+                yield payload[i : i + 100_000]
+
+        written = await http.put("/v1/sandboxes/files/files", params={"path": path}, content=body())
+        assert written.status_code == 200 and written.json()["size"] == len(payload)
+        assert (await http.get("/v1/sandboxes/files/files", params={"path": path})).content == payload
+        await http.delete("/v1/sandboxes/files/files", params={"path": path})
+
+    with_app(scenario)
