@@ -229,3 +229,19 @@ def test_a_sandbox_that_dies_on_the_host_is_failed_at_once_and_its_waiters_told_
         assert await echo(service, "mortal", "again") == "again\n"
 
     run(scenario)
+
+
+def test_removal_goes_ahead_when_another_operation_is_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stasis.daemon import service as service_module
+
+    monkeypatch.setattr(service_module, "FORCE_AFTER", 0.2)
+
+    async def scenario(service: SandboxService) -> None:
+        info = await create(service, "wedged")
+        await service.lock(info.id).acquire()  # a suspend whose runsc call hangs holds it
+        service.store.transition(info.id, S.SUSPENDING)
+        removed = await asyncio.wait_for(service.terminate("wedged"), 10)
+        assert removed.status == S.TERMINATED
+        assert not (service.paths.sandboxes / info.id).exists()
+
+    run(scenario)

@@ -9,6 +9,7 @@ row (a test checks it), so nothing is ever left half-way.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import logging
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 S, H = SandboxStatus, HostState
+RECOVERY_TIMEOUT = 120.0  # seconds for one sandbox
 
 
 class Plan(enum.Enum):
@@ -80,14 +82,20 @@ class Recovery:
             self.store.delete_checkpoint(checkpoint_id)
         for name in self.service.checkpoint_files.sweep(keep=self.store.all_checkpoint_ids()):
             log.warning("removed checkpoint directory %s that no checkpoint owns", name)
-        for info in self.store.list():
-            try:
-                await self.recover(info)
-            except Exception as exc:
-                log.exception("recovery of %s failed", info.id)
-                with contextlib.suppress(Exception):
-                    self.store.transition(info.id, S.FAILED, error=f"recovery failed: {exc}")
-        await self._sweep()
+        await asyncio.gather(*(self._recover_bounded(info) for info in self.store.list()))
+        try:
+            await self._sweep()
+        except Exception:  # a host command that hangs must not keep the daemon from serving
+            log.exception("sweeping leftovers failed; the daemon serves anyway")
+
+    async def _recover_bounded(self, info: SandboxInfo) -> None:
+        """One sandbox's recovery; whatever it does (a runsc call that hangs), it cannot block the others."""
+        try:
+            await asyncio.wait_for(self.recover(info), RECOVERY_TIMEOUT)
+        except Exception as exc:
+            log.exception("recovery of %s failed", info.id)
+            with contextlib.suppress(Exception):
+                self.store.transition(info.id, S.FAILED, error=f"recovery failed: {exc!r}; `stasis rm` removes it")
 
     async def recover(self, info: SandboxInfo) -> None:
         service = self.service

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import resource
 import socket
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d ms
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
     logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every connection at INFO
+
+
+def _raise_fd_limit() -> None:
+    """runsc's sentry inherits our file-descriptor limit: give it the host's maximum."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _take_lock(paths: Paths) -> int:
@@ -65,6 +73,7 @@ def _tcp_socket(address: str) -> socket.socket:
 def serve(paths: Paths, tcp: str | None = None, token: str | None = None, log_level: str = "INFO") -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT."""
     configure_logging(log_level)
+    _raise_fd_limit()
     if tcp and not token:
         raise InvalidRequest("serving on TCP needs a token: set STASIS_TOKEN (clients send it as a bearer token)")
     paths.ensure()

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 S = SandboxStatus
 ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+FORCE_AFTER = 10.0  # seconds a removal waits for another operation on the sandbox
 
 
 def new_id(prefix: str) -> str:
@@ -359,8 +360,10 @@ class SandboxService:
             return self._present(info)
 
     async def terminate(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
+        """Remove the sandbox and its files. It always works: an operation stuck on it (a runsc call
+        that hangs) is waited for ``FORCE_AFTER`` seconds, then the removal goes ahead without it."""
         info = self.store.get(ref)
-        async with self.lock(info.id):
+        async with self._lock_or_force(info.id, wait=not only_if_idle):
             info = self.store.get(info.id)
             if info.status == S.TERMINATED:
                 return self._present(info)
@@ -379,6 +382,20 @@ class SandboxService:
         self.activity.forget(info.id)
         log.info("terminated %s%s", info.id, " (idle)" if only_if_idle else "")
         return self._present(info)
+
+    @contextlib.asynccontextmanager
+    async def _lock_or_force(self, sandbox_id: str, wait: bool) -> AsyncIterator[None]:
+        lock = self.lock(sandbox_id)
+        try:
+            await asyncio.wait_for(lock.acquire(), FORCE_AFTER if wait else None)
+        except TimeoutError:
+            log.warning("removing %s while another operation on it is stuck", sandbox_id)
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.release()
 
     async def adopt(self, info: SandboxInfo, box: BoxRef, detail: str) -> None:
         """Take over a sandbox found running (after a daemon restart)."""

@@ -5,6 +5,7 @@
        └──────────┴───┴──► terminating ──► terminated      └─────────────┘
     running ──► snapshotting ──► running        (a checkpoint: paused briefly, then on)
     any live state ──► failed ──► terminating, or ──► resuming (a cold boot with its files)
+    any state but terminated ──► terminating: removing a sandbox always works, even one stuck mid-way
 
 States ending in -ing are *intents*: they are written before the work starts,
 and replaced by an *outcome* when it ends. A daemon that finds an intent on
@@ -20,10 +21,10 @@ from ..models import SandboxStatus as S
 TRANSITIONS: dict[S, frozenset[S]] = {
     S.PENDING: frozenset({S.RUNNING, S.TERMINATING, S.FAILED}),
     S.RUNNING: frozenset({S.SUSPENDING, S.SNAPSHOTTING, S.TERMINATING, S.FAILED}),
-    S.SNAPSHOTTING: frozenset({S.RUNNING, S.FAILED}),
-    S.SUSPENDING: frozenset({S.SUSPENDED, S.RUNNING, S.FAILED}),
+    S.SNAPSHOTTING: frozenset({S.RUNNING, S.FAILED, S.TERMINATING}),
+    S.SUSPENDING: frozenset({S.SUSPENDED, S.RUNNING, S.FAILED, S.TERMINATING}),
     S.SUSPENDED: frozenset({S.RESUMING, S.TERMINATING, S.FAILED}),
-    S.RESUMING: frozenset({S.RUNNING, S.SUSPENDED, S.FAILED}),
+    S.RESUMING: frozenset({S.RUNNING, S.SUSPENDED, S.FAILED, S.TERMINATING}),
     S.TERMINATING: frozenset({S.TERMINATED}),
     S.FAILED: frozenset({S.TERMINATING, S.RESUMING}),  # resuming a failed sandbox boots it with its files
     S.TERMINATED: frozenset(),

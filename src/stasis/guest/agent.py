@@ -201,6 +201,23 @@ class Agent:
             self.identity_written.set()
 
 
+def sync_hostname() -> None:
+    """/etc/hostname says the sandbox's name (the image's says where it was built). Only as a sandbox's init."""
+    if os.getpid() != 1:
+        return
+    name = socket.gethostname()
+    try:
+        with open("/etc/hostname") as f:
+            if f.read().strip() == name:
+                return
+    except OSError:
+        pass
+    try:
+        write_atomic("/etc/hostname", (name + "\n").encode())
+    except OSError as exc:
+        print(f"stasis agent: cannot write /etc/hostname: {exc}", file=sys.stderr)
+
+
 def main() -> None:
     # Inherited descriptors above stdio would be captured by a checkpoint; drop them.
     os.closerange(3, 4096)
@@ -211,6 +228,7 @@ def main() -> None:
     os.chdir("/")
     agent = Agent(sys.stdin.fileno(), sys.stdout.fileno())
     threading.Thread(target=remove_interrupted_uploads, daemon=True).start()
+    threading.Thread(target=sync_hostname, daemon=True).start()
     agent.serve()
 
 

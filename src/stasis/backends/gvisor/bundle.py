@@ -11,6 +11,7 @@ from .agentdir import MOUNT_POINT
 AGENT_PATH = f"{MOUNT_POINT}/boot.py"
 LEGACY_AGENT_PATH = f"{MOUNT_POINT}/agent.py"  # sandboxes made before the mount: the agent sits in their files
 CPU_PERIOD = 100_000
+NOFILE = 8192  # open files per process inside a sandbox
 
 # Docker's default set: root in the sandbox can install packages and chown files;
 # the isolation boundary is gVisor's kernel, not a missing capability.
@@ -38,7 +39,9 @@ def oci_config(sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str, a
             ],
             "cwd": "/",
             "capabilities": {key: CAPABILITIES for key in ("bounding", "effective", "permitted")},
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}],
+            # Each open file in the sandbox costs its kernel (the sentry) host descriptors: bounded, one
+            # process cannot wedge the sandbox's checkpoint (which hangs when the sentry runs out).
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": NOFILE, "soft": NOFILE}],
             "noNewPrivileges": True,
         },
         "root": {"path": rootfs, "readonly": False},

@@ -97,8 +97,15 @@ class Runsc:
             *args,
         ]  # fmt: skip
 
+    async def _run(self, *args: str, timeout: float, **kwargs: Any) -> procs.Completed:
+        """Every runsc call is bounded: one that hangs (a sandbox out of file descriptors) is an error."""
+        try:
+            return await procs.run(self.argv(*args), timeout=timeout, **kwargs)
+        except TimeoutError:
+            raise BackendError(f"`runsc {args[0]}` did not finish within {timeout:.0f}s; it was killed") from None
+
     async def call(self, *args: str, timeout: float = 120.0, **kwargs: Any) -> procs.Completed:
-        result = await procs.run(self.argv(*args), timeout=timeout, **kwargs)
+        result = await self._run(*args, timeout=timeout, **kwargs)
         if result.returncode != 0:
             raise BackendError(f"`runsc {args[0]}` failed (exit {result.returncode}): {result.output}")
         return result
@@ -107,7 +114,7 @@ class Runsc:
         """The container's state, or None if runsc does not know it."""
         if not self.has_record(sandbox_id):
             return None
-        result = await procs.run(self.argv("state", sandbox_id), timeout=30)
+        result = await self._run("state", sandbox_id, timeout=30)
         if result.returncode != 0:
             return None
         try:
@@ -116,7 +123,7 @@ class Runsc:
             return None
 
     async def list_ids(self) -> list[str]:
-        result = await procs.run(self.argv("list", "--format=json"), timeout=30)
+        result = await self._run("list", "--format=json", timeout=30)
         if result.returncode != 0:
             return []
         try:
@@ -132,6 +139,6 @@ class Runsc:
         """Kill and remove the container; fine if it is already gone."""
         if not self.has_record(sandbox_id):
             return
-        result = await procs.run(self.argv("delete", "-force", sandbox_id), timeout=60)
+        result = await self._run("delete", "-force", sandbox_id, timeout=60)
         if result.returncode != 0 and self.has_record(sandbox_id):
             raise BackendError(f"`runsc delete` failed for {sandbox_id}: {result.output}")

@@ -1,0 +1,142 @@
+"""Faults and attacks from inside a sandbox stay inside it; a sandbox that dies on the host is seen at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from stasis import Client, Sandbox, SandboxStatus, StasisError, StateError
+from tests.conftest import Daemon, wait_until
+
+S = SandboxStatus
+
+
+def host_pid(daemon: Daemon, sbx: Sandbox, backend: str) -> int:
+    """The host process that is the sandbox (runsc's sandbox process, or QEMU)."""
+    if backend == "microvm":
+        return int((daemon.paths.runtime / "vm" / sbx.id / "qemu.pid").read_text())
+    out = subprocess.run(
+        ["runsc", "--root", str(daemon.paths.runsc_root), "state", sbx.id], capture_output=True, text=True, check=True
+    )
+    return int(json.loads(out.stdout)["pid"])
+
+
+@pytest.fixture
+def victims(tmp_path: Path) -> dict[str, Path]:
+    """Host paths a sandbox must never reach: a file, a directory, a FIFO (opening it would hang)."""
+    found = {"file": tmp_path / "victim.txt", "dir": tmp_path / "victim-dir", "fifo": tmp_path / "victim.fifo"}
+    found["file"].write_text("untouched")
+    found["dir"].mkdir()
+    os.mkfifo(found["fifo"])
+    return found
+
+
+def assert_untouched(victims: dict[str, Path]) -> None:
+    assert victims["file"].read_text() == "untouched"
+    assert list(victims["dir"].iterdir()) == []
+    assert stat.S_ISFIFO(os.lstat(victims["fifo"]).st_mode)
+
+
+PLANT = """
+set -e
+ln -s {file} /root/link-file; ln -s {dir} /root/link-dir; ln -s {fifo} /root/link-fifo
+ln -s /nonexistent/host/path /root/dangling; mkfifo /root/own.fifo  # gVisor keeps this one in its memory
+mkdir -p /root/deep/er && ln -s {dir} /root/deep/er/link-dir
+"""
+
+
+def test_links_planted_in_a_sandbox_never_lead_the_daemon_to_host_files(
+    daemon: Daemon, client: Client, backend: str, victims: dict[str, Path]
+) -> None:
+    sbx = Sandbox.create("planter", memory_mb=256, backend=backend, client=client)
+    made: list[Sandbox] = []
+    try:
+        # The original attack: replace the agent by a link to a host file, then make the daemon boot it anew.
+        attack = sbx.run(f"rm -f /opt/stasis/agent.py; ln -sf {victims['file']} /opt/stasis/agent.py")
+        assert attack.exit_code != 0 and "Read-only" in attack.stderr, attack.stderr
+        assert sbx.run(PLANT.format(**victims)).exit_code == 0
+        fs = sbx.checkpoint("filesystem")  # sealing fsyncs every file: it must not open a link or a FIFO
+        memory = sbx.checkpoint("memory")
+        made.append(Sandbox.create(snapshot_id=fs.id, client=client))  # a cold boot on those files
+        made.append(Sandbox.create(snapshot_id=memory.id, client=client))
+        made += sbx.copy(times=1)
+        sbx.suspend()
+        sbx.resume()
+        client.json("GET", "/v1/df")
+        os.kill(host_pid(daemon, sbx, backend), signal.SIGKILL)  # then a cold boot of the failed sandbox
+        wait_until(lambda: sbx.info().status == S.FAILED, timeout=10)
+        sbx.resume()
+        for box in [sbx, *made]:
+            assert box.run("readlink /root/link-file").stdout.strip() == str(victims["file"])
+            assert box.run("readlink /root/deep/er/link-dir").stdout.strip() == str(victims["dir"])
+        assert_untouched(victims)
+        for checkpoint in (fs, memory):
+            Sandbox.delete_checkpoint(checkpoint.id, client=client)
+    finally:
+        for box in [sbx, *made]:
+            box.terminate()
+    assert_untouched(victims)
+
+
+def test_a_sandbox_killed_on_the_host_fails_at_once_and_its_unread_request_never_runs(
+    daemon: Daemon, client: Client, backend: str
+) -> None:
+    sbx = Sandbox.create("mortal", memory_mb=256, backend=backend, client=client)
+    try:
+        pid = host_pid(daemon, sbx, backend)
+        os.kill(pid, signal.SIGSTOP)  # the agent stops reading: the next request waits, unread
+        outcome: list[BaseException | str] = []
+
+        def late_request() -> None:
+            try:
+                outcome.append(sbx.run("touch /root/late").stdout)
+            except StasisError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=late_request)
+        thread.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        thread.join(30)
+        assert not thread.is_alive(), "the request hung on a dead sandbox"
+        assert time.monotonic() - started < 5
+        assert isinstance(outcome[0], StateError) and "failed" in str(outcome[0]), outcome
+        info = sbx.info()
+        assert info.status == S.FAILED and "resume" in (info.error or "")
+        assert sbx.resume().status == S.RUNNING  # a cold boot with its files
+        time.sleep(1.0)
+        assert sbx.run("test -e /root/late").exit_code == 1, "a request answered with an error ran later"
+    finally:
+        sbx.terminate()
+
+
+def test_a_sandbox_that_fills_its_memory_is_failed_with_the_oom_reason(client: Client) -> None:
+    sbx = Sandbox.create("hungry", memory_mb=256, client=client)
+    try:
+        with pytest.raises(StasisError) as caught:
+            sbx.run("head -c 600M /dev/zero > /tmp/fill; sleep 5", timeout=120)
+        info = sbx.info()
+        assert info.status == S.FAILED
+        assert "OOM" in (info.error or "") and "memory_mb" in (info.error or ""), info.error
+        assert "OOM" in str(caught.value)
+    finally:
+        sbx.terminate()
+
+
+def test_the_hostname_file_and_the_file_limit_are_the_sandboxs_own(client: Client, backend: str) -> None:
+    sbx = Sandbox.create("named-box", memory_mb=256, backend=backend, client=client)
+    try:
+        wait_until(lambda: sbx.run("cat /etc/hostname").stdout.strip() == "named-box", timeout=10)
+        if backend == "gvisor":
+            assert sbx.run("ulimit -n").stdout.strip() == "8192"
+    finally:
+        sbx.terminate()
