@@ -1,11 +1,42 @@
-"""Durable file-system helpers: nothing is ever half-written."""
+"""Durable file-system helpers: nothing is ever half-written, and a full disk is said so."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import stat
 from pathlib import Path
+
+from .errors import NoSpace
+
+HEADROOM = 64 << 20  # bytes left free beyond what an operation writes: the store and logs need some too
+NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
+
+
+def check_free_space(directory: Path, needed: int, what: str) -> None:
+    """Refuse (NoSpace) before writing ``needed`` bytes where they would not fit."""
+    st = os.statvfs(directory)
+    free = st.f_bavail * st.f_frsize
+    if needed + HEADROOM > free:
+        raise NoSpace(
+            f"{what} needs about {(needed + HEADROOM) >> 20} MiB free on {directory}, but only {free >> 20} MiB "
+            "are: free disk space (`stasis df`; `stasis checkpoints rm`, `stasis rm` of sandboxes you do not need) "
+            "and try again",
+            needed=needed + HEADROOM,
+            free=free,
+        )
+
+
+def no_space(exc: BaseException, where: Path) -> BaseException:
+    """``exc`` as a NoSpace naming ``where`` if a full disk caused it; else ``exc`` itself."""
+    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if full or any(text in str(exc) for text in NO_SPACE_TEXT):
+        return NoSpace(
+            f"the disk holding {where} is full ({exc}); free disk space (`stasis df`; `stasis checkpoints rm`) "
+            "and try again; the sandbox was left as it was"
+        )
+    return exc
 
 
 def _fsync(path: Path, flags: int) -> None:

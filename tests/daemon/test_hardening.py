@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stasis import Client, Sandbox, SandboxStatus, StasisError, StateError
+from stasis import Client, NoSpace, Sandbox, SandboxStatus, StasisError, StateError
 from tests.conftest import Daemon, wait_until
 
 S = SandboxStatus
@@ -140,3 +140,47 @@ def test_the_hostname_file_and_the_file_limit_are_the_sandboxs_own(client: Clien
             assert sbx.run("ulimit -n").stdout.strip() == "8192"
     finally:
         sbx.terminate()
+
+
+@pytest.fixture
+def small_disk_daemon(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """A daemon whose home is a 192 MiB file system of its own, which the test fills."""
+    from tests.conftest import new_home, terminate_all
+
+    home = new_home("small-disk")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192m,mode=700", "stasis-test-disk", str(home)], check=True)
+    daemon = Daemon(home)
+    try:
+        yield daemon.start()
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            terminate_all(daemon)
+            daemon.stop()
+        subprocess.run(["umount", str(home)], check=True)
+
+
+def test_a_full_disk_never_stops_a_sandbox_and_says_what_to_free(small_disk_daemon: Daemon) -> None:
+    client = small_disk_daemon.client()
+    sbx = Sandbox.create("cramped", memory_mb=256, client=client)
+    sbx.start_process(["sh", "-c", "while :; do date +%s%N > /root/tick; sleep 0.05; done"])
+    free = os.statvfs(small_disk_daemon.paths.home)
+    fill_mb = (free.f_bavail * free.f_frsize >> 20) - 12  # leave a little: the store must still be writable
+    assert sbx.run(f"head -c {fill_mb}M /dev/zero > /root/fill").exit_code == 0
+
+    for attempt in (sbx.suspend, lambda: sbx.checkpoint("filesystem")):
+        with pytest.raises(NoSpace, match="free disk space"):
+            attempt()
+        assert sbx.info().status == S.RUNNING
+        assert_ticking(sbx)  # its processes never stopped
+    assert Sandbox.list_checkpoints(client=client) == []
+    assert not any((small_disk_daemon.paths.home / "checkpoints").glob("*"))
+
+    sbx.remove("/root/fill")
+    sbx.suspend()
+    assert sbx.resume().status == S.RUNNING
+    assert_ticking(sbx)
+
+
+def assert_ticking(sbx: Sandbox) -> None:
+    first = sbx.read_file("/root/tick")
+    wait_until(lambda: sbx.read_file("/root/tick") != first)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import InvalidRequest, NotFound, StasisError
+from ..fsutil import no_space
 from ..images import ImageInfo
 from ..models import (
     CheckpointInfo,
@@ -45,6 +47,7 @@ from .recovery import Recovery
 from .service import SandboxService
 from .terminal import serve_terminal
 
+log = logging.getLogger(__name__)
 Path_ = Annotated[str, Query(min_length=1, max_length=4096, description="path inside the sandbox")]
 
 
@@ -92,6 +95,15 @@ def create_app(
     @app.exception_handler(StasisError)
     async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
         return _error(exc)
+
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError) -> JSONResponse:
+        """A full disk (on the host) is said so, with what to free; anything else is a daemon bug."""
+        full = no_space(exc, paths.home)
+        if isinstance(full, StasisError):
+            return _error(full)
+        log.exception("unexpected OS error serving %s %s", request.method, request.url.path)
+        return _error(StasisError(f"the daemon hit an unexpected error: {exc}; see {paths.logfile}"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

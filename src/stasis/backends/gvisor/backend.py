@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from ... import faults, procs
 from ...errors import BackendError, Incompatible, StartupError
-from ...fsutil import atomic_write
+from ...fsutil import atomic_write, check_free_space, no_space
 from ...guest import agent_digest
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
@@ -242,21 +242,30 @@ class GvisorBackend:
             await runsc.call("resume", box.id)
 
     async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
+        """Pause, write the image with the sandbox left in place, seal it, then remove the container.
+
+        Until the seal the sandbox only sleeps: any failure (a full disk) resumes it as it was."""
         runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}")
         image = self._image(box)
+        check_free_space(box.directory, memory_usage(box.id), f"suspending sandbox {box.id}")
         await channel.call(P.Sync(), timeout=60)
         faults.point("gvisor.suspend.after_sync")
         partial = image.begin()
         faults.point("gvisor.suspend.before_checkpoint")
         started = time.monotonic()
+        await runsc.call("pause", box.id)
         try:
-            await runsc.call("checkpoint", *self.checkpoint_flags, "--image-path", str(partial), box.id, timeout=600)
-        except BaseException:
-            image.discard_partial()
+            flags = ("--leave-running", *self.checkpoint_flags)
+            await runsc.call("checkpoint", *flags, "--image-path", str(partial), box.id, timeout=600)
+            log.info("checkpointed %s in %.3fs", box.id, time.monotonic() - started)
+            faults.point("gvisor.suspend.after_checkpoint")
+            await asyncio.to_thread(image.seal)
+        except BaseException as exc:
+            image.discard()
+            await runsc.call("resume", box.id)
+            if (full := no_space(exc, box.directory)) is not exc:
+                raise full from exc
             raise
-        log.info("checkpointed %s in %.3fs", box.id, time.monotonic() - started)
-        faults.point("gvisor.suspend.after_checkpoint")
-        await asyncio.to_thread(image.seal)
         faults.point("gvisor.suspend.after_rename")
         await channel.close()
         await runsc.delete(box.id)
@@ -318,6 +327,19 @@ class GvisorBackend:
         return reaped
 
 
+def memory_usage(sandbox_id: str) -> int:
+    """Bytes of memory the sandbox uses now (what its suspend image will about hold); 0 if unknown."""
+    for usage in (
+        Path(f"/sys/fs/cgroup/memory/stasis/{sandbox_id}/memory.usage_in_bytes"),
+        Path(f"/sys/fs/cgroup/stasis/{sandbox_id}/memory.current"),
+    ):
+        try:
+            return int(usage.read_text())
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
 def stop_reason(sandbox_id: str, memory_mb: int) -> str:
     """Why a sandbox died, from its memory cgroup (v1 or v2), which lives until `runsc delete`."""
     for events in (
@@ -343,7 +365,7 @@ async def copy_tree(source: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     result = await procs.run(["cp", "-a", "--reflink=auto", f"{source}/.", str(dest)], timeout=3600)
     if result.returncode != 0:
-        raise BackendError(f"copying {source} to {dest} failed: {result.output}")
+        raise no_space(BackendError(f"copying {source} to {dest} failed: {result.output}"), dest)
 
 
 def remove_tree(path: Path) -> None:
