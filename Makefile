@@ -1,4 +1,4 @@
-.PHONY: setup test test-fast demo bench soak lint clean
+.PHONY: setup test test-fast demo bench soak fuzz lint clean
 
 setup:
 	@scripts/setup.sh
@@ -29,6 +29,10 @@ bench: setup
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30
+	.venv/bin/python benchmarks/cycles.py --cycles 1000
+
+fuzz: setup
+	.venv/bin/python scripts/fuzz.py --max-examples 25
 
 lint:
 	.venv/bin/ruff check src tests benchmarks demo
