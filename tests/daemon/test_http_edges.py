@@ -107,3 +107,13 @@ def test_a_file_upload_is_streamed_to_the_sandbox_in_chunks() -> None:
         await http.delete("/v1/sandboxes/files/files", params={"path": path})
 
     with_app(scenario)
+
+
+def test_df_counts_a_sandboxs_own_bytes() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        created = (await http.post("/v1/sandboxes", json={"name": "sizes", "backend": "fake"})).json()
+        usage = (await http.get("/v1/df")).json()
+        assert set(usage["sandboxes"]) == {created["id"]} and usage["sandboxes_bytes"] >= 0
+        assert usage["checkpoints"] == {} and "read-only" in usage["shared_note"]
+
+    with_app(scenario)

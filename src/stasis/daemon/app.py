@@ -45,6 +45,7 @@ from .limits import BodyLimit
 from .operations import GuestOperations
 from .recovery import Recovery
 from .service import SandboxService
+from .usage import disk_usage as measure_disk
 from .terminal import serve_terminal
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def create_app(
 
     @app.get("/v1/df")
     async def disk_usage() -> DiskUsage:
-        return await asyncio.to_thread(service.disk_usage)
+        return await asyncio.to_thread(measure_disk, service)
 
     @app.get("/v1/sandboxes/{ref}/transitions")
     async def transitions(ref: str) -> list[dict]:

@@ -25,8 +25,7 @@ from typing import Any
 from .. import faults
 from ..backends import BACKENDS, create_backend
 from ..backends.base import Backend, BoxRef, HostState
-from ..errors import GuestDisconnected, InvalidRequest, StasisError, StateError, Unsupported
-from ..fsutil import tree_bytes
+from ..errors import GuestDisconnected, StasisError, StateError, Unsupported
 from ..guest.client import GuestChannel
 from ..images import ImageStore
 from ..models import (
@@ -34,7 +33,6 @@ from ..models import (
     CheckpointType,
     CreateCheckpointRequest,
     CreateSandboxRequest,
-    DiskUsage,
     SandboxInfo,
     SandboxSpec,
     SandboxStatus,
@@ -45,6 +43,7 @@ from .checkpoints import CheckpointFiles
 from .metrics import Metrics
 from .states import require
 from .store import Store
+from .usage import spec_from_checkpoint
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -168,7 +167,7 @@ class SandboxService:
         checkpoint = None
         if request.snapshot_id is not None:
             checkpoint = self.store.get_checkpoint(request.snapshot_id)
-            spec = self._spec_from_checkpoint(checkpoint, request)
+            spec = spec_from_checkpoint(checkpoint, request)
         else:
             spec = SandboxSpec.model_validate(request.model_dump(exclude={"name", "snapshot_id"}))
         if spec.backend not in self.backends:
@@ -207,22 +206,6 @@ class SandboxService:
             self.metrics.create_seconds.observe(time.monotonic() - started)
             log.info("created %s (%s) in %.3fs", info.id, info.name, time.monotonic() - started)
             return self._present(info)
-
-    def _spec_from_checkpoint(self, checkpoint: CheckpointInfo, request: CreateSandboxRequest) -> SandboxSpec:
-        """The checkpoint's resources; a MEMORY restore must keep its memory size and backend."""
-        if "backend" in request.model_fields_set and request.backend != checkpoint.backend:
-            raise InvalidRequest(
-                f"checkpoint {checkpoint.id} was made on backend {checkpoint.backend!r}, not {request.backend!r}"
-            )
-        overrides = {k: getattr(request, k) for k in request.model_fields_set & {"timeout_secs", "on_idle", "cpus"}}
-        overrides["backend"] = checkpoint.backend
-        if checkpoint.type == CheckpointType.FILESYSTEM:
-            overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb"}}
-        elif "memory_mb" in request.model_fields_set and request.memory_mb != checkpoint.spec.memory_mb:
-            raise InvalidRequest(
-                f"a MEMORY checkpoint restores with the memory it was taken with ({checkpoint.spec.memory_mb} MiB)"
-            )
-        return checkpoint.spec.model_copy(update=overrides)
 
     async def discard(self, info: SandboxInfo, box: BoxRef, reason: str) -> None:
         """Roll back a create: nothing stays on the host, the record says why."""
@@ -471,19 +454,3 @@ class SandboxService:
             if checkpoint.expires_at is not None and checkpoint.expires_at <= now:
                 log.warning("checkpoint %s (%s) reached its TTL: deleting it", checkpoint.id, checkpoint.name)
                 self.delete_checkpoint(checkpoint.id)
-
-    def disk_usage(self) -> DiskUsage:
-        directory = self.paths.sandboxes
-        sandboxes = {p.name: tree_bytes(p) for p in directory.iterdir()} if directory.exists() else {}
-        checkpoints = {c.id: c.size_bytes for c in self.store.list_checkpoints(include_internal=True)}
-        return DiskUsage(
-            sandboxes_bytes=sum(sandboxes.values()),
-            checkpoints_bytes=sum(checkpoints.values()),
-            images_bytes=sum(i.size_bytes for i in self.images.list()),
-            sandboxes=sandboxes,
-            checkpoints=checkpoints,
-            shared_note=(
-                "every sandbox and checkpoint shares its image read-only (counted once, under images); "
-                "checkpoint files are copies (reflinks where the filesystem supports them)"
-            ),
-        )
