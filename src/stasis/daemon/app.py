@@ -45,8 +45,8 @@ from .limits import BodyLimit
 from .operations import GuestOperations
 from .recovery import Recovery
 from .service import SandboxService
-from .usage import disk_usage as measure_disk
 from .terminal import serve_terminal
+from .usage import disk_usage as measure_disk
 
 log = logging.getLogger(__name__)
 Path_ = Annotated[str, Query(min_length=1, max_length=4096, description="path inside the sandbox")]
