@@ -278,7 +278,8 @@ class ProcessTable:
             victims = tree_members(proc.pid, proc.id)
             if not victims:
                 return
-            for pid in victims:
+            # The process itself first: were a child killed before it, it would exit on its own (137, not -9).
+            for pid in sorted(victims, key=lambda p: p != proc.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             if sig != signal.SIGKILL:
