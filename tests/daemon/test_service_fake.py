@@ -20,6 +20,7 @@ from stasis.errors import BackendError, StateError, Unsupported
 from stasis.models import RunRequest
 from stasis.models import SandboxStatus as S
 from stasis.paths import Paths
+from tests.fakes import FakeBackend
 from tests.fastkit import create, fake, fake_home, running_service, statuses
 
 pytestmark = pytest.mark.fast
@@ -94,17 +95,11 @@ def test_wrong_state_errors_say_what_to_do() -> None:
 
 async def restart(paths: Paths, crash: Callable[[SandboxService], Awaitable[None]]) -> SandboxService:
     """Leave a service as a killed daemon would (no close), then start a new one on the same home."""
-    first = SandboxService(paths, backends={"fake": fake_backend(paths)})
+    first = SandboxService(paths, backends={"fake": FakeBackend(paths)})
     await first.start()
     await crash(first)
     first.store.close()
     return first
-
-
-def fake_backend(paths: Paths):  # type: ignore[no-untyped-def]
-    from tests.fakes import FakeBackend
-
-    return FakeBackend(paths)
 
 
 def test_recovery_adopts_a_running_sandbox_whose_suspend_was_cut_off() -> None:
@@ -173,11 +168,10 @@ def test_recovery_reaps_agents_and_directories_nobody_owns() -> None:
             info = await create(service, "orphan")
             service.store.db.execute("DELETE FROM sandboxes WHERE id = ?", (info.id,))
 
-        first = await restart(paths, crash)
+        await restart(paths, crash)
         assert list(paths.sandboxes.iterdir())
         async with running_service(paths):
             assert list(paths.sandboxes.iterdir()) == []
-        del first
 
     asyncio.run(main())
 

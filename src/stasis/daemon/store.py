@@ -157,10 +157,6 @@ class Store:
             self._journal(sandbox_id, current, target, detail or error)
         return self.get(sandbox_id)
 
-    def record_error(self, sandbox_id: str, error: str | None) -> None:
-        """Note a failure that did not change the state (e.g. a suspend that was rolled back)."""
-        self.db.execute("UPDATE sandboxes SET error = ?, updated_at = ? WHERE id = ?", (error, time.time(), sandbox_id))
-
     def touch_at(self, sandbox_id: str, when: float) -> None:
         self.db.execute("UPDATE sandboxes SET last_activity = ? WHERE id = ?", (when, sandbox_id))
 

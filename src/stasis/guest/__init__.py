@@ -11,7 +11,6 @@ from pathlib import Path
 
 AGENT_DIR = Path(__file__).resolve().parent
 AGENT_FILES = ("boot.py", "agent.py", "protocol.py", "processes.py", "commands.py", "terminals.py", "files.py")
-AGENT_ENTRY = "boot.py"  # run as a script; it imports the rest as a package
 
 
 def agent_digest() -> str:
