@@ -55,8 +55,11 @@ class Watchdog:
             os.close(fd)
 
     def close(self) -> None:
+        """Stop watching; a death noticed but not yet recorded is left for the next daemon's recovery."""
         for sandbox_id in list(self._fds):
             self.forget(sandbox_id)
+        for task in self._tasks:
+            task.cancel()
 
     def _fired(self, sandbox_id: str, fd: int) -> None:
         if self._fds.get(sandbox_id) == fd:
