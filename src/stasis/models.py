@@ -94,6 +94,9 @@ class SandboxSpec(_Strict):
     backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
     cpus: float = Field(1.0, ge=0.01, le=64, description="CPU cores; at least 0.01 (the kernel's smallest CPU quota)")
     memory_mb: int = Field(1024, ge=128, le=262144)
+    disk_mb: int = Field(
+        10240, ge=512, le=4 << 20, description="size of the sandbox's root file system (and /tmp) in MiB"
+    )
     network: bool = False
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
     on_idle: Literal["suspend", "terminate"] | None = None
@@ -164,6 +167,7 @@ class RunResult(BaseModel):
     stderr_truncated: bool
     timed_out: bool
     duration: float
+    limit: str | None = Field(None, description="a sandbox limit the command ran into (processes, memory)")
 
 
 class StartProcessRequest(_Strict):
@@ -189,6 +193,7 @@ class ProcessInfo(BaseModel):
     finished_at: float | None
     stdout_bytes: int
     stderr_bytes: int
+    limit: str | None = None
 
 
 class ProcessOutput(BaseModel):

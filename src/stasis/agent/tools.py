@@ -135,6 +135,8 @@ def _run(ctx: ToolContext, call_id: str, args: dict[str, Any]) -> str:
         _required(args, "command"), timeout=float(timeout), exec_id=exec_id_for(ctx.run_id, call_id)
     )
     parts = [f"exit code: {result.exit_code}" + (f" (killed after {timeout:g}s)" if result.timed_out else "")]
+    if result.limit:
+        parts.append(f"limit: {result.limit}")
     if result.stdout:
         parts.append("stdout:\n" + result.stdout)
     if result.stderr:

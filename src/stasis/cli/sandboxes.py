@@ -31,6 +31,9 @@ def create(
     image: Annotated[str, typer.Option(help="Image to start from (`stasis image ls`).")] = SPEC["image"].default,
     cpus: Annotated[float, typer.Option(help="CPU cores (fractions allowed).")] = SPEC["cpus"].default,
     memory_mb: Annotated[int, typer.Option("--memory-mb", help="Memory limit in MiB.")] = SPEC["memory_mb"].default,
+    disk_mb: Annotated[int, typer.Option("--disk-mb", help="Disk size in MiB (root file system and /tmp).")] = SPEC[
+        "disk_mb"
+    ].default,
     timeout_secs: Annotated[int, typer.Option("--timeout-secs", help="Idle seconds before the idle action.")] = SPEC[
         "timeout_secs"
     ].default,
@@ -46,7 +49,13 @@ def create(
     """Create a sandbox and start it (from an image, or from a checkpoint with --from)."""
     explicit = {
         key: value
-        for key, value in (("image", image), ("cpus", cpus), ("memory_mb", memory_mb), ("timeout_secs", timeout_secs))
+        for key, value in (
+            ("image", image),
+            ("cpus", cpus),
+            ("memory_mb", memory_mb),
+            ("disk_mb", disk_mb),
+            ("timeout_secs", timeout_secs),
+        )
         if from_checkpoint is None or ctx.get_parameter_source(key).name != "DEFAULT"
     }
     with err.status(f"creating sandbox {name}..."):
@@ -106,6 +115,8 @@ def run(
     code = 0
     for event in sbx.stream(command, env=environment, working_dir=cwd, timeout=timeout):  # printed as it comes
         if event.kind == "exit":
+            if event.limit:
+                err.print(f"[yellow]stasis: {event.limit}[/yellow]")
             if event.timed_out:
                 err.print(f"[yellow]stasis: command timed out after {timeout:g}s and was killed[/yellow]")
                 raise typer.Exit(EXIT_CODE_TIMEOUT)
@@ -198,7 +209,7 @@ def _transition(name: str, verb: str, act: Callable[[Sandbox], SandboxInfo]) -> 
     with err.status(f"{verb.removesuffix('e')}ing {name}..."):
         info = act(sbx)
     seconds = info.last_suspend_seconds if verb == "suspend" else info.last_resume_seconds
-    out.print(f"{verb}ed [bold]{name}[/bold]{f' in {seconds:.3f}s' if seconds else ''}")
+    out.print(f"{verb.removesuffix('e')}ed [bold]{name}[/bold]{f' in {seconds:.3f}s' if seconds else ''}")
 
 
 @app.command()
@@ -229,7 +240,7 @@ def info(name: Name, as_json: Json = False) -> None:
         ("status", status(data)),
         ("image", data.spec.image),
         ("backend", data.spec.backend),
-        ("cpus / memory", f"{data.spec.cpus:g} / {data.spec.memory_mb} MiB"),
+        ("cpus / memory / disk", f"{data.spec.cpus:g} / {data.spec.memory_mb} MiB / {data.spec.disk_mb} MiB"),
         ("network", "on" if data.spec.network else "off"),
         ("created", datetime.fromtimestamp(data.created_at).isoformat(sep=" ", timespec="seconds")),
         ("last activity", ago(data.last_activity)),

@@ -79,11 +79,12 @@ class GuestOperations:
             stderr_truncated=result.stderr_truncated,
             timed_out=result.timed_out,
             duration=result.duration,
+            limit=result.limit,
         )
 
     async def run_stream(self, ref: str, request: RunRequest) -> AsyncIterator[dict[str, Any]]:
         """Run a command and yield its output as it comes: {"stdout": b64} / {"stderr": b64}, then
-        {"exit_code", "timed_out", "exec_id", "stdout_truncated", "stderr_truncated"}. The command is
+        {"exit_code", "timed_out", "exec_id", "stdout_truncated", "stderr_truncated", "limit"}. The command is
         a background process under ``exec_id``, so a client that goes away can still collect it. The
         agent keeps at least 8 MiB (or ``max_output``) of each stream; a reader that falls further behind
         loses the oldest bytes, and the exit event says so. Keeping only the last ``max_output`` bytes
@@ -116,6 +117,7 @@ class GuestOperations:
                     yield {
                         "exit_code": reply.exit_code, "timed_out": timed_out, "exec_id": exec_id,
                         "stdout_truncated": lost["stdout"], "stderr_truncated": lost["stderr"],
+                        "limit": reply.limit,
                     }  # fmt: skip
                     return
                 if deadline is not None and time.monotonic() > deadline and not timed_out:

@@ -21,11 +21,12 @@ def spec_from_checkpoint(checkpoint: CheckpointInfo, request: CreateSandboxReque
     overrides = {k: getattr(request, k) for k in request.model_fields_set & {"timeout_secs", "on_idle", "cpus"}}
     overrides["backend"] = checkpoint.backend
     if checkpoint.type == CheckpointType.FILESYSTEM:
-        overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb"}}
-    elif "memory_mb" in request.model_fields_set and request.memory_mb != checkpoint.spec.memory_mb:
-        raise InvalidRequest(
-            f"a MEMORY checkpoint restores with the memory it was taken with ({checkpoint.spec.memory_mb} MiB)"
-        )
+        overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb", "disk_mb"}}
+    else:
+        for field, what in (("memory_mb", "memory"), ("disk_mb", "disk")):
+            taken = getattr(checkpoint.spec, field)
+            if field in request.model_fields_set and getattr(request, field) != taken:
+                raise InvalidRequest(f"a MEMORY checkpoint restores with the {what} it was taken with ({taken} MiB)")
     return checkpoint.spec.model_copy(update=overrides)
 
 

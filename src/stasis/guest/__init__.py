@@ -10,7 +10,9 @@ import hashlib
 from pathlib import Path
 
 AGENT_DIR = Path(__file__).resolve().parent
-AGENT_FILES = ("boot.py", "agent.py", "protocol.py", "processes.py", "commands.py", "terminals.py", "files.py")
+AGENT_FILES = (
+    "boot.py", "agent.py", "protocol.py", "processes.py", "commands.py", "terminals.py", "files.py", "fence.py",
+)  # fmt: skip
 
 
 def agent_digest() -> str:

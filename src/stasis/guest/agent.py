@@ -34,6 +34,8 @@ from typing import Any
 
 from . import protocol as P
 from .commands import Commands
+from .fence import Fence
+from .fence import setup as setup_fence
 from .files import Files, remove_interrupted_uploads, write_atomic
 from .processes import ProcessTable, RequestError, start_thread, write_all
 from .terminals import Terminals
@@ -78,11 +80,11 @@ def error_kind(exc: OSError) -> str:
 
 
 class Agent:
-    def __init__(self, reader_fd: int, writer_fd: int) -> None:
+    def __init__(self, reader_fd: int, writer_fd: int, fence: Fence | None = None) -> None:
         self.reader_fd = reader_fd
         self.writer_fd = writer_fd
         self.write_lock = threading.Lock()
-        self.procs = ProcessTable()
+        self.procs = ProcessTable(fence)
         self.started_at = time.time()
         self.boot_id = secrets.token_hex(8)
         self.identity_written = threading.Event()  # commands see the new identity's files, never the old ones
@@ -226,7 +228,7 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     os.chdir("/")
-    agent = Agent(sys.stdin.fileno(), sys.stdout.fileno())
+    agent = Agent(sys.stdin.fileno(), sys.stdout.fileno(), setup_fence() if os.getpid() == 1 else None)
     threading.Thread(target=remove_interrupted_uploads, daemon=True).start()
     threading.Thread(target=sync_hostname, daemon=True).start()
     agent.serve()

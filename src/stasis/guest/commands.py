@@ -87,6 +87,7 @@ class Commands:
                 stdout_truncated=out.start > 0,
                 stderr_truncated=err.start > 0,
                 duration=(proc.finished_at or time.time()) - proc.started_at,
+                limit=proc.limit,
             )
 
     def _feed_stdin(self, proc: Process, data: bytes) -> None:
@@ -138,6 +139,7 @@ class Commands:
                 timed_out=proc.timed_out,
                 stdout=chunk(proc.stdout, offsets["stdout"], int(req.max_bytes)),
                 stderr=chunk(proc.stderr, offsets["stderr"], int(req.max_bytes)),
+                limit=proc.limit,
             )
 
     def read_output(self, req: P.ReadOutput) -> P.OutputChunk:

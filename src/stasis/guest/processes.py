@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import Any, BinaryIO
 
 from . import protocol as P
+from .fence import Fence
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -95,6 +96,9 @@ class Process:
         self.finished_at: float | None = None
         self.exit_code: int | None = None
         self.timed_out = False
+        self.cgroup: str | None = None  # its own cgroup (microVM), killed as a whole
+        self.limits_before: tuple[int, int] | None = None
+        self.limit: str | None = None  # a sandbox limit it ran into (processes, memory), said for a user
         self.stdout = OutputBuffer(limit)
         self.stderr = OutputBuffer(limit)
         self.stdin: BinaryIO | None = None
@@ -112,6 +116,7 @@ class Process:
             finished_at=self.finished_at,
             stdout_bytes=self.stdout.end,
             stderr_bytes=self.stderr.end,
+            limit=self.limit,
         )
 
 
@@ -123,7 +128,8 @@ def command_env(extra: dict[str, str] | None, marker: str) -> dict[str, str]:
 
 
 class ProcessTable:
-    def __init__(self) -> None:
+    def __init__(self, fence: Fence | None = None) -> None:
+        self.fence = fence  # the cgroup commands start in (microVM); None: the host fences the sandbox
         self.lock = threading.Condition()
         self.by_id: dict[str, Process] = {}
         self.by_pid: dict[int, Process] = {}
@@ -150,9 +156,18 @@ class ProcessTable:
                 else:
                     self._finish(proc, code)
 
+    def mark_limits(self, proc: Process, group: str | None) -> None:
+        if self.fence is not None:
+            proc.cgroup = group
+            proc.limits_before = self.fence.counters()
+
     def _finish(self, proc: Process, code: int) -> None:
         proc.exit_code = code
         proc.finished_at = time.time()
+        if self.fence is not None and proc.limits_before is not None:
+            proc.limit = self.fence.exceeded_since(proc.limits_before)
+        if self.fence is not None and proc.cgroup:
+            self.fence.release(proc.cgroup)
         self.finished[proc.id] = None
         while len(self.finished) > FINISHED_KEPT:
             old, _ = self.finished.popitem(last=False)
@@ -194,6 +209,7 @@ class ProcessTable:
             cwd = cwd or full_env.get("HOME", "/")
             if not os.path.isdir(cwd):
                 raise RequestError(P.ErrorKind.INVALID, f"working directory {cwd!r} does not exist in the sandbox")
+            group = self.fence.new_group() if self.fence else None
             try:
                 popen = subprocess.Popen(
                     cmd,
@@ -203,6 +219,7 @@ class ProcessTable:
                     env=full_env,
                     cwd=cwd,
                     start_new_session=True,
+                    preexec_fn=(lambda: Fence.join(group)) if group else None,
                 )
             except FileNotFoundError as exc:
                 raise RequestError(P.ErrorKind.COMMAND_NOT_FOUND, f"command not found: {cmd[0]!r}") from exc
@@ -210,9 +227,14 @@ class ProcessTable:
                 raise RequestError(P.ErrorKind.PERMISSION, f"cannot execute {cmd[0]!r}: {exc.strerror}") from exc
             except (BlockingIOError, RuntimeError) as exc:  # EAGAIN from fork: out of processes
                 raise RequestError(P.ErrorKind.OS_ERROR, f"cannot start {cmd[0]!r}: {exc}") from exc
+            except BaseException:
+                if group and self.fence:
+                    self.fence.release(group)
+                raise
             popen.returncode = 0  # we reap; stop Popen from ever calling waitpid itself
             proc = Process(popen.pid, proc_id, name, cmd, limit)
             proc.stdin = popen.stdin
+            self.mark_limits(proc, group)
             self.register(proc)
         for stream, buffer in ((popen.stdout, proc.stdout), (popen.stderr, proc.stderr)):
             start_thread(self._pump, stream.fileno(), buffer, stream)
@@ -274,6 +296,8 @@ class ProcessTable:
 
     def kill_tree(self, proc: Process, sig: int = signal.SIGKILL) -> None:
         """Signal the process, its group, its descendants and everything carrying its marker."""
+        if sig == signal.SIGKILL and self.fence is not None and proc.cgroup:
+            self.fence.kill(proc.cgroup)
         for _ in range(50):
             victims = tree_members(proc.pid, proc.id)
             if not victims:

@@ -112,6 +112,7 @@ class ExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration: float = 0.0
+    limit: str | None = None  # a sandbox limit the command ran into (processes, memory), if any
 
 
 @dataclass
@@ -126,6 +127,7 @@ class ProcessState:
     finished_at: float | None
     stdout_bytes: int
     stderr_bytes: int
+    limit: str | None = None  # as in ExecResult
 
 
 @dataclass
@@ -148,6 +150,7 @@ class ProcessStreams:
     timed_out: bool
     stdout: StreamChunk = field(metadata={"of": StreamChunk})
     stderr: StreamChunk = field(metadata={"of": StreamChunk})
+    limit: str | None = None  # as in ExecResult
 
 
 @dataclass

@@ -14,6 +14,7 @@ import termios
 
 from . import protocol as P
 from .commands import unb64
+from .fence import Fence
 from .processes import (
     PROCESS_OUTPUT_LIMIT,
     Process,
@@ -49,14 +50,19 @@ class Terminals:
         with self.procs.lock:
             pty_id = self.procs.next_id("t")
             env = command_env(req.env, pty_id)
+            group = self.procs.fence.new_group() if self.procs.fence else None
             try:
                 pid = os.fork()
             except OSError:
                 os.close(master)
                 os.close(slave)
+                if group and self.procs.fence:
+                    self.procs.fence.release(group)
                 raise
             if pid == 0:  # the child: a session leader whose controlling terminal is the pty
                 try:
+                    if group:
+                        Fence.join(group)
                     os.setsid()
                     fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
                     for fd in (0, 1, 2):
@@ -69,6 +75,7 @@ class Terminals:
             os.close(slave)
             proc = Process(pid, pty_id, None, cmd, PROCESS_OUTPUT_LIMIT)
             proc.master = master
+            self.procs.mark_limits(proc, group)
             proc.stderr.closed = True
             self.procs.register(proc)
         start_thread(self._pump, proc, master)

@@ -42,6 +42,7 @@ class CreateOptions(TypedDict, total=False):
     image: str
     cpus: float
     memory_mb: int
+    disk_mb: int
     timeout_secs: int
     on_idle: str
     backend: str
@@ -88,6 +89,7 @@ class CommandResult:
     stderr_truncated: bool
     timed_out: bool
     duration: float
+    limit: str | None = None  # a sandbox limit it ran into (processes, memory), said for a user
 
     @property
     def stdout(self) -> str:
@@ -112,6 +114,7 @@ class CommandResult:
             stderr_truncated=result.stderr_truncated,
             timed_out=result.timed_out,
             duration=result.duration,
+            limit=result.limit,
         )
 
 
@@ -125,6 +128,7 @@ class OutputEvent:
     timed_out: bool = False
     exec_id: str = ""
     truncated: tuple[bool, bool] = (False, False)  # (stdout, stderr): the daemon could not keep up
+    limit: str | None = None  # exit: a sandbox limit the command ran into
 
 
 def stream_event(event: dict[str, Any]) -> OutputEvent | None:
@@ -133,7 +137,9 @@ def stream_event(event: dict[str, Any]) -> OutputEvent | None:
             return OutputEvent(kind, base64.b64decode(event[kind]))
     if "exit_code" in event:
         truncated = (bool(event.get("stdout_truncated")), bool(event.get("stderr_truncated")))
-        return OutputEvent("exit", b"", event["exit_code"], event["timed_out"], event["exec_id"], truncated)
+        return OutputEvent(
+            "exit", b"", event["exit_code"], event["timed_out"], event["exec_id"], truncated, event.get("limit")
+        )
     return None  # the opening {"exec_id"} line
 
 
@@ -162,7 +168,7 @@ class Collector:
                 stdout_bytes=bytes(self.parts["stdout"]), stderr_bytes=bytes(self.parts["stderr"]),
                 stdout_truncated=self.cut["stdout"] or event.truncated[0],
                 stderr_truncated=self.cut["stderr"] or event.truncated[1],
-                timed_out=event.timed_out, duration=time.monotonic() - self.started,
+                timed_out=event.timed_out, duration=time.monotonic() - self.started, limit=event.limit,
             )  # fmt: skip
             return
         part = self.parts[event.kind]

@@ -3,7 +3,9 @@
 Directory of one sandbox::
 
     bundle/config.json   OCI spec          bundle/rootfs   overlay mount point
-    upper/ work/         the sandbox's own writable layer (its files live here)
+    disk.ext4            the sandbox's own disk (sparse, ``disk_mb``), mounted at disk/ while it runs:
+    disk/upper disk/work   its writable layer (its files live here)
+    disk/tmp               its /tmp (a bind mount: on its disk, not in its memory)
     to_guest.fifo from_guest.fifo          the agent's stdin/stdout (made anew at every boot)
     console.log          the agent's stderr and runsc's complaints
     suspend/             a sealed suspend image (checkpoint.img); suspend.partial/ while written
@@ -12,13 +14,17 @@ The agent's files are a read-only bind mount of a host directory per agent build
 (see :mod:`.agentdir`): the daemon never writes into a sandbox's tree.
 
 Suspend = `runsc checkpoint` (the sandbox exits), then `runsc delete`, then the
-overlay is unmounted: nothing of the sandbox remains on the host but files.
+overlay and the disk are unmounted: nothing of the sandbox remains on the host but files.
 Resume = remount, `runsc restore` with the same bundle and fresh FIFO fds.
+
+Sandboxes made before they had a disk (state ``disk_mb`` 0) keep their layer in upper/ and
+work/ beside the bundle, unbounded, with gVisor's own tmpfs at /tmp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -35,7 +41,7 @@ from ...guest.client import GuestChannel
 from ...paths import Paths
 from ..base import BackendState, BoxRef, HostState
 from ..suspend_image import SuspendImage
-from . import mounts
+from . import disk, mounts
 from .agentdir import agent_dir
 from .bundle import oci_config
 from .runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags
@@ -51,6 +57,7 @@ class GvisorState(BackendState):
     runsc_version: str
     platform: str
     agent: str = ""  # the agent build mounted at /opt/stasis; "" for sandboxes made before that mount
+    disk_mb: int = 0  # size of its own disk; 0 for sandboxes made before they had one
 
 
 class GvisorBackend:
@@ -94,19 +101,27 @@ class GvisorBackend:
     def describe_state(self, state: dict[str, Any]) -> dict[str, Any]:
         return GvisorState.model_validate(state).model_dump() if state else {}
 
-    def _new_state(self, platform: str | None = None) -> GvisorState:
-        return GvisorState(runsc_version=self.version, platform=platform or self.platform, agent=agent_digest())
+    def _new_state(self, disk_mb: int) -> GvisorState:
+        return GvisorState(runsc_version=self.version, platform=self.platform, agent=agent_digest(), disk_mb=disk_mb)
 
     # ------------------------------------------------------------ layout
 
     @staticmethod
-    def _paths(box: BoxRef) -> dict[str, Path]:
+    def _disk_mb(box: BoxRef) -> int:
+        """Its disk's size; a sandbox not started yet gets the one its spec asks for."""
+        return GvisorState.model_validate(box.state).disk_mb if box.state else box.spec.disk_mb
+
+    def _paths(self, box: BoxRef) -> dict[str, Path]:
         d = box.directory
+        layer = d / "disk" if self._disk_mb(box) else d
         return {
             "bundle": d / "bundle",
             "rootfs": d / "bundle" / "rootfs",
-            "upper": d / "upper",
-            "work": d / "work",
+            "disk_image": d / "disk.ext4",
+            "disk": d / "disk",
+            "upper": layer / "upper",
+            "work": layer / "work",
+            "tmp": d / "disk" / "tmp",
             "to_guest": d / "to_guest.fifo",
             "from_guest": d / "from_guest.fifo",
             "console": d / "console.log",
@@ -134,17 +149,36 @@ class GvisorBackend:
         box.directory.mkdir(parents=True, exist_ok=True)
         p["bundle"].mkdir(exist_ok=True)
         agent_path = agent_dir(self.agents, agent) if agent else None
-        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path)
+        tmp = p["tmp"] if self._disk_mb(box) else None
+        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path, tmp)
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
         return p
+
+    async def _attach_disk(self, box: BoxRef) -> None:
+        """Its disk made (first boot) and mounted, with the directories on it that the sandbox uses."""
+        size = self._disk_mb(box)
+        if not size:
+            return
+        p = self._paths(box)
+        await disk.create(p["disk_image"], size)
+        await disk.attach(p["disk_image"], p["disk"])
+        for name in ("upper", "work"):
+            p[name].mkdir(exist_ok=True)
+        if not p["tmp"].is_dir():
+            disk.fresh_dir(p["tmp"], 0o1777)
+
+    def _detach_disk(self, box: BoxRef) -> None:
+        mounts.unmount(self._paths(box)["rootfs"])
+        disk.detach(self._paths(box)["disk"])
 
     async def _boot(
         self, box: BoxRef, runsc: Runsc, args: tuple[str, ...], after_mount: str | None, after_launch: str
     ) -> GuestChannel:
         """Mount the root, run runsc (`run` or `restore`), wait for the agent; on any failure stop again."""
         p = self._paths(box)
-        mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
         try:
+            await self._attach_disk(box)
+            mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
             if after_mount:
                 faults.point(after_mount)
             await self._launch(runsc, box, *args)
@@ -188,9 +222,14 @@ class GvisorBackend:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, box: BoxRef) -> tuple[GuestChannel, GvisorState]:
-        state = self._new_state()
+        """A cold boot: a new sandbox, a failed one booting again on its files, a FILESYSTEM restore."""
+        state = self._new_state(self._disk_mb(box))
+        box = dataclasses.replace(box, state=state.model_dump())
         self._prepare(box, state.agent)
         await self.runsc.delete(box.id)  # a stale record, when booting a failed sandbox again
+        if state.disk_mb:
+            await self._attach_disk(box)
+            disk.fresh_dir(self._paths(box)["tmp"], 0o1777)  # /tmp starts empty at every boot, as a tmpfs would
         runsc = Runsc(self.binary, self.runsc.root, state.platform)
         args = ("run", "-detach", "--bundle", str(self._paths(box)["bundle"]), box.id)
         channel = await self._boot(box, runsc, args, "gvisor.start.after_mount", "gvisor.start.after_launch")
@@ -202,16 +241,27 @@ class GvisorBackend:
         """A new sandbox from a checkpoint: its files, and (MEMORY) its processes where they were."""
         saved = GvisorState.model_validate(source_state)
         runsc = self._runsc_for(saved, "this checkpoint") if memory else self.runsc
+        if memory:  # restored processes must find the layout (the mounts) they were saved with
+            size = box.spec.disk_mb if saved.disk_mb else 0
+            box = dataclasses.replace(box, state=saved.model_copy(update={"disk_mb": size}).model_dump())
         p = self._paths(box)
         box.directory.mkdir(parents=True, exist_ok=True)
-        await copy_tree(source / "files", p["upper"])
-        faults.point("gvisor.start_from.after_copy")
+        try:
+            await self._attach_disk(box)
+            await copy_tree(source / "files", p["upper"])
+            if memory and self._disk_mb(box):
+                await copy_tree(source / "tmp", p["tmp"])
+            faults.point("gvisor.start_from.after_copy")
+        except BaseException:
+            self._detach_disk(box)
+            raise
         if not memory:
+            self._detach_disk(box)
             return await self.start(box)
         self._prepare(box, saved.agent)
         args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(source / "memory"), box.id)
         channel = await self._boot(box, runsc, args, None, "gvisor.start_from.after_restore")
-        return channel, saved.model_copy(update={"runsc_version": self.version})
+        return channel, GvisorState.model_validate(box.state).model_copy(update={"runsc_version": self.version})
 
     async def connect(self, box: BoxRef) -> GuestChannel:
         state = await self.runsc.state(box.id)
@@ -232,6 +282,8 @@ class GvisorBackend:
         try:
             faults.point("gvisor.checkpoint.paused")
             await copy_tree(self._paths(box)["upper"], dest / "files")
+            if memory and self._disk_mb(box):  # open files in /tmp must be there when its processes return
+                await copy_tree(self._paths(box)["tmp"], dest / "tmp")
             faults.point("gvisor.checkpoint.after_files")
             if memory:
                 (dest / "memory").mkdir()
@@ -270,7 +322,7 @@ class GvisorBackend:
         await channel.close()
         await runsc.delete(box.id)
         faults.point("gvisor.suspend.after_delete")
-        mounts.unmount(self._paths(box)["rootfs"])
+        self._detach_disk(box)
 
     async def resume(self, box: BoxRef) -> GuestChannel:
         image = self._image(box)
@@ -312,7 +364,7 @@ class GvisorBackend:
     async def stop(self, box: BoxRef) -> None:
         """Nothing of the sandbox runs or stays mounted afterwards; its files stay."""
         await self.runsc.delete(box.id)
-        mounts.unmount(self._paths(box)["rootfs"])
+        self._detach_disk(box)
 
     async def destroy(self, box: BoxRef) -> None:
         await self.stop(box)
@@ -352,8 +404,8 @@ def stop_reason(sandbox_id: str, memory_mb: int) -> str:
             continue
         if int(counters.get("oom_kill", "0")) > 0:
             return (
-                f"killed by the host OOM killer: the sandbox used all of its memory_mb ({memory_mb} MiB; "
-                "files in /tmp count too); resume it to boot it again with its files, or recreate it with more memory"
+                f"killed by the host OOM killer: the sandbox used all of its memory_mb ({memory_mb} MiB); "
+                "resume it to boot it again with its files, or recreate it with more memory"
             )
     return "the sandbox's processes on the host exited unexpectedly (killed on the host?); resume it to boot it again"
 

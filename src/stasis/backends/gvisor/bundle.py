@@ -22,9 +22,12 @@ CAPABILITIES = [
 ]  # fmt: skip
 
 
-def oci_config(sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str, agent: Path | None) -> dict[str, Any]:
+def oci_config(
+    sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str, agent: Path | None, tmp: Path | None
+) -> dict[str, Any]:
     """The bundle's config; ``agent`` is the host directory mounted read-only at /opt/stasis
-    (None only for sandboxes made before that, whose agent sits in their own files)."""
+    (None only for sandboxes made before that, whose agent sits in their own files); ``tmp`` is
+    the directory on its disk mounted at /tmp (None: gVisor's own tmpfs, charged to its memory)."""
     config = {
         "ociVersion": "1.0.2",
         "process": {
@@ -68,5 +71,8 @@ def oci_config(sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str, a
     }
     if agent is not None:
         mount = {"destination": MOUNT_POINT, "type": "bind", "source": str(agent), "options": ["rbind", "ro"]}
+        config["mounts"].append(mount)  # type: ignore[attr-defined]
+    if tmp is not None:
+        mount = {"destination": "/tmp", "type": "bind", "source": str(tmp), "options": ["rbind", "rw"]}
         config["mounts"].append(mount)  # type: ignore[attr-defined]
     return config

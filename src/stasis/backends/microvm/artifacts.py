@@ -13,6 +13,7 @@ of its inputs, written under a temporary name and renamed into place when comple
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from ... import procs
 from ...errors import BackendError
-from ...fsutil import fsync_dir, fsync_file
+from ...fsutil import fsync_dir, fsync_file, tree_bytes
 from ...guest import AGENT_DIR, AGENT_FILES, agent_digest
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ AGENT_PORT_NAME = "stasis.agent"
 # Load order matters: virtio_ring before virtio, both before the transports and devices.
 MODULES = ("virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console")
 BUSYBOX = Path("/bin/busybox")
-DISK_SIZE = 8 << 30  # virtual size of every sandbox's root disk; sparse, so only what is written costs
+BASE_HEADROOM = 256 << 20  # free space on an image's base disk; each sandbox's disk grows it to its disk_mb
 LZ4_LEGACY_MAGIC = b"\x02\x21\x4c\x18"
 LZ4_LEGACY_BLOCK = 8 << 20
 
@@ -224,9 +225,17 @@ def _newc_entry(inode: int, name: str, mode: int, data: bytes) -> bytes:
     return entry + b"\0" * (-len(entry) % 4)
 
 
+def base_size(rootfs: Path) -> int:
+    """Bytes of the ext4 made from ``rootfs``: its files, ext4's overhead and some headroom, in whole MiB."""
+    size = tree_bytes(rootfs) * 5 // 4 + BASE_HEADROOM
+    return -(-size // (64 << 20)) * (64 << 20)
+
+
 async def root_disk(cache: Path, image_key: str, rootfs: Path) -> Path:
-    """The image as a read-only ext4 file (built once per image build, seconds)."""
-    dest = cache / f"rootfs-{image_key}.ext4"
+    """The image as a read-only ext4 file (built once per image build, seconds), just big enough.
+
+    (``rootfs-KEY.ext4`` files, 8 GiB each, are the bases of sandboxes made before disks had sizes.)"""
+    dest = cache / f"base-{image_key}.ext4"
     if dest.exists():
         return dest
     cache.mkdir(parents=True, exist_ok=True)
@@ -235,7 +244,7 @@ async def root_disk(cache: Path, image_key: str, rootfs: Path) -> Path:
     fd, staging = tempfile.mkstemp(prefix=f".{dest.name}.", dir=cache)
     os.close(fd)
     try:
-        os.truncate(staging, DISK_SIZE)
+        os.truncate(staging, await asyncio.to_thread(base_size, rootfs))
         # Inode tables and journal initialised now: otherwise every guest would zero them into its overlay.
         argv = ["mkfs.ext4", "-q", "-F", "-L", "stasis-root", "-d", str(rootfs),
                 "-E", "lazy_itable_init=0,lazy_journal_init=0", staging]  # fmt: skip

@@ -43,7 +43,7 @@ from ..suspend_image import SuspendImage
 from . import qemu
 from .accel import Accelerator, choose_accelerator, tsc_khz
 from .artifacts import BootFiles, boot_files, root_disk
-from .files import copy_file
+from .files import copy_file, grow_disk
 from .qemu import Machine, VmFiles
 from .templates import Templates
 
@@ -122,6 +122,7 @@ class MicrovmBackend:
                 "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init",
                 f"tsc_early_khz={self.tsc_khz}" if self.accel.name == "tcg" else "",
                 f"stasis.hostname={hostname}",
+                "stasis.fence",  # the agent grows / to its disk and fences commands into a cgroup
             ]
         )
         return Machine(
@@ -263,9 +264,17 @@ class MicrovmBackend:
             return channel, self._state(self._stored_machine(box.directory), box.state.get("template", ""))
         assert self.boot is not None
         base = await root_disk(self.cache, box.image_key, box.image_rootfs)
+        if box.spec.disk_mb << 20 < base.stat().st_size:
+            raise InvalidRequest(
+                f"image {box.spec.image!r} needs a disk of at least {base.stat().st_size >> 20} MiB on a microVM; "
+                "ask for a bigger disk_mb"
+            )
         machine = self._machine(box.spec, "stasis-template")
-        identity = [self.boot.key, box.image_key, self.version, self.accel.name, machine.cpus, machine.memory_mb]
-        template = await self.templates.get(Templates.key(identity), base, machine)
+        identity = [
+            self.boot.key, box.image_key, self.version, self.accel.name, machine.cpus, machine.memory_mb,
+            box.spec.disk_mb,
+        ]  # fmt: skip
+        template = await self.templates.get(Templates.key(identity), base, machine, box.spec.disk_mb)
         await self.templates.copy_into(template, box.directory, files.disk, files.memory)
         machine = self._stored_machine(template)
         channel = await self._restore(box, machine, template / "vmstate", True, "microvm.start.after_restore")
@@ -278,6 +287,7 @@ class MicrovmBackend:
         box.directory.mkdir(parents=True, exist_ok=True)
         if not memory:
             await copy_file(source / "disk.qcow2", files.disk)
+            await grow_disk(files.disk, box.spec.disk_mb)
             channel = await self._cold_boot(box, new_identity=True)
             return channel, self._state(self._stored_machine(box.directory))
         machine = self._stored_machine(source)

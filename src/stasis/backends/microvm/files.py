@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ... import procs
-from ...errors import BackendError
+from ...errors import BackendError, InvalidRequest
 
 
-async def create_overlay(base: Path, disk: Path) -> None:
-    argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk)]
+async def create_overlay(base: Path, disk: Path, size_mb: int) -> None:
+    """A qcow2 of ``size_mb`` over ``base``; the guest grows its file system to fill it."""
+    argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk), f"{size_mb}M"]
     result = await procs.run(argv, timeout=60)
     if result.returncode != 0:
         raise BackendError(f"qemu-img could not create {disk}: {result.output}")
+
+
+async def disk_size_mb(disk: Path) -> int:
+    result = await procs.run(["qemu-img", "info", "--output=json", "-U", str(disk)], timeout=60)
+    if result.returncode != 0:
+        raise BackendError(f"qemu-img could not read {disk}: {result.output}")
+    return int(json.loads(result.stdout)["virtual-size"]) >> 20
+
+
+async def grow_disk(disk: Path, size_mb: int) -> None:
+    """Make a (stopped) VM's disk ``size_mb`` big; the guest grows its file system at boot. Never shrinks."""
+    current = await disk_size_mb(disk)
+    if size_mb < current:
+        raise InvalidRequest(f"the disk of this checkpoint is {current} MiB; disk_mb cannot be less")
+    if size_mb > current:
+        result = await procs.run(["qemu-img", "resize", "-q", "-f", "qcow2", str(disk), f"{size_mb}M"], timeout=60)
+        if result.returncode != 0:
+            raise BackendError(f"qemu-img could not resize {disk}: {result.output}")
 
 
 async def copy_file(source: Path, dest: Path) -> None:

@@ -32,7 +32,7 @@ from .qemu import Machine, VmFiles
 
 log = logging.getLogger(__name__)
 
-TEMPLATE_FORMAT = 2  # bump when what a template contains changes
+TEMPLATE_FORMAT = 3  # bump when what a template contains changes
 
 Launch = Callable[[str, Path, Machine, bool], Awaitable[VmFiles]]
 Connect = Callable[[VmFiles, str], Awaitable[GuestChannel]]
@@ -51,8 +51,8 @@ class Templates:
     def key(identity: list[object]) -> str:
         return hashlib.sha256(json.dumps([TEMPLATE_FORMAT, *identity]).encode()).hexdigest()[:16]
 
-    async def get(self, key: str, base: Path, machine: Machine) -> Path:
-        """The template ``key`` (of ``machine`` on the disk ``base``), built on first use (one boot)."""
+    async def get(self, key: str, base: Path, machine: Machine, disk_mb: int) -> Path:
+        """The template ``key`` (of ``machine`` on a ``disk_mb`` disk over ``base``), built on first use (one boot)."""
         directory = self.root / key
         if (directory / "vmstate").exists():
             return directory
@@ -62,12 +62,12 @@ class Templates:
             try:
                 await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)  # other daemons share the cache
                 if not (directory / "vmstate").exists():
-                    await self._build(directory, key, base, machine)
+                    await self._build(directory, key, base, machine, disk_mb)
             finally:
                 os.close(lock_fd)
         return directory
 
-    async def _build(self, directory: Path, key: str, base: Path, machine: Machine) -> None:
+    async def _build(self, directory: Path, key: str, base: Path, machine: Machine, disk_mb: int) -> None:
         started = time.monotonic()
         for stale in self.root.glob(f".{key}.*"):  # we hold the lock: whoever made these is gone
             shutil.rmtree(stale, ignore_errors=True)
@@ -75,7 +75,7 @@ class Templates:
         vm_id = f"template-{key[:12]}"
         files: VmFiles | None = None
         try:
-            await create_overlay(base, staging / "disk.qcow2")
+            await create_overlay(base, staging / "disk.qcow2", disk_mb)
             files = await self._launch(vm_id, staging, machine, False)
             channel = await self._connect(files, f"template {key}")
             await channel.call(P.Sync(), timeout=60)
