@@ -8,6 +8,7 @@ and no directory of the test homes survives.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -118,6 +119,16 @@ def mounts_under(home: Path) -> list[str]:
         return [line.split()[1] for line in mounts if line.split()[1].startswith(str(home))]
 
 
+def loop_devices_under(home: Path) -> list[str]:
+    """Loop devices whose backing file (a gVisor sandbox's disk) lies under ``home``."""
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().strip().startswith(str(home)):
+                found.append(f"/dev/{backing.parent.parent.name}: {backing.read_text().strip()}")
+    return found
+
+
 def require_default_image() -> None:
     if not any(IMAGE_DIR.glob("default-*/image.json")):
         pytest.exit(f"the default image is not built in {IMAGE_DIR}; run `make setup` first", returncode=2)
@@ -128,7 +139,7 @@ def leak_check() -> Iterator[None]:
     TEST_ROOT.mkdir(parents=True, exist_ok=True)
     yield
     leaked_processes = sandbox_processes_under(TEST_ROOT) + [f"{pid}: {cmd}" for pid, cmd in fake_agents(TEST_ROOT)]
-    leaked_mounts = mounts_under(TEST_ROOT)
+    leaked_mounts = mounts_under(TEST_ROOT) + loop_devices_under(TEST_ROOT)
     leftover = [str(p) for p in TEST_ROOT.glob("*/sandboxes/*")]
     leftover += [str(p) for home in TEST_ROOT.iterdir() for p in Paths(home, IMAGE_DIR).runsc_root.glob("*")]
     leftover += [str(p) for home in TEST_ROOT.iterdir() for p in (Paths(home, IMAGE_DIR).runtime / "vm").glob("*")]

@@ -11,7 +11,7 @@ from pathlib import Path
 from .errors import NoSpace
 
 HEADROOM = 64 << 20  # bytes left free beyond what an operation writes: the store and logs need some too
-NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
+NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded", "database or disk is full")
 
 
 def check_free_space(directory: Path, needed: int, what: str) -> None:

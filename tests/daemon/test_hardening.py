@@ -50,6 +50,7 @@ set -e
 ln -s {file} /root/link-file; ln -s {dir} /root/link-dir; ln -s {fifo} /root/link-fifo
 ln -s /nonexistent/host/path /root/dangling; mkfifo /root/own.fifo  # gVisor keeps this one in its memory
 mkdir -p /root/deep/er && ln -s {dir} /root/deep/er/link-dir
+ln -s {dir} /tmp/link-dir; ln -s {fifo} /tmp/link-fifo  # /tmp: copied by MEMORY checkpoints, emptied at boot
 """
 
 
@@ -123,11 +124,53 @@ def test_a_sandbox_that_fills_its_memory_is_failed_with_the_oom_reason(client: C
     sbx = Sandbox.create("hungry", memory_mb=256, client=client)
     try:
         with pytest.raises(StasisError) as caught:
-            sbx.run("head -c 600M /dev/zero > /tmp/fill; sleep 5", timeout=120)
+            sbx.run("python3 -c 'import time; x = b\"x\" * (600 << 20); time.sleep(5)'", timeout=120)
         info = sbx.info()
         assert info.status == S.FAILED
         assert "OOM" in (info.error or "") and "memory_mb" in (info.error or ""), info.error
         assert "OOM" in str(caught.value)
+    finally:
+        sbx.terminate()
+
+
+def df_mb(sbx: Sandbox, column: str, path: str = "/") -> int:
+    return int(sbx.run(f"df -m --output={column} {path} | tail -1").stdout)
+
+
+def test_a_sandbox_has_a_disk_of_its_own_size_that_fills_up_inside_only(client: Client, backend: str) -> None:
+    sbx = Sandbox.create("bounded", memory_mb=256, disk_mb=1536, backend=backend, client=client)
+    try:
+        size = df_mb(sbx, "size")
+        assert 1536 * 0.9 < size <= 1536, f"df says / is {size} MiB"
+        assert df_mb(sbx, "size", "/tmp") == size  # /tmp is on the disk, not in memory_mb
+        assert sbx.run(f"fallocate -l {df_mb(sbx, 'avail') - 8}M /root/bulk").exit_code == 0
+        full = sbx.run("head -c 64M /dev/zero > /tmp/more")
+        assert full.exit_code != 0 and "No space left on device" in full.stderr, full.stderr
+        assert sbx.info().status == S.RUNNING  # only its writes failed
+        sbx.suspend()
+        sbx.resume()
+        assert sbx.run("rm /root/bulk /tmp/more && echo room > /root/ok && cat /root/ok").stdout == "room\n"
+        assert df_mb(sbx, "size") == size
+        copy = Sandbox.create(snapshot_id=sbx.checkpoint("filesystem").id, disk_mb=2048, client=client)
+        try:  # a cold boot from its files, on a bigger disk
+            assert df_mb(copy, "size") > size and copy.read_file("/root/ok") == b"room\n"
+        finally:
+            copy.terminate()
+    finally:
+        sbx.terminate()
+
+
+def test_a_fork_bomb_or_a_memory_hog_in_a_microvm_hits_a_limit_and_the_agent_survives(client: Client) -> None:
+    sbx = Sandbox.create("bomber", memory_mb=512, backend="microvm", client=client)
+    try:
+        bomb = sbx.run("bomb() { bomb | bomb & }; bomb; sleep 600", timeout=20)
+        assert bomb.timed_out and "process limit" in (bomb.limit or ""), bomb
+        assert sbx.run("echo alive").stdout == "alive\n"
+        assert int(sbx.run("ls /proc | grep -c '^[0-9]'").stdout) < 200, "the bomb's processes outlived its kill"
+        hog = sbx.run("python3 -c 'x = [b\"x\" * (32 << 20) for _ in range(24)]'")  # 768 MiB, 32 at a time
+        assert hog.exit_code in (137, -9) and "out-of-memory" in (hog.limit or ""), hog
+        assert sbx.run("echo alive").stdout == "alive\n" and sbx.info().status == S.RUNNING
+        assert sbx.run("true").limit is None
     finally:
         sbx.terminate()
 
@@ -144,11 +187,11 @@ def test_the_hostname_file_and_the_file_limit_are_the_sandboxs_own(client: Clien
 
 @pytest.fixture
 def small_disk_daemon(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """A daemon whose home is a 192 MiB file system of its own, which the test fills."""
+    """A daemon whose home is a 320 MiB file system of its own, which the test fills."""
     from tests.conftest import new_home, terminate_all
 
     home = new_home("small-disk")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192m,mode=700", "stasis-test-disk", str(home)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320m,mode=700", "stasis-test-disk", str(home)], check=True)
     daemon = Daemon(home)
     try:
         yield daemon.start()
@@ -161,11 +204,15 @@ def small_disk_daemon(request: pytest.FixtureRequest):  # type: ignore[no-untype
 
 def test_a_full_disk_never_stops_a_sandbox_and_says_what_to_free(small_disk_daemon: Daemon) -> None:
     client = small_disk_daemon.client()
+    home = small_disk_daemon.paths.home
     sbx = Sandbox.create("cramped", memory_mb=256, client=client)
     sbx.start_process(["sh", "-c", "while :; do date +%s%N > /root/tick; sleep 0.05; done"])
-    free = os.statvfs(small_disk_daemon.paths.home)
+    # what a checkpoint must copy; synced, so that it is on the host before the host fills up
+    assert sbx.run("head -c 48M /dev/urandom > /root/data && sync").exit_code == 0
+    free = os.statvfs(home)
     fill_mb = (free.f_bavail * free.f_frsize >> 20) - 12  # leave a little: the store must still be writable
-    assert sbx.run(f"head -c {fill_mb}M /dev/zero > /root/fill").exit_code == 0
+    filler = home / "filler"  # the host's disk fills up (something else on it, or other sandboxes)
+    subprocess.run(["fallocate", "-l", f"{fill_mb}M", str(filler)], check=True)
 
     for attempt in (sbx.suspend, lambda: sbx.checkpoint("filesystem")):
         with pytest.raises(NoSpace, match="free disk space"):
@@ -173,12 +220,13 @@ def test_a_full_disk_never_stops_a_sandbox_and_says_what_to_free(small_disk_daem
         assert sbx.info().status == S.RUNNING
         assert_ticking(sbx)  # its processes never stopped
     assert Sandbox.list_checkpoints(client=client) == []
-    assert not any((small_disk_daemon.paths.home / "checkpoints").glob("*"))
+    assert not any((home / "checkpoints").glob("*"))
 
-    sbx.remove("/root/fill")
+    filler.unlink()
     sbx.suspend()
     assert sbx.resume().status == S.RUNNING
     assert_ticking(sbx)
+    assert sbx.run("sha256sum /root/data").exit_code == 0
 
 
 def assert_ticking(sbx: Sandbox) -> None:

@@ -2,7 +2,9 @@
 
 Its writable layer (the overlay's upper and work dirs) and its /tmp live on it, so a
 sandbox that fills its disk gets ENOSPC inside and nothing else on the host does; `df`
-inside shows its size. The file is sparse: only what the sandbox writes costs host disk.
+inside shows its size. The file is sparse (thin provisioning): only what the sandbox writes costs host disk, so
+the host must have room for what its sandboxes write; should the host's disk fill first,
+writes inside fail with I/O errors (and its file system may turn read-only until it boots again).
 The loop device is released whenever the disk is unmounted (suspended or stopped
 sandboxes hold none): `mount -o loop` sets it to clear itself.
 """
@@ -22,9 +24,14 @@ from . import mounts
 log = logging.getLogger(__name__)
 
 # Inode tables are left uninitialised (a fresh sparse file reads as zeros) and never zeroed in the
-# background: otherwise a 10 GiB disk would cost ~160 MiB of written zeros on the host.
-MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-L", "stasis-disk", "-E", "lazy_itable_init=1,lazy_journal_init=1")
-MOUNT_OPTIONS = "loop,noatime,noinit_itable,errors=remount-ro"
+# background: otherwise a 10 GiB disk would cost ~160 MiB of written zeros on the host. The (small)
+# journal is written out, so that committing it never needs new host blocks. `discard`: what the
+# sandbox deletes is given back to the host (the file's blocks are punched out).
+MKFS = (
+    "mkfs.ext4", "-q", "-F", "-m", "0", "-L", "stasis-disk", "-J", "size=16",
+    "-E", "lazy_itable_init=1,lazy_journal_init=0,nodiscard",
+)  # fmt: skip
+MOUNT_OPTIONS = "loop,noatime,noinit_itable,discard,errors=remount-ro"
 
 
 async def create(image: Path, size_mb: int) -> None:

@@ -35,6 +35,7 @@ AGENT_PORT_NAME = "stasis.agent"
 # Load order matters: virtio_ring before virtio, both before the transports and devices.
 MODULES = ("virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console")
 BUSYBOX = Path("/bin/busybox")
+BASE_FORMAT = 2  # bump when how a base disk is made changes (templates made on it name it)
 BASE_HEADROOM = 256 << 20  # free space on an image's base disk; each sandbox's disk grows it to its disk_mb
 LZ4_LEGACY_MAGIC = b"\x02\x21\x4c\x18"
 LZ4_LEGACY_BLOCK = 8 << 20
@@ -235,7 +236,7 @@ async def root_disk(cache: Path, image_key: str, rootfs: Path) -> Path:
     """The image as a read-only ext4 file (built once per image build, seconds), just big enough.
 
     (``rootfs-KEY.ext4`` files, 8 GiB each, are the bases of sandboxes made before disks had sizes.)"""
-    dest = cache / f"base-{image_key}.ext4"
+    dest = cache / f"base{BASE_FORMAT}-{image_key}.ext4"
     if dest.exists():
         return dest
     cache.mkdir(parents=True, exist_ok=True)
@@ -246,7 +247,8 @@ async def root_disk(cache: Path, image_key: str, rootfs: Path) -> Path:
     try:
         os.truncate(staging, await asyncio.to_thread(base_size, rootfs))
         # Inode tables and journal initialised now: otherwise every guest would zero them into its overlay.
-        argv = ["mkfs.ext4", "-q", "-F", "-L", "stasis-root", "-d", str(rootfs),
+        # -m 0: no blocks reserved for root (who runs everything in a sandbox): df's "available" is what fits.
+        argv = ["mkfs.ext4", "-q", "-F", "-m", "0", "-L", "stasis-root", "-d", str(rootfs),
                 "-E", "lazy_itable_init=0,lazy_journal_init=0", staging]  # fmt: skip
         result = await procs.run(argv, timeout=1800)
         if result.returncode != 0:

@@ -272,7 +272,7 @@ class MicrovmBackend:
         machine = self._machine(box.spec, "stasis-template")
         identity = [
             self.boot.key, box.image_key, self.version, self.accel.name, machine.cpus, machine.memory_mb,
-            box.spec.disk_mb,
+            box.spec.disk_mb, base.name,
         ]  # fmt: skip
         template = await self.templates.get(Templates.key(identity), base, machine, box.spec.disk_mb)
         await self.templates.copy_into(template, box.directory, files.disk, files.memory)
