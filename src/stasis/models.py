@@ -196,6 +196,14 @@ class ProcessInfo(BaseModel):
     limit: str | None = None
 
 
+class SshHostKey(BaseModel):
+    public_key: str = Field(description="the sandbox's SSH host key, one OpenSSH public key line")
+
+
+class SshKeysRequest(_Strict):
+    public_keys: list[str] = Field(min_length=1, max_length=64, description="OpenSSH public key lines to authorise")
+
+
 class ProcessOutput(BaseModel):
     data_b64: str
     offset: int

@@ -15,22 +15,17 @@ import urllib.parse
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect, unix_connect
+from websockets.sync.client import ClientConnection
 
 from .paths import Paths
+from .wsclient import open_websocket
 
 DETACH = b"\x1c"  # Ctrl-\
 
 
 def _open(paths: Paths, ref: str, cols: int, rows: int, cmd: list[str] | None) -> ClientConnection:
     query = {"cols": cols, "rows": rows} | ({"cmd": json.dumps(cmd)} if cmd else {})
-    path = f"/v1/sandboxes/{urllib.parse.quote(ref)}/pty?{urllib.parse.urlencode(query)}"
-    url = os.environ.get("STASIS_URL")
-    if url:
-        token = os.environ.get("STASIS_TOKEN", "")
-        ws_url = url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + path
-        return connect(ws_url, additional_headers={"authorization": f"Bearer {token}"}, max_size=None)
-    return unix_connect(str(paths.socket), "ws://stasis" + path, max_size=None)
+    return open_websocket(paths, f"/v1/sandboxes/{urllib.parse.quote(ref)}/pty?{urllib.parse.urlencode(query)}")
 
 
 def attach(paths: Paths, ref: str, cmd: list[str] | None = None) -> str:

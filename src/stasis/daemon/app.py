@@ -7,6 +7,7 @@ import hmac
 import json
 import logging
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -34,11 +35,14 @@ from ..models import (
     RunResult,
     SandboxInfo,
     SignalRequest,
+    SshHostKey,
+    SshKeysRequest,
     StartProcessRequest,
     StdinRequest,
     describe_validation_errors,
 )
 from ..paths import Paths
+from . import ssh
 from .forks import fork as fork_sandbox
 from .idle import IdleReaper
 from .limits import BodyLimit
@@ -104,6 +108,15 @@ def create_app(
         if isinstance(full, StasisError):
             return _error(full)
         log.exception("unexpected OS error serving %s %s", request.method, request.url.path)
+        return _error(StasisError(f"the daemon hit an unexpected error: {exc}; see {paths.logfile}"))
+
+    @app.exception_handler(sqlite3.OperationalError)
+    async def store_error(request: Request, exc: sqlite3.OperationalError) -> JSONResponse:
+        """The store's disk is full ("database or disk is full"): said so; anything else is a daemon bug."""
+        full = no_space(exc, paths.home)
+        if isinstance(full, StasisError):
+            return _error(full)
+        log.exception("unexpected store error serving %s %s", request.method, request.url.path)
         return _error(StasisError(f"the daemon hit an unexpected error: {exc}; see {paths.logfile}"))
 
     @app.exception_handler(StarletteHTTPException)
@@ -209,23 +222,50 @@ def create_app(
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
+    async def accepted(websocket: WebSocket) -> bool:
+        """Accept a WebSocket; over TCP only with the token (unix-socket clients are trusted by its mode)."""
+        if token and websocket.scope.get("server", (None, None))[1] is not None:
+            sent = websocket.headers.get("authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+                await websocket.close(code=4401, reason="missing or wrong API token")
+                return False
+        await websocket.accept()
+        return True
+
     @app.websocket("/v1/sandboxes/{ref}/pty")
     async def pty(websocket: WebSocket, ref: str, cols: int = 80, rows: int = 24, cmd: str | None = None) -> None:
         """A terminal: binary frames are keystrokes and screen output; text frames are JSON control
         messages ({"type": "resize", "cols": C, "rows": R}). Closing detaches; the program goes on
         only if it is tmux (the default: a tmux session named after the sandbox)."""
-        if token and websocket.scope.get("server", (None, None))[1] is not None:
-            sent = websocket.headers.get("authorization", "")
-            if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-                await websocket.close(code=4401, reason="missing or wrong API token")
-                return
-        await websocket.accept()
+        if not await accepted(websocket):
+            return
         try:
             await serve_terminal(service, websocket, ref, cols, rows, json.loads(cmd) if cmd else None)
         except StasisError as exc:
             await websocket.close(code=4400, reason=exc.message[:120])
         except WebSocketDisconnect:
             pass
+
+    @app.websocket("/v1/sandboxes/{ref}/ssh")
+    async def ssh_session(websocket: WebSocket, ref: str) -> None:
+        """One SSH connection to the sandbox's OpenSSH server: binary frames both ways (`stasis ssh-proxy`)."""
+        if not await accepted(websocket):
+            return
+        try:
+            await ssh.serve_session(service, websocket, ref)
+        except StasisError as exc:
+            await websocket.close(code=4400, reason=exc.message[:120])
+        except WebSocketDisconnect:
+            pass
+
+    @app.get("/v1/sandboxes/{ref}/ssh/host-key")
+    async def ssh_host_key(ref: str) -> SshHostKey:
+        return SshHostKey(public_key=await ssh.host_key(service, ref))
+
+    @app.post("/v1/sandboxes/{ref}/ssh/keys", status_code=204)
+    async def ssh_authorize(ref: str, request: SshKeysRequest) -> Response:
+        await ssh.authorize(service, ref, request.public_keys)
+        return Response(status_code=204)
 
     @app.get("/v1/sandboxes/{ref}/exec/{exec_id}")
     async def exec_status(ref: str, exec_id: str) -> dict:

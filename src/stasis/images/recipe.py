@@ -47,6 +47,8 @@ RECIPES: dict[str, Recipe] = {
                 "curl",
                 "ca-certificates",
                 "build-essential",
+                "openssh-server",  # `stasis ssh`: run per connection as `sshd -i`, never as a daemon
+                "rsync",
             ),
         ),
         Recipe(name="minimal", packages=("python3", "procps")),

@@ -101,6 +101,9 @@ class ImageStore:
             # Mount points and the agent's directory, so runsc never has to create them in the image.
             for sub in ("proc", "sys", "dev", "tmp", "root", "opt/stasis"):
                 (staging / "rootfs" / sub).mkdir(parents=True, exist_ok=True)
+            # Host keys made by openssh-server's install would be shared by every sandbox: each makes its own.
+            for key in (staging / "rootfs" / "etc" / "ssh").glob("ssh_host_*"):
+                key.unlink()
             info = ImageInfo(
                 name=recipe.name,
                 key=recipe.key,

@@ -166,5 +166,13 @@ class AsyncSandbox(b.SandboxBase):
     async def make_dir(self, path: str) -> FileEntry:
         return await self._client.call(self._mkdir_call(path))
 
+    async def ssh_host_key(self) -> str:
+        """The sandbox's own SSH host public key (made on first use; a fork or restore gets a new one)."""
+        return await self._client.call(self._ssh_host_key_call())
+
+    async def authorize_ssh_keys(self, public_keys: list[str]) -> None:
+        """Let these OpenSSH public keys (lines of .pub files) log in as root; each is added once."""
+        await self._client.call(self._ssh_authorize_call(public_keys))
+
 
 __all__ = ["AsyncSandbox"]

@@ -28,6 +28,8 @@ from ..models import (
     RunResult,
     SandboxInfo,
     SandboxStatus,
+    SshHostKey,
+    SshKeysRequest,
     StartProcessRequest,
     build,
 )
@@ -383,3 +385,12 @@ class SandboxBase:
 
     def _mkdir_call(self, path: str) -> Call:
         return Call("POST", f"{self._url}/files/mkdir", _model(FileEntry), params={"path": path})
+
+    # -- ssh
+
+    def _ssh_host_key_call(self) -> Call:
+        return Call("GET", f"{self._url}/ssh/host-key", lambda r: SshHostKey.model_validate(r.json()).public_key)
+
+    def _ssh_authorize_call(self, public_keys: list[str]) -> Call:
+        keys = [key.strip() for key in public_keys if key.strip()]
+        return Call("POST", f"{self._url}/ssh/keys", json=SshKeysRequest(public_keys=keys).model_dump())

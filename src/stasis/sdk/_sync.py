@@ -163,5 +163,13 @@ class Sandbox(b.SandboxBase):
     def make_dir(self, path: str) -> FileEntry:
         return self._client.call(self._mkdir_call(path))
 
+    def ssh_host_key(self) -> str:
+        """The sandbox's own SSH host public key (made on first use; a fork or restore gets a new one)."""
+        return self._client.call(self._ssh_host_key_call())
+
+    def authorize_ssh_keys(self, public_keys: list[str]) -> None:
+        """Let these OpenSSH public keys (lines of .pub files) log in as root; each is added once."""
+        self._client.call(self._ssh_authorize_call(public_keys))
+
 
 __all__ = ["Sandbox"]

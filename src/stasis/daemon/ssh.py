@@ -1,0 +1,187 @@
+"""SSH into a sandbox without a network: OpenSSH's server in inetd mode, its byte stream carried over the
+guest channel and a WebSocket to `stasis ssh-proxy`, which is the client's ProxyCommand.
+
+Each session is one ``sshd -i`` process in the sandbox, started by the agent with its stdin and
+stdout as the connection; while it runs, the sandbox is in use (never idle-suspended). Host keys
+are the sandbox's own, made on first use under ``/etc/stasis/ssh/<sandbox id>/``: a fork or a
+restore is a new sandbox id and so gets its own. The client learns the key over stasis itself
+(``GET .../ssh/host-key``), so there is nothing to accept on first contact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import re
+import secrets
+import weakref
+
+from fastapi import WebSocket, WebSocketDisconnect
+
+from ..errors import GuestDisconnected, InvalidRequest, StasisError, Unsupported
+from ..guest import protocol as P
+from ..guest.client import GuestChannel
+from .service import SandboxService
+
+log = logging.getLogger(__name__)
+
+KEY_DIR = "/etc/stasis/ssh"
+SESSION_BUFFER = 16 << 20  # bytes of sshd output the agent holds for a reader that lags; more ends the session
+NO_SSHD = 127
+WRITE_BATCH = 1 << 20  # bytes of client frames sent to sshd in one write
+_live_sessions: weakref.WeakKeyDictionary[SandboxService, set[str]] = weakref.WeakKeyDictionary()
+KEY_TYPES = r"ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-\S+@openssh\.com"
+PUBLIC_KEY = re.compile(rf"^({KEY_TYPES}) [A-Za-z0-9+/=]+( \S.*)?$")
+
+# The host key is made in a new directory renamed into place: two sessions starting at once agree on one.
+_PREPARE = """set -e
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || {{
+  echo "stasis: this image has no OpenSSH server (/usr/sbin/sshd); install openssh-server in it" >&2; exit {missing}; }}
+d={keys}/{sandbox}
+mkdir -p /run/sshd {keys}
+if [ ! -f "$d/ssh_host_ed25519_key" ]; then
+  t=$(mktemp -d {keys}/.new.XXXXXX)
+  ssh-keygen -q -t ed25519 -N '' -C stasis-{sandbox} -f "$t/ssh_host_ed25519_key" </dev/null >/dev/null
+  mv -T "$t" "$d" 2>/dev/null || rm -rf "$t"
+fi
+"""
+_SERVE = """exec /usr/sbin/sshd -i -e -h "$d/ssh_host_ed25519_key" -o UsePAM=no -o PasswordAuthentication=no \
+-o KbdInteractiveAuthentication=no -o PermitRootLogin=prohibit-password -o AuthorizedKeysFile=.ssh/authorized_keys \
+-o LogLevel=ERROR
+"""
+_AUTHORIZE = """set -e
+mkdir -p /root/.ssh && chmod 700 /root/.ssh
+f=/root/.ssh/authorized_keys
+touch "$f" && chmod 600 "$f"
+while IFS= read -r key; do grep -qxF "$key" "$f" || printf '%s\\n' "$key" >> "$f"; done
+"""
+
+
+def _prepare(sandbox_id: str) -> str:
+    return _PREPARE.format(keys=KEY_DIR, sandbox=sandbox_id, missing=NO_SSHD)
+
+
+async def host_key(service: SandboxService, ref: str) -> str:
+    """The sandbox's SSH host public key (made now if it has none yet)."""
+    sandbox_id = service.get(ref).id
+    script = _prepare(sandbox_id) + 'cat "$d/ssh_host_ed25519_key.pub"\n'
+    async with service.guest(ref) as channel:
+        result = await channel.call(P.Exec(cmd=["/bin/sh", "-c", script], timeout=120), timeout=180)
+    _check(result)
+    return base64.b64decode(result.stdout).decode().strip()
+
+
+async def authorize(service: SandboxService, ref: str, keys: list[str]) -> None:
+    """Add public keys to root's authorized_keys in the sandbox (each once)."""
+    for key in keys:
+        if not PUBLIC_KEY.match(key) or "\n" in key:
+            raise InvalidRequest(f"not an OpenSSH public key line: {key[:60]!r}; pass the contents of a .pub file")
+    data = base64.b64encode("".join(k + "\n" for k in keys).encode()).decode()
+    async with service.guest(ref) as channel:
+        result = await channel.call(P.Exec(cmd=["/bin/sh", "-c", _AUTHORIZE], stdin=True, stdin_data=data, timeout=60))
+    _check(result)
+
+
+def _check(result: P.ExecResult) -> None:
+    if result.exit_code == 0:
+        return
+    stderr = base64.b64decode(result.stderr).decode(errors="replace").strip()
+    if result.exit_code == NO_SSHD:
+        raise Unsupported(stderr)
+    raise StasisError(f"preparing SSH in the sandbox failed (exit {result.exit_code}): {stderr[-500:]}")
+
+
+async def serve_session(service: SandboxService, websocket: WebSocket, ref: str) -> None:
+    """One SSH connection: binary frames both ways are the SSH byte stream."""
+    sandbox_id = service.get(ref).id
+    session = f"ssh-{secrets.token_hex(6)}"
+    live = _live_sessions.setdefault(service, set())
+    async with service.guest(ref) as channel:  # held in use (never idle-suspended) while connected
+        await _end_orphans(channel, live)
+        live.add(session)
+        start = P.StartProcess(
+            cmd=["/bin/sh", "-c", _prepare(sandbox_id) + _SERVE], id=session, stdin=True, max_output=SESSION_BUFFER
+        )
+        await channel.call(start)
+        loop = asyncio.get_running_loop()
+        pending: asyncio.Queue[bytes] = asyncio.Queue()
+        downstream = loop.create_task(_to_client(channel, websocket, session))
+        upstream = loop.create_task(_to_server(channel, pending, session))
+        try:
+            while not upstream.done():
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message.get("bytes"):
+                    pending.put_nowait(message["bytes"])
+        except (WebSocketDisconnect, GuestDisconnected):
+            pass
+        finally:
+            for task in (downstream, upstream):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StasisError):
+                    await task
+            live.discard(session)
+            await _hang_up(channel, session)
+
+
+async def _hang_up(channel: GuestChannel, session: str) -> None:
+    """End a session as a dropped connection would: sshd sees EOF and exits; what the user left running
+    on purpose (a tmux server, nohup) lives on. Only a server that does not go is killed (itself alone)."""
+    with contextlib.suppress(StasisError):
+        await channel.call(P.WriteStdin(id=session, close=True))
+        for _ in range(50):
+            if (await channel.call(P.GetProcess(id=session))).status != "running":
+                return
+            await asyncio.sleep(0.1)
+        await channel.call(P.SignalProcess(id=session, signal="SIGKILL", tree=False))
+
+
+async def _end_orphans(channel: GuestChannel, live: set[str]) -> None:
+    """Hang up sessions no daemon serves any more (their daemon was killed): nobody will ever read them."""
+    listing = await channel.call(P.ListProcesses())
+    for proc in listing.processes:
+        if proc.id.startswith("ssh-") and proc.status == "running" and proc.id not in live:
+            log.info("hanging up orphaned SSH session %s", proc.id)
+            await _hang_up(channel, proc.id)
+
+
+async def _to_server(channel: GuestChannel, pending: asyncio.Queue[bytes], session: str) -> None:
+    """Write what the client sent to sshd's stdin; frames that queued up meanwhile go in one write."""
+    while True:
+        batch = [await pending.get()]
+        size = len(batch[0])
+        while size < WRITE_BATCH and not pending.empty():
+            batch.append(pending.get_nowait())
+            size += len(batch[-1])
+        await channel.call(P.WriteStdin(id=session, data=base64.b64encode(b"".join(batch)).decode()))
+
+
+async def _to_client(channel: GuestChannel, websocket: WebSocket, session: str) -> None:
+    out = err = 0
+    errors = b""
+    try:
+        while True:
+            read = P.ReadStreams(id=session, stdout_offset=out, stderr_offset=err, max_bytes=1 << 20, wait=10)
+            reply = await channel.call(read, timeout=60)
+            if reply.stdout.lost:
+                await websocket.close(code=1011, reason="the SSH client fell too far behind; reconnect")
+                return
+            if data := base64.b64decode(reply.stdout.data):
+                await websocket.send_bytes(data)
+            errors = (errors + base64.b64decode(reply.stderr.data))[-2000:]
+            out, err = reply.stdout.next_offset, reply.stderr.next_offset
+            if reply.exit_code is not None and reply.stdout.eof:
+                text = errors.decode(errors="replace").strip()
+                if text:
+                    log.debug("sshd in session %s: %s", session, text)
+                if reply.exit_code == NO_SSHD:
+                    await websocket.close(code=4400, reason=text[-120:])
+                else:
+                    await websocket.close(code=1000, reason="the SSH session ended")
+                return
+    except (GuestDisconnected, WebSocketDisconnect, RuntimeError):
+        with contextlib.suppress(Exception):
+            await websocket.close(code=1011, reason="the sandbox went away")
