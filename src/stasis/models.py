@@ -95,7 +95,7 @@ class SandboxSpec(_Strict):
     cpus: float = Field(1.0, ge=0.01, le=64, description="CPU cores; at least 0.01 (the kernel's smallest CPU quota)")
     memory_mb: int = Field(1024, ge=128, le=262144)
     disk_mb: int = Field(
-        10240, ge=512, le=4 << 20, description="size of the sandbox's root file system (and /tmp) in MiB"
+        10240, ge=512, le=1 << 20, description="size of the sandbox's root file system (and /tmp) in MiB"
     )
     network: bool = False
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")

@@ -132,8 +132,8 @@ def test_after_suspend_a_new_ssh_finds_its_tmux_session_and_forks_have_their_own
             box.terminate()
 
 
-def test_an_open_ssh_session_holds_the_sandbox_awake(client: Client, user: SshClient) -> None:
-    sbx = Sandbox.create("sshidle", timeout_secs=2, memory_mb=256, client=client)
+def test_an_open_ssh_session_holds_the_sandbox_awake(client: Client, backend: str, user: SshClient) -> None:
+    sbx = Sandbox.create("sshidle", timeout_secs=2, memory_mb=256, backend=backend, client=client)
     try:
         session = user.popen("stasis-sshidle", "sleep 8; echo slept")
         time.sleep(6)
@@ -174,3 +174,36 @@ def test_a_daemon_killed_during_a_session_drops_it_and_the_next_one_works(
         return [p.id for p in sbx.list_processes() if p.id.startswith("ssh-") and p.status == "running"]
 
     wait_until(lambda: sessions() == [], timeout=20)  # the dropped session was hung up, as sshd would be
+
+
+def test_stasis_ssh_runs_a_command_with_a_given_key_which_stays_authorised(
+    client: Client, user: SshClient, tmp_path: Path
+) -> None:
+    sbx = Sandbox.create("sshcli", memory_mb=256, client=client)
+    try:
+        extra = keypair(tmp_path / "deploy")  # not in ~/.ssh: only --key authorises it
+        first = user.run(str(STASIS), "ssh", "sshcli", "--key", f"{extra}.pub", "--", "echo", "via-stasis-ssh")
+        assert first.returncode == 0 and first.stdout == "via-stasis-ssh\n", first.stderr
+        later = user.ssh("stasis-sshcli", "true", key=extra)  # plain ssh, the same key, later
+        assert later.returncode == 0, later.stderr
+
+        config = user.home / ".ssh" / "config"
+        for _ in range(2):  # idempotent
+            installed = user.run(str(STASIS), "ssh-config", "--install")
+            assert installed.returncode == 0, installed.stderr
+        assert config.read_text().count("Host stasis-*") == 1
+        plain = user.run("ssh", "-F", str(config), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                         "-i", str(extra), "stasis-sshcli", "echo", "installed")  # fmt: skip
+        assert plain.returncode == 0 and plain.stdout == "installed\n", plain.stderr
+    finally:
+        sbx.terminate()
+
+
+def test_an_image_without_an_ssh_server_is_told_what_to_install(client: Client, user: SshClient) -> None:
+    sbx = Sandbox.create("nosshd", memory_mb=256, client=client)
+    try:
+        sbx.run("mv /usr/sbin/sshd /usr/sbin/sshd.gone")
+        refused = user.ssh("stasis-nosshd", "true")
+        assert refused.returncode == 255 and "openssh-server" in refused.stderr, refused.stderr
+    finally:
+        sbx.terminate()
