@@ -81,7 +81,7 @@ class RawBox:
             subprocess.run(["cp", "-a", f"{files_from}/.", str(self.dir / "upper")], check=False)
         self.bundle.mkdir()
         agent = agent_dir(root / "agent")  # mounted read-only, as stasis does
-        config = oci_config(self.id, self.id, SandboxSpec(memory_mb=1024), str(self.rootfs), agent)
+        config = oci_config(self.id, self.id, SandboxSpec(memory_mb=1024), str(self.rootfs), agent, None)
         (self.bundle / "config.json").write_text(json.dumps(config))
         mounts.mount_overlay(image, self.dir / "upper", self.dir / "work", self.rootfs)
         for name in ("in", "out"):
