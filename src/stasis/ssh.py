@@ -82,14 +82,14 @@ def write_config(paths: Paths) -> Path:
 
 
 def install_config(paths: Paths, config: Path) -> bool:
-    """Add (or replace) the block in an ssh config file; False if it was there already, unchanged."""
+    """Add the block at the top of an ssh config file (or replace it where it is); False if unchanged."""
     block = config_block(paths)
     text = config.read_text() if config.exists() else ""
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         new = head + block.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        new = text + ("\n" if text and not text.endswith("\n") else "") + block
+    else:  # first: ssh takes the first value it finds, so a later `Host *` must not override ours
+        new = block + ("\n" + text if text else "")
     if new == text:
         return False
     config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stasis import Client, Sandbox, SandboxStatus
+from stasis import ssh as ssh_module
 from tests.conftest import Daemon, wait_until
 
 S = SandboxStatus
@@ -188,10 +189,11 @@ def test_stasis_ssh_runs_a_command_with_a_given_key_which_stays_authorised(
         assert later.returncode == 0, later.stderr
 
         config = user.home / ".ssh" / "config"
+        config.write_text("Host *\n    UserKnownHostsFile /dev/null\n")  # a user's defaults: they must not win
         for _ in range(2):  # idempotent
             installed = user.run(str(STASIS), "ssh-config", "--install")
             assert installed.returncode == 0, installed.stderr
-        assert config.read_text().count("Host stasis-*") == 1
+        assert config.read_text().count("Host stasis-*") == 1 and config.read_text().startswith(ssh_module.BEGIN)
         plain = user.run("ssh", "-F", str(config), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
                          "-i", str(extra), "stasis-sshcli", "echo", "installed")  # fmt: skip
         assert plain.returncode == 0 and plain.stdout == "installed\n", plain.stderr
