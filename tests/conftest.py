@@ -124,8 +124,8 @@ def loop_devices_under(home: Path) -> list[str]:
     found = []
     for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
         with contextlib.suppress(OSError):
-            if backing.read_text().strip().startswith(str(home)):
-                found.append(f"/dev/{backing.parent.parent.name}: {backing.read_text().strip()}")
+            if (path := backing.read_text().strip()).startswith(str(home)):
+                found.append(f"/dev/{backing.parent.parent.name}: {path}")
     return found
 
 

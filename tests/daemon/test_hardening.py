@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stasis import Client, NoSpace, Sandbox, SandboxStatus, StasisError, StateError
-from tests.conftest import Daemon, wait_until
+from tests.conftest import Daemon, loop_devices_under, wait_until
 
 S = SandboxStatus
 
@@ -133,11 +133,17 @@ def test_a_sandbox_that_fills_its_memory_is_failed_with_the_oom_reason(client: C
         sbx.terminate()
 
 
+def host_bytes(client: Client, sbx: Sandbox) -> int:
+    return int(client.json("GET", "/v1/df")["sandboxes"][sbx.id])
+
+
 def df_mb(sbx: Sandbox, column: str, path: str = "/") -> int:
     return int(sbx.run(f"df -m --output={column} {path} | tail -1").stdout)
 
 
-def test_a_sandbox_has_a_disk_of_its_own_size_that_fills_up_inside_only(client: Client, backend: str) -> None:
+def test_a_sandbox_has_a_disk_of_its_own_size_that_fills_up_inside_only(
+    daemon: Daemon, client: Client, backend: str
+) -> None:
     sbx = Sandbox.create("bounded", memory_mb=256, disk_mb=1536, backend=backend, client=client)
     try:
         size = df_mb(sbx, "size")
@@ -148,14 +154,23 @@ def test_a_sandbox_has_a_disk_of_its_own_size_that_fills_up_inside_only(client: 
         assert full.exit_code != 0 and "No space left on device" in full.stderr, full.stderr
         assert sbx.info().status == S.RUNNING  # only its writes failed
         sbx.suspend()
+        if backend == "gvisor":  # a suspended sandbox holds no loop device
+            assert [dev for dev in loop_devices_under(daemon.paths.home) if sbx.id in dev] == []
         sbx.resume()
         assert sbx.run("rm /root/bulk /tmp/more && echo room > /root/ok && cat /root/ok").stdout == "room\n"
         assert df_mb(sbx, "size") == size
-        copy = Sandbox.create(snapshot_id=sbx.checkpoint("filesystem").id, disk_mb=2048, client=client)
+        if backend == "gvisor":  # what it deletes goes back to the host (`stasis df` counts allocated blocks)
+            assert sbx.run("head -c 64M /dev/urandom > /root/big && sync").exit_code == 0
+            grown = host_bytes(client, sbx)
+            assert sbx.run("rm /root/big && sync").exit_code == 0
+            wait_until(lambda: host_bytes(client, sbx) < grown - (48 << 20), timeout=20)
+        files = sbx.checkpoint("filesystem")
+        copy = Sandbox.create(snapshot_id=files.id, disk_mb=2048, client=client)
         try:  # a cold boot from its files, on a bigger disk
             assert df_mb(copy, "size") > size and copy.read_file("/root/ok") == b"room\n"
         finally:
             copy.terminate()
+            Sandbox.delete_checkpoint(files.id, client=client)
     finally:
         sbx.terminate()
 

@@ -101,23 +101,17 @@ def create_app(
     async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
         return _error(exc)
 
-    @app.exception_handler(OSError)
-    async def os_error(request: Request, exc: OSError) -> JSONResponse:
-        """A full disk (on the host) is said so, with what to free; anything else is a daemon bug."""
+    async def storage_error(request: Request, exc: Exception) -> JSONResponse:
+        """A full disk on the host (an OSError, or the store's "database or disk is full") is said so,
+        with what to free; anything else is a daemon bug."""
         full = no_space(exc, paths.home)
         if isinstance(full, StasisError):
             return _error(full)
-        log.exception("unexpected OS error serving %s %s", request.method, request.url.path)
+        log.exception("unexpected error serving %s %s", request.method, request.url.path)
         return _error(StasisError(f"the daemon hit an unexpected error: {exc}; see {paths.logfile}"))
 
-    @app.exception_handler(sqlite3.OperationalError)
-    async def store_error(request: Request, exc: sqlite3.OperationalError) -> JSONResponse:
-        """The store's disk is full ("database or disk is full"): said so; anything else is a daemon bug."""
-        full = no_space(exc, paths.home)
-        if isinstance(full, StasisError):
-            return _error(full)
-        log.exception("unexpected store error serving %s %s", request.method, request.url.path)
-        return _error(StasisError(f"the daemon hit an unexpected error: {exc}; see {paths.logfile}"))
+    app.add_exception_handler(OSError, storage_error)
+    app.add_exception_handler(sqlite3.OperationalError, storage_error)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

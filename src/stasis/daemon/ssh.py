@@ -16,7 +16,6 @@ import contextlib
 import logging
 import re
 import secrets
-import weakref
 
 from fastapi import WebSocket, WebSocketDisconnect
 
@@ -31,7 +30,9 @@ KEY_DIR = "/etc/stasis/ssh"
 SESSION_BUFFER = 16 << 20  # bytes of sshd output the agent holds for a reader that lags; more ends the session
 NO_SSHD = 127
 WRITE_BATCH = 1 << 20  # bytes of client frames sent to sshd in one write
-_live_sessions: weakref.WeakKeyDictionary[SandboxService, set[str]] = weakref.WeakKeyDictionary()
+# Session ids carry this daemon's own prefix: a running session with another prefix was started by a
+# daemon that is gone, and nobody will ever read it.
+SESSION_PREFIX = f"ssh-{secrets.token_hex(3)}-"
 KEY_TYPES = r"ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-\S+@openssh\.com"
 PUBLIC_KEY = re.compile(rf"^({KEY_TYPES}) [A-Za-z0-9+/=]+( \S.*)?$")
 
@@ -96,11 +97,9 @@ def _check(result: P.ExecResult) -> None:
 async def serve_session(service: SandboxService, websocket: WebSocket, ref: str) -> None:
     """One SSH connection: binary frames both ways are the SSH byte stream."""
     sandbox_id = service.get(ref).id
-    session = f"ssh-{secrets.token_hex(6)}"
-    live = _live_sessions.setdefault(service, set())
+    session = SESSION_PREFIX + secrets.token_hex(6)
     async with service.guest(ref) as channel:  # held in use (never idle-suspended) while connected
-        await _end_orphans(channel, live)
-        live.add(session)
+        await _end_orphans(channel)
         start = P.StartProcess(
             cmd=["/bin/sh", "-c", _prepare(sandbox_id) + _SERVE], id=session, stdin=True, max_output=SESSION_BUFFER
         )
@@ -123,7 +122,6 @@ async def serve_session(service: SandboxService, websocket: WebSocket, ref: str)
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, StasisError):
                     await task
-            live.discard(session)
             await _hang_up(channel, session)
 
 
@@ -139,11 +137,12 @@ async def _hang_up(channel: GuestChannel, session: str) -> None:
         await channel.call(P.SignalProcess(id=session, signal="SIGKILL", tree=False))
 
 
-async def _end_orphans(channel: GuestChannel, live: set[str]) -> None:
-    """Hang up sessions no daemon serves any more (their daemon was killed): nobody will ever read them."""
+async def _end_orphans(channel: GuestChannel) -> None:
+    """Hang up sessions of daemons that are gone (killed): nobody will ever read them."""
     listing = await channel.call(P.ListProcesses())
     for proc in listing.processes:
-        if proc.id.startswith("ssh-") and proc.status == "running" and proc.id not in live:
+        orphan = proc.id.startswith("ssh-") and not proc.id.startswith(SESSION_PREFIX)
+        if orphan and proc.status == "running":
             log.info("hanging up orphaned SSH session %s", proc.id)
             await _hang_up(channel, proc.id)
 

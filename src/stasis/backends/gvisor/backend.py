@@ -154,8 +154,9 @@ class GvisorBackend:
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
         return p
 
-    async def _attach_disk(self, box: BoxRef) -> None:
-        """Its disk made (first boot) and mounted, with the directories on it that the sandbox uses."""
+    async def _attach_disk(self, box: BoxRef, empty_tmp: bool = False) -> None:
+        """Its disk made (first boot) and mounted, with the directories on it that the sandbox uses;
+        ``empty_tmp`` for a cold boot: /tmp starts empty, as a tmpfs would."""
         size = self._disk_mb(box)
         if not size:
             return
@@ -164,20 +165,28 @@ class GvisorBackend:
         await disk.attach(p["disk_image"], p["disk"])
         for name in ("upper", "work"):
             p[name].mkdir(exist_ok=True)
-        if not p["tmp"].is_dir():
+        if empty_tmp or not p["tmp"].is_dir():
             disk.fresh_dir(p["tmp"], 0o1777)
 
-    def _detach_disk(self, box: BoxRef) -> None:
+    def _unmount(self, box: BoxRef) -> None:
+        """Its root (the overlay), then its disk."""
         mounts.unmount(self._paths(box)["rootfs"])
         disk.detach(self._paths(box)["disk"])
 
     async def _boot(
-        self, box: BoxRef, runsc: Runsc, args: tuple[str, ...], after_mount: str | None, after_launch: str
+        self,
+        box: BoxRef,
+        runsc: Runsc,
+        args: tuple[str, ...],
+        after_mount: str | None,
+        after_launch: str,
+        cold: bool = False,
     ) -> GuestChannel:
-        """Mount the root, run runsc (`run` or `restore`), wait for the agent; on any failure stop again."""
+        """Mount the root, run runsc (`run` or, not ``cold``, `restore`), wait for the agent; on any
+        failure stop again."""
         p = self._paths(box)
         try:
-            await self._attach_disk(box)
+            await self._attach_disk(box, empty_tmp=cold)
             mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
             if after_mount:
                 faults.point(after_mount)
@@ -227,12 +236,10 @@ class GvisorBackend:
         box = dataclasses.replace(box, state=state.model_dump())
         self._prepare(box, state.agent)
         await self.runsc.delete(box.id)  # a stale record, when booting a failed sandbox again
-        if state.disk_mb:
-            await self._attach_disk(box)
-            disk.fresh_dir(self._paths(box)["tmp"], 0o1777)  # /tmp starts empty at every boot, as a tmpfs would
         runsc = Runsc(self.binary, self.runsc.root, state.platform)
         args = ("run", "-detach", "--bundle", str(self._paths(box)["bundle"]), box.id)
-        channel = await self._boot(box, runsc, args, "gvisor.start.after_mount", "gvisor.start.after_launch")
+        points = ("gvisor.start.after_mount", "gvisor.start.after_launch")
+        channel = await self._boot(box, runsc, args, *points, cold=True)
         return channel, state
 
     async def start_from(
@@ -253,11 +260,10 @@ class GvisorBackend:
                 await copy_tree(source / "tmp", p["tmp"])
             faults.point("gvisor.start_from.after_copy")
         except BaseException:
-            self._detach_disk(box)
+            self._unmount(box)
             raise
         if not memory:
-            self._detach_disk(box)
-            return await self.start(box)
+            return await self.start(box)  # on the disk as mounted now
         self._prepare(box, saved.agent)
         args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(source / "memory"), box.id)
         channel = await self._boot(box, runsc, args, None, "gvisor.start_from.after_restore")
@@ -322,7 +328,7 @@ class GvisorBackend:
         await channel.close()
         await runsc.delete(box.id)
         faults.point("gvisor.suspend.after_delete")
-        self._detach_disk(box)
+        self._unmount(box)
 
     async def resume(self, box: BoxRef) -> GuestChannel:
         image = self._image(box)
@@ -364,7 +370,7 @@ class GvisorBackend:
     async def stop(self, box: BoxRef) -> None:
         """Nothing of the sandbox runs or stays mounted afterwards; its files stay."""
         await self.runsc.delete(box.id)
-        self._detach_disk(box)
+        self._unmount(box)
 
     async def destroy(self, box: BoxRef) -> None:
         await self.stop(box)

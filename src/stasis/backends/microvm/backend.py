@@ -264,9 +264,9 @@ class MicrovmBackend:
             return channel, self._state(self._stored_machine(box.directory), box.state.get("template", ""))
         assert self.boot is not None
         base = await root_disk(self.cache, box.image_key, box.image_rootfs)
-        if box.spec.disk_mb << 20 < base.stat().st_size:
+        if (needed := base.stat().st_size) > box.spec.disk_mb << 20:
             raise InvalidRequest(
-                f"image {box.spec.image!r} needs a disk of at least {base.stat().st_size >> 20} MiB on a microVM; "
+                f"image {box.spec.image!r} needs a disk of at least {needed >> 20} MiB on a microVM; "
                 "ask for a bigger disk_mb"
             )
         machine = self._machine(box.spec, "stasis-template")
