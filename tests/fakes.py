@@ -37,6 +37,7 @@ class FakeState(BackendState):
 class FakeBackend:
     name: ClassVar[str] = "fake"
     kill_points: ClassVar[tuple[str, ...]] = ()
+    network_device: ClassVar[str] = "veth"
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths

@@ -36,6 +36,9 @@ POINTS = (
     "terminate.after_intent",
     "terminate.after_close",
     "terminate.before_outcome",
+    "network.attach.after_namespaces",
+    "network.attach.after_firewall",
+    "network.detach.after_close",
 )  # the daemon's own; each backend lists its windows in its ``kill_points``
 
 

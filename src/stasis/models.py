@@ -10,6 +10,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .errors import InvalidRequest
+from .netpolicy import NetworkPolicy, as_policy
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -97,9 +98,16 @@ class SandboxSpec(_Strict):
     disk_mb: int = Field(
         10240, ge=512, le=1 << 20, description="size of the sandbox's root file system (and /tmp) in MiB"
     )
-    network: bool = False
+    network: NetworkPolicy | None = Field(
+        None, description="None: no network device at all; a policy: where it may connect (true: the internet)"
+    )
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
     on_idle: Literal["suspend", "terminate"] | None = None
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _network(cls, network: Any) -> NetworkPolicy | None:
+        return as_policy(network)
 
     @field_validator("backend")
     @classmethod
@@ -285,3 +293,18 @@ class DiskUsage(BaseModel):
     sandboxes: dict[str, int]
     checkpoints: dict[str, int]
     shared_note: str
+
+
+class ExposePortRequest(_Strict):
+    port: int = Field(ge=1, le=65535, description="the TCP port a server in the sandbox listens on")
+    public: bool = Field(False, description="no token needed: anyone who can reach the daemon's listener")
+    ttl_secs: int = Field(86400, ge=60, le=365 * 86400, description="how long the URL's token is valid")
+
+
+class ExposedPort(BaseModel):
+    sandbox_id: str
+    port: int
+    url: str = Field(description="http URL on the daemon's listener; carries its token unless public")
+    public: bool
+    listen: str = Field(description="host:port the daemon listens on for this port")
+    expires_at: float | None = Field(None, description="when the URL's token expires; None if public")

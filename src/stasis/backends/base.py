@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..guest.client import GuestChannel
 from ..models import SandboxSpec
+from ..network.namespaces import Device, SandboxNet
 
 
 class BackendState(BaseModel):
@@ -37,6 +38,7 @@ class BoxRef:
     image_key: str
     image_rootfs: Path
     state: dict[str, Any]  # the backend's own state as last persisted (a BackendState dumped); {} before start
+    network: SandboxNet | None = None  # its namespaces (made by the daemon before it boots); None: no network
 
 
 class HostState(enum.Enum):
@@ -51,6 +53,7 @@ class HostState(enum.Enum):
 class Backend(Protocol):
     name: ClassVar[str]
     kill_points: ClassVar[tuple[str, ...]]  # its STASIS_KILL_POINT names (see stasis.faults)
+    network_device: ClassVar[Device]  # what a networked sandbox's kernel is given (see stasis.network)
 
     async def initialize(self) -> None:
         """Probe the host once (versions, platform) before the first sandbox."""

@@ -23,6 +23,11 @@ err = Console(stderr=True)
 
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 Name = Annotated[str, typer.Argument(help="Sandbox name or id.")]
+RULES = "an IP, a CIDR, a hostname, *.suffix or *; repeat the option for more"
+AllowOut = Annotated[
+    list[str] | None, typer.Option("--allow-out", help=f"Only these destinations (default deny): {RULES}.")
+]
+DenyOut = Annotated[list[str] | None, typer.Option("--deny-out", help=f"Never these (deny wins): {RULES}.")]
 
 
 def client() -> Client:

@@ -15,11 +15,12 @@ from rich.table import Table
 
 from ..backends import BACKENDS, DEFAULT_BACKEND
 from ..errors import InvalidRequest
-from ..models import DiskUsage, SandboxInfo, SandboxSpec
+from ..models import DiskUsage, SandboxInfo, SandboxSpec, build
+from ..netpolicy import NetworkPolicy
 from ..paths import Paths
 from ..sdk import Sandbox
 from ..sdk._base import EXIT_CODE_TIMEOUT
-from ._common import Json, Name, ago, app, client, err, in_, out, status
+from ._common import AllowOut, DenyOut, Json, Name, ago, app, client, err, in_, out, status
 
 SPEC = SandboxSpec.model_fields
 
@@ -44,6 +45,11 @@ def create(
     from_checkpoint: Annotated[
         str | None, typer.Option("--from", help="Checkpoint id or name to create it from.")
     ] = None,
+    network: Annotated[
+        bool, typer.Option("--network", help="Give it a network device: the internet, or what --allow-out names.")
+    ] = False,
+    allow_out: AllowOut = None,
+    deny_out: DenyOut = None,
     as_json: Json = False,
 ) -> None:
     """Create a sandbox and start it (from an image, or from a checkpoint with --from)."""
@@ -58,6 +64,8 @@ def create(
         )
         if from_checkpoint is None or ctx.get_parameter_source(key).name != "DEFAULT"
     }
+    if network or allow_out or deny_out:
+        explicit["network"] = build(NetworkPolicy, allow_out=allow_out or [], deny_out=deny_out or [])
     with err.status(f"creating sandbox {name}..."):
         started = time.monotonic()
         sbx = Sandbox.create(
@@ -241,7 +249,7 @@ def info(name: Name, as_json: Json = False) -> None:
         ("image", data.spec.image),
         ("backend", data.spec.backend),
         ("cpus / memory / disk", f"{data.spec.cpus:g} / {data.spec.memory_mb} MiB / {data.spec.disk_mb} MiB"),
-        ("network", "on" if data.spec.network else "off"),
+        ("network", data.spec.network.describe() if data.spec.network else "none (no network device)"),
         ("created", datetime.fromtimestamp(data.created_at).isoformat(sep=" ", timespec="seconds")),
         ("last activity", ago(data.last_activity)),
         ("idle timeout", f"{data.spec.timeout_secs}s" if data.spec.timeout_secs else "never"),

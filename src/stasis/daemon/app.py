@@ -27,6 +27,8 @@ from ..models import (
     CreateSandboxRequest,
     DaemonInfo,
     DiskUsage,
+    ExposedPort,
+    ExposePortRequest,
     FileEntry,
     ForkRequest,
     ProcessInfo,
@@ -41,12 +43,14 @@ from ..models import (
     StdinRequest,
     describe_validation_errors,
 )
+from ..netpolicy import NetworkPolicy
 from ..paths import Paths
 from . import ssh
 from .forks import fork as fork_sandbox
 from .idle import IdleReaper
 from .limits import BodyLimit
 from .operations import GuestOperations
+from .portforward import serve_port_connection
 from .recovery import Recovery
 from .service import SandboxService
 from .terminal import serve_terminal
@@ -251,6 +255,35 @@ def create_app(
             await websocket.close(code=4400, reason=exc.message[:120])
         except WebSocketDisconnect:
             pass
+
+    @app.put("/v1/sandboxes/{ref}/network")
+    async def update_network(ref: str, policy: NetworkPolicy) -> SandboxInfo:
+        return await service.update_network(ref, policy)
+
+    @app.post("/v1/sandboxes/{ref}/ports", status_code=201)
+    async def expose_port(ref: str, request: ExposePortRequest) -> ExposedPort:
+        return await service.ports.expose(ref, request)
+
+    @app.get("/v1/sandboxes/{ref}/ports")
+    async def list_ports(ref: str) -> list[ExposedPort]:
+        return service.ports.list(ref)
+
+    @app.delete("/v1/sandboxes/{ref}/ports/{port}", status_code=204)
+    async def unexpose_port(ref: str, port: int) -> Response:
+        await service.ports.unexpose(ref, port)
+        return Response(status_code=204)
+
+    @app.websocket("/v1/sandboxes/{ref}/ports/{port}/connect")
+    async def port_connect(websocket: WebSocket, ref: str, port: int) -> None:
+        """A raw TCP connection to a port in the sandbox: binary frames both ways (`stasis port-forward`)."""
+        if not await accepted(websocket):
+            return
+        try:
+            await serve_port_connection(service, websocket, ref, port)
+        except StasisError as exc:
+            await websocket.close(code=4400, reason=exc.message[:120])
+        except OSError as exc:
+            await websocket.close(code=4502, reason=f"port {port}: {exc}"[:120])
 
     @app.get("/v1/sandboxes/{ref}/ssh/host-key")
     async def ssh_host_key(ref: str) -> SshHostKey:

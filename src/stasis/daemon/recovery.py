@@ -124,6 +124,7 @@ class Recovery:
     async def _salvage(self, info: SandboxInfo, box: BoxRef, detail: str) -> None:
         backend = self.service.backend_of(info)
         try:
+            await self.service.attach_network(info)
             channel = await backend.resume(box)
         except Exception as exc:
             log.warning("could not salvage %s from its unsealed suspend image: %s", info.id, exc)
@@ -137,6 +138,7 @@ class Recovery:
         live = {info.id for info in self.store.list()}
         for backend in self.service.backends.values():
             await backend.sweep(live)
+        await self.service.network.sweep(live)
         sandboxes = self.service.paths.sandboxes
         for directory in sandboxes.iterdir() if sandboxes.exists() else []:
             if directory.name not in live:

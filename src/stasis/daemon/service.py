@@ -37,10 +37,13 @@ from ..models import (
     SandboxSpec,
     SandboxStatus,
 )
+from ..netpolicy import NetworkPolicy
+from ..network.engine import NetworkEngine
 from ..paths import Paths
 from .activity import Activity, idle_action
 from .checkpoints import CheckpointFiles
 from .metrics import Metrics
+from .ports import Ports
 from .states import require
 from .store import Store
 from .usage import spec_from_checkpoint
@@ -72,6 +75,8 @@ class SandboxService:
         self._channels: dict[str, GuestChannel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.watchdog = Watchdog(self)
+        self.network = NetworkEngine(paths.runtime.name, self.activity.touch)
+        self.ports = Ports(self)
 
     # ------------------------------------------------------------ start-up and shutdown
 
@@ -89,11 +94,14 @@ class SandboxService:
             self.backends[name] = backend
         if not self.backends:
             raise StasisError(f"no backend works on this host: {self.unavailable}")
+        await self.ports.start()
 
     async def close(self) -> None:
         """Stop serving. Sandboxes keep running; the next daemon re-adopts them."""
         self.activity.persist(self.store)
         self.watchdog.close()
+        await self.ports.close()
+        self.network.close()
         for channel in list(self._channels.values()):
             await channel.close()
         self._channels.clear()
@@ -152,6 +160,7 @@ class SandboxService:
             image_key=key,
             image_rootfs=image_rootfs or self.images.rootfs_by_key(key),
             state=info.runtime,
+            network=self.network.net(info.id) if info.spec.network else None,
         )
 
     def box_or_bare(self, info: SandboxInfo) -> BoxRef:
@@ -173,8 +182,6 @@ class SandboxService:
         if spec.backend not in self.backends:
             why = self.unavailable.get(spec.backend, "unknown backend")
             raise Unsupported(f"backend {spec.backend!r} is not available on this host: {why}")
-        if spec.network:
-            raise Unsupported("network access inside sandboxes is not supported yet; leave network off")
         # Refuse before anything exists on the host; pin the exact image build.
         image_key = checkpoint.image if checkpoint else self.images.get(spec.image).key
         self.images.rootfs_by_key(image_key)
@@ -188,6 +195,7 @@ class SandboxService:
             faults.point("create.after_intent")
             started = time.monotonic()
             try:
+                await self.attach_network(info)
                 if checkpoint is None:
                     channel, state = await backend.start(box)
                 else:
@@ -211,6 +219,8 @@ class SandboxService:
         """Roll back a create: nothing stays on the host, the record says why."""
         with contextlib.suppress(Exception):
             await self.backend_of(info).destroy(box)
+        with contextlib.suppress(Exception):
+            await self.network.detach(info.id)
         if self.store.get(info.id).status != S.TERMINATING:
             self.store.transition(info.id, S.TERMINATING, reason)
         self.store.transition(info.id, S.TERMINATED, reason, error=reason)
@@ -317,6 +327,7 @@ class SandboxService:
             faults.point("resume.after_intent")
             started = time.monotonic()
             try:
+                await self.attach_network(info)
                 if cold:
                     channel, state = await backend.start(box)
                     backend_state = state.model_dump(mode="json")
@@ -359,6 +370,8 @@ class SandboxService:
             await self.drop_channel(info.id)
             faults.point("terminate.after_close")
             await self.backend_of(info).destroy(self.box_or_bare(info))
+            await self.ports.forget(info.id)
+            await self.network.detach(info.id)
             faults.point("terminate.before_outcome")
             info = self.store.transition(info.id, S.TERMINATED)
         self._locks.pop(info.id, None)
@@ -382,7 +395,29 @@ class SandboxService:
 
     async def adopt(self, info: SandboxInfo, box: BoxRef, detail: str) -> None:
         """Take over a sandbox found running (after a daemon restart)."""
+        await self.attach_network(info)
         await self.adopt_channel(info, await self.backend_of(info).connect(box), detail)
+
+    async def attach_network(self, info: SandboxInfo) -> None:
+        """Its namespaces, firewall and the daemon's sockets in them, before its kernel boots (or after a
+        daemon restart, for one that runs); nothing for a sandbox without network."""
+        if info.spec.network is not None:
+            await self.network.attach(info.id, info.spec.network, self.backend_of(info).network_device)
+
+    async def update_network(self, ref: str, policy: NetworkPolicy) -> SandboxInfo:
+        """A new egress policy, live: the next connection is judged by it."""
+        info = self.store.get(ref)
+        async with self.lock(info.id):
+            info = self.store.get(info.id)
+            if info.spec.network is None:
+                raise Unsupported(
+                    f"sandbox {info.name or info.id!r} was created without network, so its kernel has no network "
+                    "device; create it with network=NetworkPolicy(...) (or `stasis create --network`) instead"
+                )
+            info = self.store.update_spec(info.id, info.spec.model_copy(update={"network": policy}),
+                                          f"network: {policy.describe()}")  # fmt: skip
+            await self.network.update(info.id, policy)
+            return self._present(info)
 
     async def adopt_channel(self, info: SandboxInfo, channel: GuestChannel, detail: str) -> None:
         self._channels[info.id] = channel

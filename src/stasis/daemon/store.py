@@ -53,6 +53,13 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     internal INTEGER NOT NULL DEFAULT 0,
     info TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS ports (   -- exposed ports: the daemon listens for them again after a restart
+    sandbox_id TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    public INTEGER NOT NULL,
+    listen_port INTEGER NOT NULL,
+    PRIMARY KEY (sandbox_id, port)
+);
 """
 
 
@@ -156,6 +163,39 @@ class Store:
             self.db.execute(f"UPDATE sandboxes SET {assignments} WHERE id = ?", (*values.values(), sandbox_id))
             self._journal(sandbox_id, current, target, detail or error)
         return self.get(sandbox_id)
+
+    def update_spec(self, sandbox_id: str, spec: SandboxSpec, detail: str) -> SandboxInfo:
+        """A change of what a sandbox may do (its network policy) that is not a status change."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            current = SandboxStatus(self.get(sandbox_id).status)
+            self.db.execute(
+                "UPDATE sandboxes SET spec = ?, updated_at = ? WHERE id = ?",
+                (spec.model_dump_json(), time.time(), sandbox_id),
+            )
+            self._journal(sandbox_id, current, current, detail)
+        return self.get(sandbox_id)
+
+    # ------------------------------------------------------------ exposed ports
+
+    def save_port(self, sandbox_id: str, port: int, public: bool, listen_port: int) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO ports (sandbox_id, port, public, listen_port) VALUES (?, ?, ?, ?)",
+            (sandbox_id, port, int(public), listen_port),
+        )
+
+    def list_ports(self, sandbox_id: str | None = None) -> list[tuple[str, int, bool, int]]:
+        query, args = "SELECT * FROM ports", ()
+        if sandbox_id is not None:
+            query, args = query + " WHERE sandbox_id = ?", (sandbox_id,)
+        rows = self.db.execute(query + " ORDER BY sandbox_id, port", args)
+        return [(r["sandbox_id"], r["port"], bool(r["public"]), r["listen_port"]) for r in rows]
+
+    def delete_ports(self, sandbox_id: str, port: int | None = None) -> None:
+        if port is None:
+            self.db.execute("DELETE FROM ports WHERE sandbox_id = ?", (sandbox_id,))
+        else:
+            self.db.execute("DELETE FROM ports WHERE sandbox_id = ? AND port = ?", (sandbox_id, port))
 
     def touch_at(self, sandbox_id: str, when: float) -> None:
         self.db.execute("UPDATE sandboxes SET last_activity = ? WHERE id = ?", (when, sandbox_id))

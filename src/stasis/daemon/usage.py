@@ -18,7 +18,9 @@ def spec_from_checkpoint(checkpoint: CheckpointInfo, request: CreateSandboxReque
         raise InvalidRequest(
             f"checkpoint {checkpoint.id} was made on backend {checkpoint.backend!r}, not {request.backend!r}"
         )
-    overrides = {k: getattr(request, k) for k in request.model_fields_set & {"timeout_secs", "on_idle", "cpus"}}
+    overrides = {
+        k: getattr(request, k) for k in request.model_fields_set & {"timeout_secs", "on_idle", "cpus", "network"}
+    }
     overrides["backend"] = checkpoint.backend
     if checkpoint.type == CheckpointType.FILESYSTEM:
         overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb", "disk_mb"}}
@@ -27,6 +29,12 @@ def spec_from_checkpoint(checkpoint: CheckpointInfo, request: CreateSandboxReque
             taken = getattr(checkpoint.spec, field)
             if field in request.model_fields_set and getattr(request, field) != taken:
                 raise InvalidRequest(f"a MEMORY checkpoint restores with the {what} it was taken with ({taken} MiB)")
+        if "network" in request.model_fields_set and (request.network is None) != (checkpoint.spec.network is None):
+            had = "a network device" if checkpoint.spec.network else "no network device"
+            raise InvalidRequest(
+                f"checkpoint {checkpoint.id} holds a kernel with {had}; a MEMORY restore keeps that (its policy may "
+                "change): restore a FILESYSTEM checkpoint to add or remove the network"
+            )
     return checkpoint.spec.model_copy(update=overrides)
 
 

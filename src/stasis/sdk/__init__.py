@@ -28,6 +28,7 @@ from ..errors import (
 from ..models import (
     CheckpointInfo,
     CheckpointType,
+    ExposedPort,
     FileEntry,
     ProcessInfo,
     ProcessOutput,
@@ -35,6 +36,7 @@ from ..models import (
     SandboxSpec,
     SandboxStatus,
 )
+from ..netpolicy import NetworkPolicy
 from ._async import AsyncSandbox
 from ._base import CommandResult, OutputEvent
 from ._client import AsyncClient, Client
@@ -53,6 +55,7 @@ __all__ = [
     "Conflict",
     "DaemonRunning",
     "DaemonUnavailable",
+    "ExposedPort",
     "FileEntry",
     "FileError",
     "FileNotFound",
@@ -63,6 +66,7 @@ __all__ = [
     "Incompatible",
     "InvalidRequest",
     "NameTaken",
+    "NetworkPolicy",
     "NoSpace",
     "NotFound",
     "OutputEvent",

@@ -7,7 +7,17 @@ from collections.abc import AsyncIterator
 
 from typing_extensions import Unpack
 
-from ..models import CheckpointInfo, CheckpointType, FileEntry, ProcessInfo, ProcessOutput, RunRequest, SandboxInfo
+from ..models import (
+    CheckpointInfo,
+    CheckpointType,
+    ExposedPort,
+    FileEntry,
+    ProcessInfo,
+    ProcessOutput,
+    RunRequest,
+    SandboxInfo,
+)
+from ..netpolicy import NetworkPolicy
 from . import _base as b
 from ._client import AsyncClient
 
@@ -173,6 +183,26 @@ class AsyncSandbox(b.SandboxBase):
     async def authorize_ssh_keys(self, public_keys: list[str]) -> None:
         """Let these OpenSSH public keys (lines of .pub files) log in as root; each is added once."""
         await self._client.call(self._ssh_authorize_call(public_keys))
+
+    # -- network
+
+    async def update_network(self, policy: NetworkPolicy | bool) -> SandboxInfo:
+        """A new egress policy, live (the next connection is judged by it); True: the public internet."""
+        return await self._client.call(self._update_network_call(policy))
+
+    async def expose_port(self, port: int, *, public: bool = False, ttl_secs: int = 86400) -> str:
+        """A URL on the daemon's host that reaches ``port`` in the sandbox (HTTP and WebSocket).
+
+        It carries a token valid for ``ttl_secs`` (the URL without it gets 401) unless ``public``.
+        A request to a suspended sandbox resumes it."""
+        return (await self._client.call(self._expose_port_call(port, public, ttl_secs))).url
+
+    async def ports(self) -> list[ExposedPort]:
+        """Its exposed ports, each with a fresh URL."""
+        return await self._client.call(self._ports_call())
+
+    async def unexpose_port(self, port: int) -> None:
+        await self._client.call(self._unexpose_port_call(port))
 
 
 __all__ = ["AsyncSandbox"]

@@ -15,12 +15,14 @@ from typing import Any, TypedDict
 
 import httpx
 
-from ..errors import GuestDisconnected
+from ..errors import GuestDisconnected, InvalidRequest
 from ..models import (
     CheckpointInfo,
     CheckpointType,
     CreateCheckpointRequest,
     CreateSandboxRequest,
+    ExposedPort,
+    ExposePortRequest,
     FileEntry,
     ProcessInfo,
     ProcessOutput,
@@ -33,6 +35,7 @@ from ..models import (
     StartProcessRequest,
     build,
 )
+from ..netpolicy import NetworkPolicy, as_policy
 
 EXIT_CODE_TIMEOUT = 124  # what `timeout(1)` returns; used by the CLI
 OutputCallback = Callable[[bytes], None]
@@ -48,7 +51,7 @@ class CreateOptions(TypedDict, total=False):
     timeout_secs: int
     on_idle: str
     backend: str
-    network: bool
+    network: bool | NetworkPolicy  # True: the internet; a policy: only where it allows; absent: no network
     snapshot_id: str  # create from this checkpoint (id or name): its processes and files
 
 
@@ -394,3 +397,21 @@ class SandboxBase:
     def _ssh_authorize_call(self, public_keys: list[str]) -> Call:
         keys = [key.strip() for key in public_keys if key.strip()]
         return Call("POST", f"{self._url}/ssh/keys", json=SshKeysRequest(public_keys=keys).model_dump())
+
+    # -- network
+
+    def _update_network_call(self, policy: NetworkPolicy | bool | dict[str, Any]) -> Call:
+        chosen = as_policy(policy)
+        if chosen is None:
+            raise InvalidRequest("a live update keeps the network device: pass NetworkPolicy.no_egress() to cut egress")
+        return Call("PUT", f"{self._url}/network", self._keep, json=chosen.model_dump())
+
+    def _expose_port_call(self, port: int, public: bool, ttl_secs: int) -> Call:
+        body = build(ExposePortRequest, port=port, public=public, ttl_secs=ttl_secs).model_dump()
+        return Call("POST", f"{self._url}/ports", _model(ExposedPort), json=body)
+
+    def _ports_call(self) -> Call:
+        return Call("GET", f"{self._url}/ports", _models(ExposedPort))
+
+    def _unexpose_port_call(self, port: int) -> Call:
+        return Call("DELETE", f"{self._url}/ports/{port}")

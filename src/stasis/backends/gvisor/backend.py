@@ -38,6 +38,8 @@ from ...fsutil import atomic_write, check_free_space, no_space
 from ...guest import agent_digest
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
+from ...network import namespaces
+from ...network.namespaces import GATEWAY_ADDRESS, Device
 from ...paths import Paths
 from ..base import BackendState, BoxRef, HostState
 from ..suspend_image import SuspendImage
@@ -62,6 +64,7 @@ class GvisorState(BackendState):
 
 class GvisorBackend:
     name: ClassVar[str] = "gvisor"
+    network_device: ClassVar[Device] = "veth"
     kill_points: ClassVar[tuple[str, ...]] = (
         "gvisor.start.after_mount", "gvisor.start.after_launch", "gvisor.start_from.after_copy",
         "gvisor.start_from.after_restore", "gvisor.suspend.after_sync", "gvisor.suspend.before_checkpoint",
@@ -131,14 +134,14 @@ class GvisorBackend:
     def _image(box: BoxRef) -> SuspendImage:
         return SuspendImage(box.directory, "checkpoint.img")
 
-    def _runsc_for(self, state: GvisorState, what: str) -> Runsc:
+    def _runsc_for(self, state: GvisorState, what: str, network: bool = False) -> Runsc:
         """A restore must use the runsc build and platform that made the image."""
         if state.runsc_version != self.version:
             raise Incompatible(
                 f"{what} was saved by runsc {state.runsc_version} but this host has runsc {self.version}; "
                 "reinstall that runsc build to restore it (or restore a FILESYSTEM checkpoint instead)"
             )
-        return Runsc(self.binary, self.runsc.root, state.platform)
+        return Runsc(self.binary, self.runsc.root, state.platform, network)
 
     # ------------------------------------------------------------ booting
 
@@ -150,7 +153,9 @@ class GvisorBackend:
         p["bundle"].mkdir(exist_ok=True)
         agent_path = agent_dir(self.agents, agent) if agent else None
         tmp = p["tmp"] if self._disk_mb(box) else None
-        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path, tmp)
+        netns = box.network.inner_path if box.network else None
+        resolv = resolv_conf(self.paths.home) if box.network else None
+        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path, tmp, netns, resolv)
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
         return p
 
@@ -190,6 +195,9 @@ class GvisorBackend:
             mounts.mount_overlay(box.image_rootfs, p["upper"], p["work"], p["rootfs"])
             if after_mount:
                 faults.point(after_mount)
+            if box.network is not None:  # runsc took eth0's address at the last boot: it reads it again now
+                await asyncio.to_thread(namespaces.configure_inner, box.network)
+                runsc = dataclasses.replace(runsc, network=True)
             await self._launch(runsc, box, *args)
             faults.point(after_launch)
             return await self._connect(box)
@@ -282,7 +290,7 @@ class GvisorBackend:
         The sandbox is paused while its files are copied and its memory saved, so both
         are the same instant; then it continues, none the wiser.
         """
-        runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}")
+        runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}", box.network is not None)
         await channel.call(P.Sync(), timeout=60)
         await runsc.call("pause", box.id)
         try:
@@ -303,7 +311,7 @@ class GvisorBackend:
         """Pause, write the image with the sandbox left in place, seal it, then remove the container.
 
         Until the seal the sandbox only sleeps: any failure (a full disk) resumes it as it was."""
-        runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}")
+        runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}", box.network is not None)
         image = self._image(box)
         check_free_space(box.directory, memory_usage(box.id), f"suspending sandbox {box.id}")
         await channel.call(P.Sync(), timeout=60)
@@ -337,7 +345,7 @@ class GvisorBackend:
             raise BackendError(f"sandbox {box.id} has no suspend image to resume from")
         state = GvisorState.model_validate(box.state)
         try:
-            runsc = self._runsc_for(state, f"sandbox {box.id}")
+            runsc = self._runsc_for(state, f"sandbox {box.id}", box.network is not None)
             await runsc.delete(box.id)  # a stale record from an interrupted resume
             self._prepare(box, state.agent)
             faults.point("gvisor.resume.before_mount")
@@ -383,6 +391,16 @@ class GvisorBackend:
             log.warning("reaping runsc container %s that no live sandbox owns", sandbox_id)
             await self.runsc.delete(sandbox_id)
         return reaped
+
+
+def resolv_conf(home: Path) -> Path:
+    """The /etc/resolv.conf of every networked sandbox: the daemon's resolver at its gateway."""
+    path = home / "net" / "resolv.conf"
+    text = f"nameserver {GATEWAY_ADDRESS}\noptions timeout:2 attempts:2\n".encode()
+    if not path.exists() or path.read_bytes() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
+    return path
 
 
 def memory_usage(sandbox_id: str) -> int:

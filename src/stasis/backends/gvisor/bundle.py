@@ -23,11 +23,20 @@ CAPABILITIES = [
 
 
 def oci_config(
-    sandbox_id: str, hostname: str, spec: SandboxSpec, rootfs: str, agent: Path | None, tmp: Path | None
+    sandbox_id: str,
+    hostname: str,
+    spec: SandboxSpec,
+    rootfs: str,
+    agent: Path | None,
+    tmp: Path | None,
+    netns: Path | None = None,
+    resolv_conf: Path | None = None,
 ) -> dict[str, Any]:
     """The bundle's config; ``agent`` is the host directory mounted read-only at /opt/stasis
     (None only for sandboxes made before that, whose agent sits in their own files); ``tmp`` is
-    the directory on its disk mounted at /tmp (None: gVisor's own tmpfs, charged to its memory)."""
+    the directory on its disk mounted at /tmp (None: gVisor's own tmpfs, charged to its memory);
+    ``netns`` the network namespace whose device runsc takes (None: no network), with
+    ``resolv_conf`` mounted at /etc/resolv.conf (the daemon's resolver at the gateway)."""
     config = {
         "ociVersion": "1.0.2",
         "process": {
@@ -60,7 +69,10 @@ def oci_config(
             },
         ],
         "linux": {
-            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
+            "namespaces": [
+                {"type": t, **({"path": str(netns)} if t == "network" and netns else {})}
+                for t in ("pid", "network", "ipc", "uts", "mount")
+            ],
             "cgroupsPath": f"/stasis/{sandbox_id}",
             "resources": {
                 "memory": {"limit": spec.memory_mb << 20},
@@ -74,5 +86,8 @@ def oci_config(
         config["mounts"].append(mount)  # type: ignore[attr-defined]
     if tmp is not None:
         mount = {"destination": "/tmp", "type": "bind", "source": str(tmp), "options": ["rbind", "rw"]}
+        config["mounts"].append(mount)  # type: ignore[attr-defined]
+    if netns is not None and resolv_conf is not None:
+        mount = {"destination": "/etc/resolv.conf", "type": "bind", "source": str(resolv_conf), "options": ["ro"]}
         config["mounts"].append(mount)  # type: ignore[attr-defined]
     return config

@@ -81,21 +81,32 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
     raise BackendError("no runsc platform works on this host: " + "; ".join(reasons))
 
 
+# runsc 20240729 refuses `--network=sandbox` in any namespace on kernels where every namespace has
+# /proc/sys/net/core/rmem_default (its test for "the root namespace"): run it where a tmpfs hides that
+# directory, in a mount namespace of its own (mounts made before stay visible, nothing leaks out).
+HIDE_ROOT_NS_TEST = 'mount --make-rprivate / && mount -t tmpfs stasis-net /proc/sys/net && exec "$@"'
+
+
 @dataclass(frozen=True)
 class Runsc:
     binary: str
     root: Path
     platform: str
+    network: bool = False  # the sandbox's netstack on the device in its namespace (--network=sandbox)
 
     def argv(self, *args: str) -> list[str]:
-        return [
+        network = ["--network=sandbox", "--net-disconnect-ok"] if self.network else ["--network=none"]
+        argv = [
             self.binary,
             "--root", str(self.root),
             f"--platform={self.platform}",
-            "--network=none",
+            *network,
             "--overlay2=none",  # the writable layer is our host overlayfs: files stay out of the image
             *args,
         ]  # fmt: skip
+        if self.network and args and args[0] in ("run", "restore"):
+            return ["unshare", "--mount", "--", "/bin/sh", "-c", HIDE_ROOT_NS_TEST, "sh", *argv]
+        return argv
 
     async def _run(self, *args: str, timeout: float, **kwargs: Any) -> procs.Completed:
         """Every runsc call is bounded: one that hangs (a sandbox out of file descriptors) is an error."""

@@ -28,12 +28,14 @@ from ... import procs
 from ...errors import BackendError
 from ...fsutil import fsync_dir, fsync_file, tree_bytes
 from ...guest import AGENT_DIR, AGENT_FILES, agent_digest
+from ...network.namespaces import GATEWAY_ADDRESS, INNER_ADDRESS
 
 log = logging.getLogger(__name__)
 
 AGENT_PORT_NAME = "stasis.agent"
 # Load order matters: virtio_ring before virtio, both before the transports and devices.
-MODULES = ("virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console")
+MODULES = ("virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console", "failover", "net_failover",
+           "virtio_net")  # fmt: skip
 BUSYBOX = Path("/bin/busybox")
 BASE_FORMAT = 2  # bump when how a base disk is made changes (templates made on it name it)
 BASE_HEADROOM = 256 << 20  # free space on an image's base disk; each sandbox's disk grows it to its disk_mb
@@ -70,6 +72,14 @@ for arg in $(cat /proc/cmdline); do
   case "$arg" in stasis.hostname=*) hostname "${arg#stasis.hostname=}" ;; esac
 done
 hostname > /newroot/etc/hostname
+# A networked VM (stasis.net): eth0 is the tap in its gateway namespace. Every sandbox has the same
+# addresses (see stasis.network.namespaces); the daemon's resolver answers at the gateway.
+if grep -qw stasis.net /proc/cmdline; then
+  for _ in $(seq 1 300); do [ -e /sys/class/net/eth0 ] && break; usleep 10000; done
+  ip link set eth0 up && ip addr add __INNER__/30 dev eth0 && ip route add default via __GATEWAY__ \
+    || echo "stasis-init: cannot configure eth0" >/dev/console
+  printf 'nameserver __GATEWAY__\noptions timeout:2 attempts:2\n' > /newroot/etc/resolv.conf
+fi
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
 mount --move /dev /newroot/dev
@@ -122,7 +132,7 @@ def boot_files(cache: Path, boot: Path = Path("/boot"), modules: Path = Path("/l
     digest = hashlib.sha256()
     for path in (bzimage, *module_files.values(), BUSYBOX):
         digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    digest.update(INIT_SCRIPT.encode() + agent_digest().encode())
+    digest.update(init_script().encode() + agent_digest().encode())
     key = f"{release}-{digest.hexdigest()[:12]}"
     directory = cache / f"boot-{key}"
     if not (directory / "initramfs.cpio").exists():
@@ -194,7 +204,8 @@ def extract_vmlinux(bzimage: bytes) -> bytes | None:
 
 
 def init_script() -> str:
-    return INIT_SCRIPT.replace("__MODULES__", " ".join(MODULES)).replace("__PORT__", AGENT_PORT_NAME)
+    script = INIT_SCRIPT.replace("__MODULES__", " ".join(MODULES)).replace("__PORT__", AGENT_PORT_NAME)
+    return script.replace("__INNER__", INNER_ADDRESS).replace("__GATEWAY__", GATEWAY_ADDRESS)
 
 
 def write_initramfs(dest: Path, module_files: dict[str, Path]) -> None:

@@ -37,6 +37,8 @@ from ...fsutil import atomic_write
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
 from ...models import SandboxSpec
+from ...network import namespaces
+from ...network.namespaces import Device, SandboxNet
 from ...paths import Paths
 from ..base import BackendState, BoxRef, HostState
 from ..suspend_image import SuspendImage
@@ -45,7 +47,7 @@ from .accel import Accelerator, choose_accelerator, tsc_khz
 from .artifacts import BootFiles, boot_files, root_disk
 from .files import copy_file, grow_disk
 from .qemu import Machine, VmFiles
-from .templates import Templates
+from .templates import TEMPLATE_PREFIX, Templates
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class MicrovmState(BackendState):
 
 class MicrovmBackend:
     name: ClassVar[str] = "microvm"
+    network_device: ClassVar[Device] = "tap"
     kill_points: ClassVar[tuple[str, ...]] = (
         "microvm.start.after_restore", "microvm.suspend.after_save", "microvm.suspend.after_quit",
         "microvm.suspend.after_rename", "microvm.resume.after_load", "microvm.checkpoint.after_save",
@@ -123,6 +126,7 @@ class MicrovmBackend:
                 f"tsc_early_khz={self.tsc_khz}" if self.accel.name == "tcg" else "",
                 f"stasis.hostname={hostname}",
                 "stasis.fence",  # the agent grows / to its disk and fences commands into a cgroup
+                "stasis.net" if spec.network else "",  # its init configures eth0
             ]
         )
         return Machine(
@@ -132,6 +136,7 @@ class MicrovmBackend:
             kernel=str(self.boot.kernel),
             initramfs=str(self.boot.initramfs),
             cmdline=" ".join(cmdline.split()),
+            network=spec.network is not None,
         )
 
     @staticmethod
@@ -176,8 +181,17 @@ class MicrovmBackend:
         description, path = json.dumps(stored, indent=1).encode(), directory / "vm.json"
         if not path.exists() or path.read_bytes() != description:  # not on every resume: an fsync saved
             atomic_write(path, description)
-        await qemu.launch(qemu.command_line(self.binary, machine, files, name, incoming), files)
+        netns = None
+        if machine.network:  # made by the daemon for a sandbox; a template's is made here, for its one boot
+            net = self._net(vm_id)
+            if vm_id.startswith(TEMPLATE_PREFIX):
+                await asyncio.to_thread(namespaces.create, net, "tap")
+            netns = net.gateway_path
+        await qemu.launch(qemu.command_line(self.binary, machine, files, name, incoming), files, netns)
         return files
+
+    def _net(self, vm_id: str) -> SandboxNet:
+        return SandboxNet(self.paths.runtime.name, vm_id)
 
     async def _connect_booted(self, files: VmFiles, label: str) -> GuestChannel:
         return await self._connect(files, label, BOOT_TIMEOUT)
@@ -272,9 +286,14 @@ class MicrovmBackend:
         machine = self._machine(box.spec, "stasis-template")
         identity = [
             self.boot.key, box.image_key, self.version, self.accel.name, machine.cpus, machine.memory_mb,
-            box.spec.disk_mb, base.name,
+            box.spec.disk_mb, base.name, *(["network"] if machine.network else []),
         ]  # fmt: skip
-        template = await self.templates.get(Templates.key(identity), base, machine, box.spec.disk_mb)
+        key = Templates.key(identity)
+        try:
+            template = await self.templates.get(key, base, machine, box.spec.disk_mb)
+        finally:
+            if machine.network:
+                await asyncio.to_thread(namespaces.remove, self._net(TEMPLATE_PREFIX + key[:12]))
         await self.templates.copy_into(template, box.directory, files.disk, files.memory)
         machine = self._stored_machine(template)
         channel = await self._restore(box, machine, template / "vmstate", True, "microvm.start.after_restore")

@@ -26,6 +26,7 @@ from qemu.qmp import QMPClient, QMPError
 
 from ... import procs
 from ...errors import BackendError, StartupError
+from ...network.namespaces import GATEWAY_DEVICE
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ async def qemu_version(binary: str) -> str:
     result = await procs.run([binary, "--version"], timeout=30)
     match = re.search(r"version (\S+)", result.stdout.decode(errors="replace"))
     return match.group(1) if match else "unknown"
+
+
+GUEST_MAC = "52:54:00:c8:00:02"  # the same in every VM: each is alone on its link
 
 
 @dataclass(frozen=True)
@@ -116,18 +120,24 @@ def command_line(binary: str, machine: Machine, files: VmFiles, name: str, incom
         "-qmp", f"unix:{files.qmp},server=on,wait=off",
         "-pidfile", str(files.pidfile), "-daemonize",
     ]  # fmt: skip
-    if not machine.network:
+    if machine.network:  # the tap "gw0" of the gateway namespace QEMU is started in (stasis.network)
+        argv += ["-netdev", f"tap,id=net0,ifname={GATEWAY_DEVICE},script=no,downscript=no",
+                 "-device", f"virtio-net-device,netdev=net0,mac={GUEST_MAC}"]  # fmt: skip
+    else:
         argv += ["-nic", "none"]
     if incoming:
         argv += ["-S", "-incoming", "defer"]
     return argv
 
 
-async def launch(argv: list[str], files: VmFiles) -> int:
-    """Start QEMU detached (it outlives the daemon); return its pid once QMP is up."""
+async def launch(argv: list[str], files: VmFiles, netns: Path | None = None) -> int:
+    """Start QEMU detached (it outlives the daemon), in network namespace ``netns`` if given;
+    return its pid once QMP is up."""
     files.runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
     for stale in (files.qmp, files.agent, files.pidfile):
         stale.unlink(missing_ok=True)
+    if netns is not None:
+        argv = ["nsenter", f"--net={netns}", "--", *argv]
     result = await procs.run(argv, timeout=60)
     if result.returncode != 0:
         raise StartupError(f"QEMU did not start: {result.output or f'exit code {result.returncode}'}")

@@ -33,6 +33,7 @@ from .qemu import Machine, VmFiles
 log = logging.getLogger(__name__)
 
 TEMPLATE_FORMAT = 3  # bump when what a template contains changes
+TEMPLATE_PREFIX = "template-"  # the VM id of a template's one boot
 
 Launch = Callable[[str, Path, Machine, bool], Awaitable[VmFiles]]
 Connect = Callable[[VmFiles, str], Awaitable[GuestChannel]]
@@ -72,7 +73,7 @@ class Templates:
         for stale in self.root.glob(f".{key}.*"):  # we hold the lock: whoever made these is gone
             shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
-        vm_id = f"template-{key[:12]}"
+        vm_id = f"{TEMPLATE_PREFIX}{key[:12]}"
         files: VmFiles | None = None
         try:
             await create_overlay(base, staging / "disk.qcow2", disk_mb)

@@ -1,0 +1,43 @@
+"""A raw TCP connection into a sandbox's port, carried over a WebSocket (`stasis port-forward`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from fastapi import WebSocket, WebSocketDisconnect
+
+from ..network.relay import CHUNK
+
+if TYPE_CHECKING:
+    from .service import SandboxService
+
+
+async def serve_port_connection(service: SandboxService, websocket: WebSocket, ref: str, port: int) -> None:
+    info = service.get(ref)
+    reader, writer = await service.ports.open(info.id, port)
+
+    async def to_client() -> None:
+        while data := await reader.read(CHUNK):
+            service.activity.touch(info.id)
+            await websocket.send_bytes(data)
+        await websocket.close(code=1000, reason="the sandbox's end closed")
+
+    downstream = asyncio.get_running_loop().create_task(to_client())
+    try:
+        while not downstream.done():
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            if data := message.get("bytes"):
+                service.activity.touch(info.id)
+                writer.write(data)
+                await writer.drain()
+    except (WebSocketDisconnect, ConnectionError):
+        pass
+    finally:
+        downstream.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await downstream
+        writer.close()

@@ -1,0 +1,87 @@
+"""The egress proxy of one sandbox: every TCP connection it opens arrives here (nftables redirects it).
+
+Each connection is judged once, when it opens, by the policy as it is then (a live update applies
+to the next connection): by its address, the names the sandbox resolved to that address, and on
+ports 80 and 443 the name it claims in its HTTP Host header or TLS SNI. Allowed, the daemon makes
+the connection from the host and copies bytes both ways; denied, the sandbox's connection is reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import struct
+from collections.abc import Callable
+
+from ..netpolicy import IPAddress, NetworkPolicy
+from . import sniff
+from .relay import abort, relay
+from .resolver import ResolvedNames
+
+log = logging.getLogger(__name__)
+
+SO_ORIGINAL_DST = 80
+PEEK_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 10.0
+
+
+def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
+    """Where the sandbox meant to connect, before nftables redirected it here."""
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    port, address = struct.unpack_from("!2xH4s", raw)
+    return ipaddress.IPv4Address(address), port
+
+
+class EgressProxy:
+    def __init__(
+        self,
+        label: str,
+        policy: Callable[[], NetworkPolicy],
+        resolved: ResolvedNames,
+        host_addresses: Callable[[], set[IPAddress]],
+        on_activity: Callable[[], None],
+    ) -> None:
+        self.label = label
+        self.policy = policy
+        self.resolved = resolved
+        self.host_addresses = host_addresses
+        self.on_activity = on_activity
+        self.allowed = 0
+        self.denied = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._handle(reader, writer)
+        except Exception:
+            log.exception("%s: egress connection failed", self.label)
+            abort(writer)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ip, port = original_destination(writer.get_extra_info("socket"))
+        first = b""
+        kind = sniff.PEEK_PORTS.get(port)
+        if kind:  # a client that speaks first: read enough of it to know which name it asks for
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PEEK_TIMEOUT):
+                    while not sniff.complete(kind, first) and (data := await reader.read(sniff.PEEK_BYTES)):
+                        first += data
+        claimed = [name] if kind and (name := sniff.claimed_name(kind, first)) else []
+        why = self.policy().judge(ip, self.resolved.names(ip), claimed, self.host_addresses())
+        if why:
+            self.denied += 1
+            log.info("%s: denied %s:%d%s: %s", self.label, ip, port, f" ({claimed[0]})" if claimed else "", why)
+            abort(writer)
+            return
+        try:
+            upstream = await asyncio.wait_for(asyncio.open_connection(str(ip), port), CONNECT_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            log.info("%s: %s:%d unreachable from the host: %s", self.label, ip, port, exc)
+            abort(writer)
+            return
+        self.allowed += 1
+        self.on_activity()
+        upstream[1].write(first)
+        await relay((reader, writer), upstream, self.on_activity)

@@ -1,0 +1,43 @@
+"""Copy bytes both ways between two TCP streams until both sides are done."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import Callable
+
+CHUNK = 256 * 1024
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_data: Callable[[], None]) -> None:
+    try:
+        while data := await reader.read(CHUNK):
+            on_data()
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()  # a half-close goes through: the other side may still answer
+    except (ConnectionError, OSError):
+        abort(writer)
+
+
+async def relay(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    on_data: Callable[[], None] = lambda: None,
+) -> None:
+    try:
+        await asyncio.gather(_pipe(a[0], b[1], on_data), _pipe(b[0], a[1], on_data))
+    finally:
+        for _, writer in (a, b):
+            writer.close()
+
+
+def abort(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP reset: the other side sees "connection reset", not a clean end."""
+    sock = writer.get_extra_info("socket")
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.close()

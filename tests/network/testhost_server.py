@@ -1,0 +1,76 @@
+"""A test host's servers, run inside its network namespace by :mod:`tests.network.testhosts`.
+
+    python3 testhost_server.py http PORT NAME      GET / answers "hello from NAME"; /bytes/N sends N bytes
+    python3 testhost_server.py dns PORT ZONE_JSON  answers A queries from {"name": "ip", "*.suffix": "ip"}
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import socketserver
+import sys
+
+import dns.message
+import dns.rcode
+import dns.rrset
+
+
+def serve_http(port: int, name: str) -> None:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path.startswith("/bytes/"):
+                size = int(self.path.rsplit("/", 1)[1])
+                self.send_response(200)
+                self.send_header("content-length", str(size))
+                self.end_headers()
+                chunk = b"x" * (1 << 20)
+                while size > 0:
+                    self.wfile.write(chunk[: min(size, len(chunk))])
+                    size -= len(chunk)
+                return
+            body = f"hello from {name} (Host: {self.headers.get('host')})".encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(socketserver.ThreadingTCPServer):  # not HTTPServer: its getfqdn() waits for DNS
+        allow_reuse_address = True
+        daemon_threads = True
+
+    with Server(("0.0.0.0", port), Handler) as server:
+        print("ready", flush=True)
+        server.serve_forever()
+
+
+def serve_dns(port: int, zone: dict[str, str]) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("0.0.0.0", port))
+    print("ready", flush=True)
+    while True:
+        data, peer = sock.recvfrom(4096)
+        query = dns.message.from_wire(data)
+        reply = dns.message.make_response(query)
+        name = query.question[0].name.to_text(omit_final_dot=True).lower()
+        address = zone.get(name) or next((ip for key, ip in zone.items() if key.startswith("*.")
+                                          and name.endswith(key[1:])), None)  # fmt: skip
+        if address and query.question[0].rdtype == 1:
+            reply.answer.append(dns.rrset.from_text(name + ".", 60, "IN", "A", address))
+        elif not address:
+            reply.set_rcode(dns.rcode.NXDOMAIN)
+        sock.sendto(reply.to_wire(), peer)
+
+
+if __name__ == "__main__":
+    kind, port = sys.argv[1], int(sys.argv[2])
+    if kind == "http":
+        serve_http(port, sys.argv[3])
+    else:
+        serve_dns(port, json.loads(sys.argv[3]))

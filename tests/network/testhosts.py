@@ -1,0 +1,116 @@
+"""Test hosts: network namespaces this test session makes, each a host with servers on it.
+
+Tests send traffic only to these (and to loopback): never to any other address. Each host is a
+namespace joined to the host's own by a veth pair; addresses come from the documentation ranges
+(203.0.113.0/24, 198.51.100.0/24) and from 10.77.0.0/16 (a private range), in blocks chosen by
+the session's pid so that two sessions on one machine do not collide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVER = Path(__file__).with_name("testhost_server.py")
+PREFIX = "stasis-testhost-"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@dataclass
+class TestHost:
+    name: str
+    address: str  # the host's address inside its namespace
+    peer: str  # the address on our side of the veth (one of this machine's own addresses)
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}{os.getpid()}-{self.name}"
+
+    def up(self) -> TestHost:
+        ns, outside = self.netns, f"sth{os.getpid() % 100000}{self.name[:4]}"
+        _ip("netns", "add", ns)
+        _ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("addr", "add", f"{self.peer}/30", "dev", outside)
+        _ip("link", "set", outside, "up")
+        _ip("-n", ns, "addr", "add", f"{self.address}/30", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "route", "add", "default", "via", self.peer)
+        return self
+
+    def _serve(self, *args: str) -> None:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns, sys.executable, str(SERVER), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        self.pids.append(proc.pid)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready", f"{args[0]} on {self.name}"
+
+    def serve_http(self, port: int = 80) -> TestHost:
+        self._serve("http", str(port), self.name)
+        return self
+
+    def serve_dns(self, zone: dict[str, str], port: int = 53) -> TestHost:
+        self._serve("dns", str(port), json.dumps(zone))
+        return self
+
+    def down(self) -> None:
+        for pid in self.pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.pids.clear()
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)  # removes its veth too
+
+
+def blocks() -> tuple[str, str, str]:
+    """Three /30 bases of this session: in 203.0.113/24, 198.51.100/24 and 10.77/16."""
+    slot = os.getpid() % 60
+    return f"203.0.113.{slot * 4}", f"198.51.100.{slot * 4}", f"10.77.{slot}.0"
+
+
+def _plus(base: str, n: int) -> str:
+    head, last = base.rsplit(".", 1)
+    return f"{head}.{int(last) + n}"
+
+
+def make_hosts() -> dict[str, TestHost]:
+    """``web`` (HTTP, and DNS for the *.test zone), ``other`` (HTTP, another public range) and
+    ``private`` (HTTP in 10.77/16)."""
+    public, other, private = blocks()
+    hosts = {
+        "web": TestHost("web", _plus(public, 2), _plus(public, 1)),
+        "other": TestHost("other", _plus(other, 2), _plus(other, 1)),
+        "private": TestHost("private", _plus(private, 2), _plus(private, 1)),
+    }
+    try:
+        for host in hosts.values():
+            host.up().serve_http()
+        zone = {
+            "allowed.test": hosts["web"].address,
+            "www.allowed.test": hosts["web"].address,
+            "denied.test": hosts["other"].address,
+            "*.wild.test": hosts["other"].address,
+            "private.test": hosts["private"].address,
+        }
+        hosts["web"].serve_dns(zone)
+    except BaseException:
+        for host in hosts.values():
+            host.down()
+        raise
+    return hosts
+
+
+def leftover_namespaces() -> list[str]:
+    run = Path("/run/netns")
+    return [p.name for p in run.iterdir() if p.name.startswith(f"{PREFIX}{os.getpid()}-")] if run.is_dir() else []
