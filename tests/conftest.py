@@ -24,8 +24,10 @@ import pytest
 
 from stasis import Client, Sandbox, procs
 from stasis.backends import BACKENDS, register_backend
+from stasis.network import namespaces
 from stasis.paths import Paths, default_home
 from tests.fakes import fake_agents
+from tests.network.testhosts import leftover_namespaces
 
 REAL_BACKENDS = tuple(BACKENDS)  # before the fast tier's fake joins the registry
 register_backend("fake", "tests.fakes:FakeBackend")
@@ -143,12 +145,18 @@ def leak_check() -> Iterator[None]:
     leftover = [str(p) for p in TEST_ROOT.glob("*/sandboxes/*")]
     leftover += [str(p) for home in TEST_ROOT.iterdir() for p in Paths(home, IMAGE_DIR).runsc_root.glob("*")]
     leftover += [str(p) for home in TEST_ROOT.iterdir() for p in (Paths(home, IMAGE_DIR).runtime / "vm").glob("*")]
+    leaked_namespaces = [
+        f"{home.name}: {sandbox_id}"
+        for home in TEST_ROOT.iterdir()
+        for sandbox_id in namespaces.sandbox_ids(Paths(home, IMAGE_DIR).runtime.name)
+    ] + leftover_namespaces()
     for home in TEST_ROOT.iterdir():
         shutil.rmtree(Paths(home, IMAGE_DIR).runtime, ignore_errors=True)
     shutil.rmtree(TEST_ROOT, ignore_errors=True)
     assert not leaked_processes, f"runsc or QEMU processes leaked: {leaked_processes}"
     assert not leaked_mounts, f"mounts leaked: {leaked_mounts}"
     assert not leftover, f"sandbox directories leaked: {leftover}"
+    assert not leaked_namespaces, f"network namespaces (with their devices and nftables) leaked: {leaked_namespaces}"
     assert not TEST_ROOT.exists(), f"{TEST_ROOT} could not be removed"
 
 

@@ -25,7 +25,9 @@ def _ip(*args: str) -> None:
 
 
 @dataclass
-class TestHost:
+class TestHost:  # noqa: D101 - not a test class
+    __test__ = False
+
     name: str
     address: str  # the host's address inside its namespace
     peer: str  # the address on our side of the veth (one of this machine's own addresses)
@@ -96,6 +98,7 @@ def make_hosts() -> dict[str, TestHost]:
     try:
         for host in hosts.values():
             host.up().serve_http()
+        hosts["other"].serve_http(443)  # plain HTTP: a TLS client gets past the proxy only to fail here
         zone = {
             "allowed.test": hosts["web"].address,
             "www.allowed.test": hosts["web"].address,

@@ -63,15 +63,23 @@ class NetworkEngine:
         self._locks: dict[str, asyncio.Lock] = {}
         self._host_addresses: set[IPAddress] = set()
         self._host_addresses_at = 0.0
+        self._refresh: asyncio.Task[None] | None = None
 
     def net(self, sandbox_id: str) -> SandboxNet:
         return SandboxNet(self.tag, sandbox_id)
 
     def host_addresses(self) -> set[IPAddress]:
-        if time.monotonic() - self._host_addresses_at > HOST_ADDRESSES_TTL:
-            self._host_addresses = host_addresses()
-            self._host_addresses_at = time.monotonic()
+        """The host's addresses as last read; read again (in a thread) when older than the TTL."""
+        if time.monotonic() - self._host_addresses_at > HOST_ADDRESSES_TTL and self._refresh is None:
+            self._refresh = asyncio.get_running_loop().create_task(self.refresh_host_addresses())
         return self._host_addresses
+
+    async def refresh_host_addresses(self) -> None:
+        try:
+            self._host_addresses = await asyncio.to_thread(host_addresses)
+            self._host_addresses_at = time.monotonic()
+        finally:
+            self._refresh = None
 
     def stats(self, sandbox_id: str) -> dict[str, int]:
         attached = self._attached.get(sandbox_id)
@@ -90,7 +98,7 @@ class NetworkEngine:
                 attached.close()
                 del self._attached[sandbox_id]
             started = time.monotonic()
-            await asyncio.to_thread(namespaces.create, net, device)
+            await namespaces.create(net, device)
             faults.point("network.attach.after_namespaces")
             await firewall.apply(net, policy)
             faults.point("network.attach.after_firewall")
@@ -105,7 +113,8 @@ class NetworkEngine:
         resolver = Resolver(sandbox_id, current, self.upstream)
         proxy = EgressProxy(sandbox_id, current, resolver.resolved, self.host_addresses,
                             lambda: self.on_activity(sandbox_id))  # fmt: skip
-        await asyncio.to_thread(self.host_addresses)
+        if not self._host_addresses:
+            await self.refresh_host_addresses()
         with namespaces.inside(net.gateway):
             dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -142,7 +151,7 @@ class NetworkEngine:
             if attached is not None:
                 attached.close()
             faults.point("network.detach.after_close")
-            await asyncio.to_thread(namespaces.remove, self.net(sandbox_id))
+            await namespaces.remove(self.net(sandbox_id))
         self._locks.pop(sandbox_id, None)
 
     async def sweep(self, live: set[str]) -> list[str]:

@@ -14,20 +14,28 @@ that proxy. A sandbox reaches the world only through the daemon, which judges ea
 
 Namespaces are bind mounts under /run/netns (tmpfs): a host reboot removes them, and the daemon
 makes them again before the sandbox boots. Removing a namespace removes its devices and its
-nftables table with it.
+nftables table with it. They are made and removed with `ip netns` (pyroute2's own helpers fork and
+wait for a child, which the daemon's reaper of children, :mod:`stasis.procs`, would take from them);
+devices, addresses and routes are set with pyroute2 from a thread that entered the namespace.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
 import errno
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pyroute2 import NetlinkError, NetNS, netns
+from pyroute2 import IPRoute, NetlinkError
+
+from .. import procs
+from ..errors import BackendError
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,8 @@ GATEWAY_DEVICE = "gw0"
 MTU = 1500
 NETNS_DIR = Path("/run/netns")
 PREFIX_NAME = "stasis-"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 
 Device = Literal["veth", "tap"]
 
@@ -71,66 +81,72 @@ def _exists(name: str) -> bool:
     return (NETNS_DIR / name).exists()
 
 
-def _up(ns: NetNS, ifname: str) -> int:
+def _up(ns: IPRoute, ifname: str) -> int:
     index = ns.link_lookup(ifname=ifname)[0]
     ns.link("set", index=index, state="up")
     return index
 
 
-def _add_address(ns: NetNS, index: int, address: str) -> None:
+def _add(action: object) -> None:
+    """Run a netlink "add"; already there is fine (every step is idempotent)."""
     try:
-        ns.addr("add", index=index, address=address, prefixlen=PREFIX)
+        action()  # type: ignore[operator]
     except NetlinkError as exc:
         if exc.code != errno.EEXIST:
             raise
 
 
-def create(net: SandboxNet, device: Device) -> None:
+async def _ip_netns(*args: str) -> None:
+    result = await procs.run(["ip", "netns", *args], timeout=30)
+    if result.returncode != 0 and not (args[0] == "add" and "File exists" in result.output):
+        raise BackendError(f"`ip netns {' '.join(args)}` failed: {result.output}")
+
+
+async def create(net: SandboxNet, device: Device) -> None:
     """Both namespaces and the device between them; idempotent (finishes a creation cut off half-way)."""
     for name in (net.gateway, *((net.inner,) if device == "veth" else ())):
         if not _exists(name):
-            netns.create(name)
-    with NetNS(net.gateway) as gw:
+            await _ip_netns("add", name)
+    await asyncio.to_thread(_configure_gateway, net, device)
+
+
+def _configure_gateway(net: SandboxNet, device: Device) -> None:
+    with inside(net.gateway), IPRoute() as gw:
         _up(gw, "lo")
         if not gw.link_lookup(ifname=GATEWAY_DEVICE):
             if device == "veth":
-                peer = {"ifname": INNER_DEVICE, "net_ns_fd": net.inner}
-                gw.link("add", ifname=GATEWAY_DEVICE, kind="veth", peer=peer)
+                fd = os.open(net.inner_path, os.O_RDONLY)
+                try:
+                    peer = {"ifname": INNER_DEVICE, "net_ns_fd": fd}
+                    gw.link("add", ifname=GATEWAY_DEVICE, kind="veth", peer=peer)
+                finally:
+                    os.close(fd)
             else:
                 gw.link("add", ifname=GATEWAY_DEVICE, kind="tuntap", mode="tap")
         index = _up(gw, GATEWAY_DEVICE)
-        _add_address(gw, index, GATEWAY_ADDRESS)
-        # The host route back to the sandbox: everything not for the gateway goes through the forward
+        _add(lambda: gw.addr("add", index=index, address=GATEWAY_ADDRESS, prefixlen=PREFIX))
+        # The route back to the sandbox: everything not for the gateway goes through the forward
         # hook, where nftables rejects it at once (nothing is ever forwarded).
-        with contextlib.suppress(NetlinkError):
-            gw.route("add", dst="0.0.0.0/0", gateway=INNER_ADDRESS)
-    with inside(net.gateway):
-        Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
+        _add(lambda: gw.route("add", dst="0.0.0.0/0", gateway=INNER_ADDRESS))
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1")  # this namespace's (the thread is in it)
     if device == "veth":
-        with NetNS(net.inner) as inner:
+        with inside(net.inner), IPRoute() as inner:
             _up(inner, "lo")
 
 
 def configure_inner(net: SandboxNet) -> None:
     """``eth0``'s address and default route, which runsc reads (and removes) when it boots or restores."""
-    with NetNS(net.inner) as inner:
+    with inside(net.inner), IPRoute() as inner:
         index = _up(inner, INNER_DEVICE)
-        _add_address(inner, index, INNER_ADDRESS)
-        try:
-            inner.route("add", dst="0.0.0.0/0", gateway=GATEWAY_ADDRESS)
-        except NetlinkError as exc:
-            if exc.code != errno.EEXIST:
-                raise
+        _add(lambda: inner.addr("add", index=index, address=INNER_ADDRESS, prefixlen=PREFIX))
+        _add(lambda: inner.route("add", dst="0.0.0.0/0", gateway=GATEWAY_ADDRESS))
 
 
-def remove(net: SandboxNet) -> None:
+async def remove(net: SandboxNet) -> None:
     """Both namespaces, with their devices and firewall; fine if they are gone already."""
     for name in (net.inner, net.gateway):
         if _exists(name):
-            try:
-                netns.remove(name)
-            except OSError as exc:
-                log.warning("could not remove network namespace %s: %s", name, exc)
+            await _ip_netns("delete", name)
 
 
 def sandbox_ids(tag: str) -> set[str]:
@@ -143,8 +159,20 @@ def sandbox_ids(tag: str) -> set[str]:
 @contextlib.contextmanager
 def inside(name: str) -> Iterator[None]:
     """Run the block (this thread only) in namespace ``name``: a socket made there stays there."""
-    netns.pushns(name)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(NETNS_DIR / name, os.O_RDONLY)
     try:
-        yield
+        _setns(target)
+        try:
+            yield
+        finally:
+            _setns(own)
     finally:
-        netns.popns()
+        os.close(target)
+        os.close(own)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"setns: {os.strerror(code)}")

@@ -185,7 +185,7 @@ class MicrovmBackend:
         if machine.network:  # made by the daemon for a sandbox; a template's is made here, for its one boot
             net = self._net(vm_id)
             if vm_id.startswith(TEMPLATE_PREFIX):
-                await asyncio.to_thread(namespaces.create, net, "tap")
+                await namespaces.create(net, "tap")
             netns = net.gateway_path
         await qemu.launch(qemu.command_line(self.binary, machine, files, name, incoming), files, netns)
         return files
@@ -293,7 +293,7 @@ class MicrovmBackend:
             template = await self.templates.get(key, base, machine, box.spec.disk_mb)
         finally:
             if machine.network:
-                await asyncio.to_thread(namespaces.remove, self._net(TEMPLATE_PREFIX + key[:12]))
+                await namespaces.remove(self._net(TEMPLATE_PREFIX + key[:12]))
         await self.templates.copy_into(template, box.directory, files.disk, files.memory)
         machine = self._stored_machine(template)
         channel = await self._restore(box, machine, template / "vmstate", True, "microvm.start.after_restore")

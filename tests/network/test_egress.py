@@ -1,0 +1,108 @@
+"""Egress policy, enforced on the host: what a sandbox can and cannot connect to.
+
+Every destination is a test host of this session (tests/network/testhosts.py) or an address
+that never leaves the sandbox's gateway namespace (the daemon's proxy refuses it there).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+
+import pytest
+
+from stasis import Client, NetworkPolicy, Sandbox
+from tests.network.conftest import fetch, probe
+from tests.network.testhosts import TestHost
+
+REFUSED_OR_RESET = {errno.ECONNREFUSED, errno.ECONNRESET}
+
+
+@pytest.fixture
+def make(net_client: Client, backend: str) -> Iterator:
+    made: list[Sandbox] = []
+
+    def create(network: object) -> Sandbox:
+        made.append(Sandbox.create(client=net_client, backend=backend, memory_mb=512, network=network))
+        return made[-1]
+
+    yield create
+    for sbx in made:
+        sbx.terminate()
+
+
+def denied(result: dict) -> bool:
+    """The connection failed at once (a reset or a refusal), as a denied one must."""
+    return result.get("errno") in REFUSED_OR_RESET and result["seconds"] < 5
+
+
+def test_internet_reaches_a_public_host_by_ip_and_name_and_nothing_private(make, hosts: dict[str, TestHost]) -> None:
+    sbx = make(True)
+    web = hosts["web"]
+    assert fetch(sbx, f"http://{web.address}/")["ok"].startswith("hello from web")
+    assert fetch(sbx, "http://allowed.test/")["ok"] == "hello from web (Host: allowed.test)"
+    for address in (hosts["private"].address, "169.254.169.254", web.peer, "10.200.0.1"):
+        result = fetch(sbx, f"http://{address}/")
+        assert denied(result), (address, result)
+
+
+def test_allow_list_denies_everything_else(make, hosts: dict[str, TestHost]) -> None:
+    web, other = hosts["web"], hosts["other"]
+    sbx = make(NetworkPolicy(allow_out=["allowed.test", f"{other.address}/32"]))
+    # web's address is not allowed as such: only once the sandbox resolved allowed.test to it
+    assert denied(fetch(sbx, f"http://{web.address}/"))
+    assert fetch(sbx, "http://allowed.test/")["ok"].startswith("hello from web")
+    assert fetch(sbx, f"http://{other.address}/")["ok"].startswith("hello from other")  # by CIDR
+    for name in ("denied.test", "private.test", "x.wild.test"):
+        result = probe(sbx, "dns", name)
+        assert result["error"] == "gaierror", (name, result)  # the resolver refused the name
+    assert denied(fetch(sbx, f"http://{hosts['private'].address}/"))
+
+
+def test_deny_wins_over_allow_both_ways(make, hosts: dict[str, TestHost]) -> None:
+    other = hosts["other"]
+    # allowed by name, denied by CIDR: refused by the firewall before any byte is sent
+    by_cidr = make(NetworkPolicy(allow_out=["*.wild.test"], deny_out=[f"{other.address}/30"]))
+    result = fetch(by_cidr, "http://a.wild.test/")
+    assert result.get("errno") == errno.ECONNREFUSED, result
+    # allowed by CIDR, denied by name: the name does not resolve, and claiming it in Host is reset
+    by_name = make(NetworkPolicy(allow_out=[f"{other.address}/30"], deny_out=["denied.test"]))
+    assert probe(by_name, "dns", "denied.test")["error"] == "gaierror"
+    assert denied(fetch(by_name, f"http://{other.address}/", {"Host": "denied.test"}))
+    assert fetch(by_name, f"http://{other.address}/")["ok"].startswith("hello from other")
+
+
+def test_a_claimed_name_cannot_open_an_address(make, hosts: dict[str, TestHost]) -> None:
+    """SNI and Host can only deny: writing an allowed name there does not open a hard-coded address."""
+    other = hosts["other"]
+    sbx = make(NetworkPolicy(allow_out=["allowed.test"]))
+    assert denied(fetch(sbx, f"http://{other.address}/", {"Host": "allowed.test"}))
+    assert denied(probe(sbx, "tls", f"{other.address},443,allowed.test"))
+    internet = make(NetworkPolicy(deny_out=["denied.test"]))
+    assert denied(probe(internet, "tls", f"{other.address},443,denied.test"))
+    handshake = probe(internet, "tls", f"{other.address},443,fine.test")  # a plain HTTP server answers on 443
+    assert handshake.get("error") == "SSLError", handshake
+
+
+@pytest.mark.parametrize("backend", ["gvisor"])
+def test_live_update_applies_to_the_next_connection(make, hosts: dict[str, TestHost]) -> None:
+    web = hosts["web"]
+    sbx = make(True)
+    assert "ok" in fetch(sbx, f"http://{web.address}/")
+    info = sbx.update_network(NetworkPolicy(deny_out=[web.address]))
+    assert info.spec.network == NetworkPolicy(deny_out=[web.address])
+    assert fetch(sbx, f"http://{web.address}/").get("errno") == errno.ECONNREFUSED
+    sbx.update_network(True)
+    assert "ok" in fetch(sbx, f"http://{web.address}/")
+    assert sbx.info().spec.network == NetworkPolicy()
+
+
+@pytest.mark.parametrize("backend", ["gvisor"])
+def test_no_egress_and_invalid_rules(make, net_client: Client, hosts: dict[str, TestHost]) -> None:
+    sbx = make(NetworkPolicy.no_egress())
+    assert denied(fetch(sbx, f"http://{hosts['web'].address}/"))
+    assert probe(sbx, "dns", "allowed.test")["error"] == "gaierror"
+    from stasis import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="invalid network rule 'not a host'.*CIDR"):
+        Sandbox.create(client=net_client, network=NetworkPolicy.model_construct(allow_out=["not a host"]))
