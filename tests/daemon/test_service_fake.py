@@ -19,8 +19,8 @@ from stasis.daemon.service import SandboxService
 from stasis.daemon.states import require
 from stasis.errors import BackendError, StateError, Unsupported
 from stasis.models import ExposePortRequest, RunRequest
-from stasis.netpolicy import NetworkPolicy
 from stasis.models import SandboxStatus as S
+from stasis.netpolicy import NetworkPolicy
 from stasis.paths import Paths
 from tests.fakes import FakeBackend
 from tests.fastkit import create, fake, fake_home, running_service, statuses

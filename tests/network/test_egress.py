@@ -104,5 +104,5 @@ def test_no_egress_and_invalid_rules(make, net_client: Client, hosts: dict[str, 
     assert probe(sbx, "dns", "allowed.test")["error"] == "gaierror"
     from stasis import InvalidRequest
 
-    with pytest.raises(InvalidRequest, match="invalid network rule 'not a host'.*CIDR"):
+    with pytest.raises(InvalidRequest, match=r"invalid network rule 'not a host'.*CIDR"):
         Sandbox.create(client=net_client, network=NetworkPolicy.model_construct(allow_out=["not a host"]))

@@ -1,7 +1,7 @@
 """A test host's servers, run inside its network namespace by :mod:`tests.network.testhosts`.
 
-    python3 testhost_server.py http PORT NAME      GET / answers "hello from NAME"; /bytes/N sends N bytes
-    python3 testhost_server.py dns PORT ZONE_JSON  answers A queries from {"name": "ip", "*.suffix": "ip"}
+python3 testhost_server.py http PORT NAME      GET / answers "hello from NAME"; /bytes/N sends N bytes
+python3 testhost_server.py dns PORT ZONE_JSON  answers A queries from {"name": "ip", "*.suffix": "ip"}
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def serve_http(port: int, name: str) -> None:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path.startswith("/bytes/"):
                 size = int(self.path.rsplit("/", 1)[1])
                 self.send_response(200)

@@ -8,6 +8,7 @@ the session's pid so that two sessions on one machine do not collide.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ def _ip(*args: str) -> None:
 
 
 @dataclass
-class TestHost:  # noqa: D101 - not a test class
+class TestHost:
     __test__ = False
 
     name: str
@@ -67,10 +68,8 @@ class TestHost:  # noqa: D101 - not a test class
 
     def down(self) -> None:
         for pid in self.pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.pids.clear()
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)  # removes its veth too
 
