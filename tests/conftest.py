@@ -42,11 +42,15 @@ class Daemon:
     def __init__(self, home: Path) -> None:
         self.paths = Paths(home=home, images=IMAGE_DIR)
         self.proc: subprocess.Popen | None = None
+        # Kept for every (re)start. DNS of networked sandboxes: a test host's server or a dead local
+        # port, never this machine's own resolver.
+        self.sticky_env: dict[str, str] = {"STASIS_DNS_UPSTREAM": "127.0.0.1:9"}
 
     @property
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "STASIS_KILL_POINT"}
-        return {**env, "STASIS_HOME": str(self.paths.home), "STASIS_IMAGE_DIR": str(self.paths.images)}
+        paths = {"STASIS_HOME": str(self.paths.home), "STASIS_IMAGE_DIR": str(self.paths.images)}
+        return {**env, **self.sticky_env, **paths}
 
     def start(self, **extra_env: str) -> Daemon:
         """Start (or restart) the daemon; ``extra_env`` (e.g. STASIS_KILL_POINT) applies to this run only."""

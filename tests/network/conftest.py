@@ -59,7 +59,9 @@ def hosts() -> Iterator[dict[str, TestHost]]:
 
 @pytest.fixture(scope="session")
 def net_daemon(hosts: dict[str, TestHost]) -> Iterator[Daemon]:
-    d = Daemon(new_home("net")).start(STASIS_DNS_UPSTREAM=hosts["web"].address)
+    d = Daemon(new_home("net"))
+    d.sticky_env["STASIS_DNS_UPSTREAM"] = hosts["web"].address
+    d.start()
     yield d
     terminate_all(d)
     d.stop()
