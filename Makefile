@@ -26,6 +26,7 @@ bench: setup
 	.venv/bin/python benchmarks/agent.py
 	.venv/bin/python benchmarks/shell.py
 	.venv/bin/python benchmarks/microvm.py
+	.venv/bin/python benchmarks/network.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30

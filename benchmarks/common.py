@@ -19,13 +19,13 @@ from stasis.paths import Paths, default_home
 
 
 @contextmanager
-def serving_daemon(prefix: str) -> Iterator[Paths]:
+def serving_daemon(prefix: str, **extra_env: str) -> Iterator[Paths]:
     """Start `stasis serve` on a fresh home (images shared with the user's cache); stop and clean up after."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     images = Path(os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images")
     paths = Paths(home=root / "home", images=images)
     paths.ensure()
-    env = {**os.environ, "STASIS_HOME": str(paths.home), "STASIS_IMAGE_DIR": str(paths.images)}
+    env = {**os.environ, **extra_env, "STASIS_HOME": str(paths.home), "STASIS_IMAGE_DIR": str(paths.images)}
     daemon = subprocess.Popen([sys.executable, "-m", "stasis", "serve"], env=env, stderr=subprocess.DEVNULL)
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(paths.socket))) as http:
