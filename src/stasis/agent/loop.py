@@ -26,7 +26,7 @@ from .tools import TOOL_SCHEMAS, ToolContext, bound, execute
 
 log = logging.getLogger(__name__)
 
-SYSTEM_PROMPT = """You are a capable software agent working inside a Linux sandbox (Debian, root, no network).
+SYSTEM_PROMPT = """You are a capable software agent working inside a Linux sandbox (Debian, root, {network}).
 Use the tools to inspect and change the sandbox: read_file, write_file, run (a shell command).
 Use remember to keep short notes that will help future runs on this sandbox.
 When the task is done, answer with a short summary and no tool call."""
@@ -161,7 +161,10 @@ class AgentRunner:
 
     def _system_prompt(self, sbx: Sandbox, run_id: str) -> str:
         notes = list(self.journal.notes(sbx.id))
-        origin = sbx.info().from_checkpoint
+        info = sbx.info()
+        origin = info.from_checkpoint
+        policy = info.spec.network
+        prompt = SYSTEM_PROMPT.format(network=f"network: {policy.describe()}" if policy else "no network")
         if origin:
             try:
                 checkpoint = Sandbox.get_checkpoint(origin, client=self.client)
@@ -171,9 +174,9 @@ class AgentRunner:
                 pass  # a fork's transient checkpoint, or one deleted since
         unique = list(dict.fromkeys(notes))
         if not unique:
-            return SYSTEM_PROMPT
+            return prompt
         return (
-            SYSTEM_PROMPT + "\n\nNotes learned in earlier runs on this sandbox:\n" + "\n".join(f"- {n}" for n in unique)
+            prompt + "\n\nNotes learned in earlier runs on this sandbox:\n" + "\n".join(f"- {n}" for n in unique)
         )
 
     def _finish(self, sbx: Sandbox, run_id: str, status: str, final: str) -> RunRecord:
