@@ -106,3 +106,25 @@ def test_no_egress_and_invalid_rules(make, net_client: Client, hosts: dict[str, 
 
     with pytest.raises(InvalidRequest, match=r"invalid network rule 'not a host'.*CIDR"):
         Sandbox.create(client=net_client, network=NetworkPolicy.model_construct(allow_out=["not a host"]))
+
+
+@pytest.mark.parametrize("backend", ["gvisor"])
+def test_a_sandbox_reaches_neither_the_daemon_nor_another_sandbox(make, hosts: dict[str, TestHost]) -> None:
+    from tests.network.servers import COUNTER
+    from tests.network.test_ports import get, serve
+
+    server = make(NetworkPolicy.no_egress())
+    serve(server, COUNTER, 8000)
+    url = server.expose_port(8000, public=True)
+    listen_port = url.rsplit(":", 1)[1].strip("/")
+    assert get(url)[0] == 200  # from the host, through the daemon
+    other = make(NetworkPolicy(allow_out=["*"]))  # everything a policy can open
+    # 127.0.0.1 is the sandbox's own loopback; 10.200.0.2 is itself (every sandbox's address):
+    # nothing of another sandbox is addressable from inside one.
+    for address in ("127.0.0.1", "10.200.0.2"):
+        result = probe(other, "url", f"http://{address}:{listen_port}/")
+        assert result.get("errno") == errno.ECONNREFUSED, (address, result)
+    assert probe(other, "url", "http://10.200.0.2:8000/").get("errno") == errno.ECONNREFUSED
+    # The host's own addresses (where a daemon could listen) stay closed even to allow_out ["*"].
+    assert denied(probe(other, "url", f"http://{hosts['web'].peer}:{listen_port}/"))
+    assert "ok" in fetch(other, f"http://{hosts['other'].address}/")

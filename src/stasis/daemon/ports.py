@@ -109,7 +109,7 @@ class Ports:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._serve(sandbox_id, port, public, listen_port, reader, writer)
 
-        server = await asyncio.start_server(handle, self.host, listen_port)
+        server = await asyncio.start_server(handle, self.host, listen_port, limit=HEAD_LIMIT)
         listen_port = server.sockets[0].getsockname()[1]
         self._servers[(sandbox_id, port)] = server
         self.service.store.save_port(sandbox_id, port, public, listen_port)
@@ -191,7 +191,6 @@ class Ports:
         self, sandbox_id: str, port: int, public: bool, listen_port: int,
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     ) -> None:  # fmt: skip
-        reader._limit = HEAD_LIMIT  # type: ignore[attr-defined]  # a request head is at most this long
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
                 head = await reader.readuntil(b"\r\n\r\n")
