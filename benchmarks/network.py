@@ -7,6 +7,7 @@
 - request: GET through an exposed port's URL (a new connection each: the daemon's listener, its
   token check, a connection into the namespace) beside the same GET straight to the sandbox's
   address from inside its gateway namespace (what the daemon's own connection costs, alone).
+- the same GET to a sandbox without network (the connection carried by its agent).
 - download: M MB from a test host with Python's urllib inside the sandbox (every byte through the
   daemon's egress proxy) beside the same download on the host.
 
@@ -59,6 +60,15 @@ def timed(action: object, rounds: int) -> list[float]:
     return samples
 
 
+def wait_for(url: str) -> None:
+    for _ in range(100):
+        try:
+            NO_PROXY.open(url, timeout=5).read()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def direct_get(net: SandboxNet, port: int) -> None:
     """GET / from a socket made in the sandbox's gateway namespace (no daemon in between)."""
     with namespaces.inside(net.gateway):
@@ -95,16 +105,22 @@ def main() -> None:
             try:
                 sbx.start_process(["python3", "-c", COUNTER, "8000"])
                 url = sbx.expose_port(8000)
-                for _ in range(100):
-                    try:
-                        NO_PROXY.open(url, timeout=5).read()
-                        break
-                    except OSError:
-                        time.sleep(0.1)
+                wait_for(url)
                 net = SandboxNet(paths.runtime.name, sbx.id)
                 rows["GET through an exposed port"] = (timed(lambda: NO_PROXY.open(url, timeout=30).read(),
                                                              args.rounds),
                                                        timed(lambda: direct_get(net, 8000), args.rounds))  # fmt: skip
+                sealed = Sandbox.create(client=client, backend=args.backend, memory_mb=512)
+                try:
+                    sealed.start_process(["python3", "-c", COUNTER, "8000"])
+                    sealed_url = sealed.expose_port(8000)
+                    wait_for(sealed_url)
+                    rows["GET, no network (through the agent)"] = (
+                        timed(lambda: NO_PROXY.open(sealed_url, timeout=30).read(), args.rounds),
+                        rows["GET through an exposed port"][1],
+                    )
+                finally:
+                    sealed.terminate()
                 big = f"http://{web.address}/bytes/{args.megabytes << 20}"
                 inside = [float(sbx.run(["python3", "-c", DOWNLOAD, big], timeout=600).stdout) for _ in range(3)]
                 host = [float(subprocess.run([sys.executable, "-c", DOWNLOAD, big], capture_output=True, text=True,
@@ -119,7 +135,8 @@ def main() -> None:
     table = Table(title=f"networked sandboxes ({args.backend}), medians", header_style="bold")
     for column in ("operation", "stasis", "baseline", "baseline is", "ratio"):
         table.add_column(column, justify="left" if column in ("operation", "baseline is") else "right")
-    baselines = {"create (and terminate)": "no network", "GET through an exposed port": "straight to the namespace"}
+    baselines = {"create (and terminate)": "no network", "GET through an exposed port": "straight to the namespace",
+                 "GET, no network (through the agent)": "straight to the namespace"}  # fmt: skip
     report: dict[str, object] = {"backend": args.backend, "rounds": args.rounds, "megabytes": args.megabytes}
     for name, (ours, base) in rows.items():
         a, b = statistics.median(ours), statistics.median(base)

@@ -18,7 +18,7 @@ from stasis.daemon.operations import GuestOperations
 from stasis.daemon.service import SandboxService
 from stasis.daemon.states import require
 from stasis.errors import BackendError, StateError, Unsupported
-from stasis.models import ExposePortRequest, RunRequest
+from stasis.models import RunRequest
 from stasis.models import SandboxStatus as S
 from stasis.netpolicy import NetworkPolicy
 from stasis.paths import Paths
@@ -91,8 +91,6 @@ def test_wrong_state_errors_say_what_to_do() -> None:
         assert caught.value.details == {"status": "suspended", "required": ["running"]}
         with pytest.raises(Unsupported, match="created without network"):
             await service.update_network("sleepy", NetworkPolicy())
-        with pytest.raises(Unsupported, match="no network device"):
-            await service.ports.expose("sleepy", ExposePortRequest(port=8000))
 
     run(scenario)
 

@@ -36,10 +36,12 @@ def serve(sbx: Sandbox, program: str, port: int) -> None:
     wait_until(lambda: sbx.run(["python3", "-c", probe]).exit_code == 0, timeout=30, interval=0.2)
 
 
-@pytest.fixture
-def served(net_client: Client, backend: str) -> Iterator[Sandbox]:
-    """A sandbox without egress whose counter server listens on port 8000."""
-    sbx = Sandbox.create(client=net_client, backend=backend, memory_mb=512, network=NetworkPolicy.no_egress())
+@pytest.fixture(params=["namespace", "agent"])
+def served(net_client: Client, backend: str, request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    """A sandbox whose counter server listens on port 8000: one with a network device and no egress
+    (connections go into its namespace), or one with no network at all (they go through its agent)."""
+    network = NetworkPolicy.no_egress() if request.param == "namespace" else None
+    sbx = Sandbox.create(client=net_client, backend=backend, memory_mb=512, network=network)
     serve(sbx, COUNTER, 8000)
     yield sbx
     sbx.terminate()

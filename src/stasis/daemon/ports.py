@@ -10,7 +10,9 @@ kept in ``$STASIS_HOME/ports.key``: they survive a daemon restart, and nothing i
 token. ``public`` ports need none.
 
 A connection to a suspended sandbox resumes it first (a delay, not an error); traffic counts
-as activity for its idle clock. Listeners are recorded in the store and opened again, on the
+as activity for its idle clock. A sandbox without network has its ports too: a connection to
+its loopback is carried by the agent (:mod:`.guest_tcp`; slower, and it holds the sandbox awake
+while open). Listeners are recorded in the store and opened again, on the
 same port where it is free, when the daemon restarts.
 """
 
@@ -29,10 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import StasisError, Unsupported
+from ..errors import StasisError
 from ..fsutil import atomic_write
 from ..models import ExposedPort, ExposePortRequest
 from ..network.relay import relay
+from .guest_tcp import open_guest_tcp
 
 if TYPE_CHECKING:
     from .service import SandboxService
@@ -128,12 +131,6 @@ class Ports:
 
     async def expose(self, ref: str, request: ExposePortRequest) -> ExposedPort:
         info = self.service.store.get(ref)
-        if info.spec.network is None:
-            raise Unsupported(
-                f"sandbox {info.name or info.id!r} has no network device, so nothing can connect to its ports; "
-                "create it with network=NetworkPolicy.no_egress() (`stasis create --network --deny-out '*'`) "
-                "for ports without egress, or network=True"
-            )
         key = (info.id, request.port)
         server = self._servers.get(key)
         stored = {port: public for _, port, public, _ in self.service.store.list_ports(info.id)}
@@ -173,7 +170,8 @@ class Ports:
     # ------------------------------------------------------------ one connection
 
     async def open(self, sandbox_id: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to the port in the sandbox, resuming it first if it is suspended."""
+        """A connection to the port in the sandbox, resuming it first if it is suspended: into its network
+        namespace, or (a sandbox without network) to its loopback through the agent."""
         service = self.service
         info = await service.ensure_running(service.store.get(sandbox_id))
         await service.attach_network(info)  # after a daemon restart: its sockets in the namespace
@@ -181,6 +179,8 @@ class Ports:
         deadline = time.monotonic() + CONNECT_RETRY
         while True:
             try:
+                if info.spec.network is None:
+                    return await open_guest_tcp(service, sandbox_id, port)
                 return await service.network.connect(sandbox_id, port)
             except ConnectionRefusedError:
                 if time.monotonic() > deadline:
