@@ -11,7 +11,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 
 need_apt=()
-for tool in runsc mmdebstrap tmux mkfs.ext4 qemu-system-x86_64 qemu-img busybox ssh rsync nft ip nsenter; do
+for tool in runsc mmdebstrap tmux mkfs.ext4 qemu-system-x86_64 qemu-img busybox ssh rsync nft ip nsenter skopeo umoci; do
   command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
 done
 ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=("linux-image-cloud-amd64")
@@ -34,7 +34,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
       || $SUDO apt-get install -y -qq --no-install-recommends runsc >/dev/null
   fi
   $SUDO apt-get install -y -qq --no-install-recommends mmdebstrap tmux e2fsprogs uidmap ca-certificates \
-    openssh-client rsync nftables iproute2 util-linux >/dev/null
+    openssh-client rsync nftables iproute2 util-linux skopeo umoci >/dev/null
   # The microVM backend: QEMU, and Debian's cloud kernel (virtio drivers as modules) with busybox for its initramfs.
   $SUDO apt-get install -y -qq --no-install-recommends qemu-system-x86 qemu-utils linux-image-cloud-amd64 \
     busybox-static >/dev/null

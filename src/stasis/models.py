@@ -60,6 +60,15 @@ def validate_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+USER_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
+
+
+def validate_user(user: str | None) -> str | None:
+    if user is not None and not USER_PATTERN.fullmatch(user):
+        raise ValueError(f"invalid user {user[:40]!r}: use a name or uid, optionally :group or :gid")
+    return user
+
+
 def validate_path(path: str | None) -> str | None:
     if path is not None and "\0" in path:
         raise ValueError("the working directory must not contain NUL bytes")
@@ -153,6 +162,8 @@ class RunRequest(_Strict):
     max_output: int = Field(1 << 20, ge=1, le=64 << 20)
     exec_id: str | None = Field(None, description="idempotency key: a known id reattaches to that run")
     stdin_b64: str | None = None
+    user: str | None = Field(None, description="run as this user of the sandbox (name, uid, name:group); default: "
+                             "the image's User, else root")  # fmt: skip
 
     @field_validator("exec_id")
     @classmethod
@@ -164,6 +175,7 @@ class RunRequest(_Strict):
     _valid_cmd = field_validator("cmd")(classmethod(lambda cls, v: validate_command(v)))
     _valid_env = field_validator("env")(classmethod(lambda cls, v: validate_env(v)))
     _valid_cwd = field_validator("cwd")(classmethod(lambda cls, v: validate_path(v)))
+    _valid_user = field_validator("user")(classmethod(lambda cls, v: validate_user(v)))
 
 
 class RunResult(BaseModel):
@@ -184,10 +196,12 @@ class StartProcessRequest(_Strict):
     cwd: str | None = None
     name: str | None = None
     stdin: bool = False
+    user: str | None = Field(None, description="as for a run")
 
     _valid_cmd = field_validator("cmd")(classmethod(lambda cls, v: validate_command(v)))
     _valid_env = field_validator("env")(classmethod(lambda cls, v: validate_env(v)))
     _valid_cwd = field_validator("cwd")(classmethod(lambda cls, v: validate_path(v)))
+    _valid_user = field_validator("user")(classmethod(lambda cls, v: validate_user(v)))
 
 
 class ProcessInfo(BaseModel):

@@ -175,9 +175,7 @@ class AgentRunner:
         unique = list(dict.fromkeys(notes))
         if not unique:
             return prompt
-        return (
-            prompt + "\n\nNotes learned in earlier runs on this sandbox:\n" + "\n".join(f"- {n}" for n in unique)
-        )
+        return prompt + "\n\nNotes learned in earlier runs on this sandbox:\n" + "\n".join(f"- {n}" for n in unique)
 
     def _finish(self, sbx: Sandbox, run_id: str, status: str, final: str) -> RunRecord:
         if self.checkpoint_at_end:

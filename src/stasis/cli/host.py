@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from ..paths import Paths
-from ._common import Json, ago, app, err, out
+from ._common import Json, ago, app, client, err, out
 
 image_app = typer.Typer(help="Root filesystem images.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
@@ -97,3 +98,49 @@ def image_build(
             force=force,
         )
     out.print(f"image [bold]{info.key}[/bold]: {info.size_bytes / 1e6:.0f} MB, built in {info.build_seconds:.1f}s")
+
+
+@image_app.command("import")
+def image_import(
+    ref: Annotated[str, typer.Argument(help="docker-archive:PATH, oci-archive:PATH, oci:DIR[:TAG] or docker://REF.")],
+    name: Annotated[str, typer.Option("--name", help="The image's name (`stasis create X --image NAME`).")],
+) -> None:
+    """Import an OCI or Docker image (no Docker daemon needed); its Env, WorkingDir and User apply to commands."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ..images import ImageStore
+
+    store = ImageStore(Paths.from_env().images)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
+        task = progress.add_task(f"importing {ref}", total=None)
+        info = store.import_image(ref, name, progress=lambda line: progress.update(task, description=line[:100]))
+    out.print(f"image [bold]{info.name}[/bold] ({info.key}): {info.size_bytes / 1e6:.0f} MB")
+
+
+@image_app.command("inspect")
+def image_inspect(name: Annotated[str, typer.Argument(help="Image name.")]) -> None:
+    """Show an image: its build, where it came from, and (imported) how it asks to be run."""
+    from ..images import ImageStore
+
+    sys.stdout.write(ImageStore(Paths.from_env().images).get(name).model_dump_json(indent=2) + "\n")
+
+
+@image_app.command("rm")
+def image_rm(name: Annotated[str, typer.Argument(help="Image name (every build of it) or one build's key.")]) -> None:
+    """Remove an image; refused while a sandbox or checkpoint uses it (they are named)."""
+    from ..sdk._base import Call
+
+    removed = client().call(Call("DELETE", f"/v1/images/{name}", lambda r: r.json()))
+    out.print(f"removed {', '.join(removed)}")
+
+
+@image_app.command("prune")
+def image_prune(
+    everything: Annotated[bool, typer.Option("--all", help="Also unused images that a name resolves to.")] = False,
+) -> None:
+    """Remove image builds nothing uses: old builds of a recipe, earlier imports under a name (--all: any)."""
+    from ..sdk._base import Call
+
+    params = {"everything": "true"} if everything else None
+    removed = client().call(Call("POST", "/v1/images/prune", lambda r: r.json(), params=params))
+    out.print(f"removed {', '.join(removed)}" if removed else "nothing to remove")

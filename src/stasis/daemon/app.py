@@ -45,7 +45,7 @@ from ..models import (
 )
 from ..netpolicy import NetworkPolicy
 from ..paths import Paths
-from . import ssh
+from . import image_use, ssh
 from .forks import fork as fork_sandbox
 from .idle import IdleReaper
 from .limits import BodyLimit
@@ -143,6 +143,20 @@ def create_app(
     @app.get("/v1/images")
     async def images() -> list[ImageInfo]:
         return service.images.list()
+
+    @app.get("/v1/images/{name}")
+    async def image(name: str) -> ImageInfo:
+        return service.images.get(name)
+
+    @app.delete("/v1/images/{name}")
+    async def remove_image(name: str) -> list[str]:
+        """Every build of the image; 409 naming the sandboxes and checkpoints that use one."""
+        return await asyncio.to_thread(image_use.remove, service, name)
+
+    @app.post("/v1/images/prune")
+    async def prune_images(everything: bool = False) -> list[str]:
+        """Builds nothing uses that no name resolves to any more (``everything``: unused current ones too)."""
+        return await asyncio.to_thread(image_use.prune, service, everything)
 
     # -------------------------------------------------------- sandboxes
 

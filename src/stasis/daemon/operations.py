@@ -52,12 +52,17 @@ class GuestOperations:
     def __init__(self, service: SandboxService) -> None:
         self.service = service
 
+    def _defaults(self, ref: str, env: dict[str, str], cwd: str | None, user: str | None) -> dict[str, Any]:
+        """What the request says, over what the sandbox's image says (its Env, WorkingDir, User)."""
+        image_env, image_cwd, image_user = self.service.command_defaults(ref)
+        return {"env": {**image_env, **env}, "cwd": cwd or image_cwd, "user": user or image_user}
+
     async def run(self, ref: str, request: RunRequest) -> RunResult:
         exec_id = request.exec_id or new_exec_id()
         op = P.Exec(
-            cmd=request.cmd, env=request.env, cwd=request.cwd, timeout=request.timeout,
-            max_output=request.max_output, exec_id=exec_id, stdin=request.stdin_b64 is not None,
-            stdin_data=request.stdin_b64,
+            cmd=request.cmd, timeout=request.timeout, max_output=request.max_output, exec_id=exec_id,
+            stdin=request.stdin_b64 is not None, stdin_data=request.stdin_b64,
+            **self._defaults(ref, request.env, request.cwd, request.user),
         )  # fmt: skip
         try:
             async with self.service.guest(ref) as channel:
@@ -91,8 +96,9 @@ class GuestOperations:
         of what was streamed is the client's part."""
         exec_id = request.exec_id or new_exec_id()
         start = P.StartProcess(
-            cmd=request.cmd, env=request.env, cwd=request.cwd, id=exec_id, stdin=request.stdin_b64 is not None,
+            cmd=request.cmd, id=exec_id, stdin=request.stdin_b64 is not None,
             max_output=max(request.max_output, STREAM_BUFFER),
+            **self._defaults(ref, request.env, request.cwd, request.user),
         )  # fmt: skip
         async with self.service.guest(ref) as channel:
             await channel.call(start)
@@ -136,7 +142,8 @@ class GuestOperations:
     # ------------------------------------------------------------ processes
 
     async def start_process(self, ref: str, request: StartProcessRequest) -> ProcessInfo:
-        op = P.StartProcess(cmd=request.cmd, env=request.env, cwd=request.cwd, name=request.name, stdin=request.stdin)
+        op = P.StartProcess(cmd=request.cmd, name=request.name, stdin=request.stdin,
+                            **self._defaults(ref, request.env, request.cwd, request.user))  # fmt: skip
         async with self.service.guest(ref) as channel:
             return _process(await channel.call(op))
 

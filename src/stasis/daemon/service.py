@@ -28,6 +28,7 @@ from ..backends.base import Backend, BoxRef, HostState
 from ..errors import GuestDisconnected, StasisError, StateError, Unsupported
 from ..guest.client import GuestChannel
 from ..images import ImageStore
+from ..images.oci import ImageConfig
 from ..models import (
     CheckpointInfo,
     CheckpointType,
@@ -77,6 +78,7 @@ class SandboxService:
         self.watchdog = Watchdog(self)
         self.network = NetworkEngine(paths.runtime.name, self.activity.touch)
         self.ports = Ports(self)
+        self._image_configs: dict[str, ImageConfig | None] = {}
 
     # ------------------------------------------------------------ start-up and shutdown
 
@@ -397,6 +399,19 @@ class SandboxService:
         """Take over a sandbox found running (after a daemon restart)."""
         await self.attach_network(info)
         await self.adopt_channel(info, await self.backend_of(info).connect(box), detail)
+
+    def command_defaults(self, ref: str) -> tuple[dict[str, str], str | None, str | None]:
+        """The env, working directory and user its image asks commands to run with (an imported image's
+        Env, WorkingDir and User); nothing for a built-in recipe's."""
+        info = self.store.get(ref)
+        key = info.image_key or ""
+        if key not in self._image_configs:
+            try:
+                self._image_configs[key] = self.images.by_key(key).config
+            except StasisError:
+                self._image_configs[key] = None
+        config = self._image_configs[key]
+        return (config.env, config.working_dir, config.user) if config else ({}, None, None)
 
     async def attach_network(self, info: SandboxInfo) -> None:
         """Its namespaces, firewall and the daemon's sockets in them, before its kernel boots (or after a

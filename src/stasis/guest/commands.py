@@ -56,7 +56,13 @@ class Commands:
         proc = self.procs.find(req.exec_id)
         if proc is None:
             proc = self.procs.spawn(
-                req.cmd, req.env, req.cwd, req.exec_id, int(req.max_output or EXEC_OUTPUT_LIMIT), stdin=req.stdin
+                req.cmd,
+                req.env,
+                req.cwd,
+                req.exec_id,
+                int(req.max_output or EXEC_OUTPUT_LIMIT),
+                stdin=req.stdin,
+                user=req.user,
             )
             if req.stdin_data is not None:
                 self._feed_stdin(proc, unb64(req.stdin_data))
@@ -108,7 +114,8 @@ class Commands:
 
     def start(self, req: P.StartProcess) -> P.ProcessState:
         limit = int(req.max_output or PROCESS_OUTPUT_LIMIT)
-        return self.procs.spawn(req.cmd, req.env, req.cwd, req.id, limit, name=req.name, stdin=req.stdin).state()
+        proc = self.procs.spawn(req.cmd, req.env, req.cwd, req.id, limit, name=req.name, stdin=req.stdin, user=req.user)
+        return proc.state()
 
     def list(self, req: P.ListProcesses) -> P.ProcessListing:
         return P.ProcessListing(processes=self.procs.states())

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from . import protocol as P
@@ -120,6 +121,43 @@ class Process:
         )
 
 
+def resolve_user(spec: str) -> tuple[int, int, str]:
+    """(uid, gid, home) of "name", "uid", "name:group" or "uid:gid" in this sandbox's own passwd."""
+    import grp
+    import pwd
+
+    name, _, group = spec.partition(":")
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        uid, gid, home = entry.pw_uid, entry.pw_gid, entry.pw_dir
+    except KeyError:
+        if not name.isdigit():
+            raise RequestError(P.ErrorKind.INVALID, f"no user {name!r} in the sandbox's /etc/passwd") from None
+        uid, gid, home = int(name), int(name), "/"
+    if group:
+        try:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise RequestError(P.ErrorKind.INVALID, f"no group {group!r} in the sandbox's /etc/group") from None
+    return uid, gid, home
+
+
+def child_setup(group: str | None, identity: tuple[int, int, str] | None) -> Callable[[], None] | None:
+    """What a forked child does before exec: join its cgroup (as root), then drop to its user."""
+    if group is None and identity is None:
+        return None
+
+    def setup() -> None:
+        if group is not None:
+            Fence.join(group)
+        if identity is not None:
+            os.setgroups([])
+            os.setgid(identity[1])
+            os.setuid(identity[0])
+
+    return setup
+
+
 def command_env(extra: dict[str, str] | None, marker: str) -> dict[str, str]:
     env = dict(DEFAULT_ENV)
     env.update(extra or {})
@@ -198,14 +236,18 @@ class ProcessTable:
         *,
         name: str | None = None,
         stdin: bool = False,
+        user: str | None = None,
     ) -> Process:
         if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str) for c in cmd):
             raise RequestError(P.ErrorKind.INVALID, "cmd must be a non-empty list of strings")
+        identity = resolve_user(user) if user else None
         with self.lock:
             proc_id = proc_id or self.next_id("p")
             if proc_id in self.by_id:
                 raise RequestError(P.ErrorKind.FILE_EXISTS, f"a process with id {proc_id!r} already exists")
             full_env = command_env(env, proc_id)
+            if identity is not None and "HOME" not in (env or {}):
+                full_env["HOME"] = identity[2]
             cwd = cwd or full_env.get("HOME", "/")
             if not os.path.isdir(cwd):
                 raise RequestError(P.ErrorKind.INVALID, f"working directory {cwd!r} does not exist in the sandbox")
@@ -219,7 +261,7 @@ class ProcessTable:
                     env=full_env,
                     cwd=cwd,
                     start_new_session=True,
-                    preexec_fn=(lambda: Fence.join(group)) if group else None,
+                    preexec_fn=child_setup(group, identity),
                 )
             except FileNotFoundError as exc:
                 raise RequestError(P.ErrorKind.COMMAND_NOT_FOUND, f"command not found: {cmd[0]!r}") from exc

@@ -244,6 +244,7 @@ class Exec(Operation[ExecResult]):
     exec_id: str | None = None
     stdin: bool = False
     stdin_data: str | None = None  # base64; written to the command's stdin, then closed
+    user: str | None = None  # "name", "uid", "name:group" or "uid:gid" in the sandbox; None: root
 
 
 @dataclass
@@ -264,6 +265,7 @@ class StartProcess(Operation[ProcessState]):
     stdin: bool = False
     id: str | None = None
     max_output: int | None = None  # bytes of each stream kept; default 8 MiB
+    user: str | None = None  # as Exec's
 
 
 @dataclass

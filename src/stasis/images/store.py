@@ -8,18 +8,24 @@ so a crashed build never looks like an image.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from ..errors import BackendError, ImageNotFound, InvalidRequest
 from ..fsutil import atomic_write, fsync_dir, tree_bytes
+from ..models import NAME_PATTERN
+from . import oci
+from .oci import ImageConfig
 from .recipe import RECIPES, Recipe
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,9 @@ class ImageInfo(BaseModel):
     built_at: float
     build_seconds: float
     path: str
+    source: str = "recipe"  # "recipe" (mmdebstrap) or the reference it was imported from
+    config: ImageConfig | None = None  # an imported image's Env, WorkingDir, User, ...
+    python: str = "/usr/bin/python3"  # the interpreter in the image that the agent runs on
 
 
 class ImageStore:
@@ -50,6 +59,15 @@ class ImageStore:
         return recipe
 
     def get(self, name: str) -> ImageInfo:
+        if name not in RECIPES:
+            imported = [i for i in self.list() if i.name == name and i.source != "recipe"]
+            if imported:
+                return max(imported, key=lambda i: i.built_at)  # the latest import under that name
+            known = sorted({*RECIPES, *(i.name for i in self.list())})
+            raise ImageNotFound(
+                f"unknown image {name!r}; known images: {', '.join(known)} (`stasis image import` brings your own)",
+                image=name,
+            )
         recipe = self.recipe(name)
         meta = self.directory / recipe.key / "image.json"
         if not meta.exists():
@@ -69,12 +87,136 @@ class ImageStore:
             raise ImageNotFound(f"image {key} that this sandbox was created from is gone from {self.directory}")
         return path
 
+    def by_key(self, key: str) -> ImageInfo:
+        meta = self.directory / key / "image.json"
+        if not meta.exists():
+            raise ImageNotFound(f"image build {key} is gone from {self.directory}")
+        return ImageInfo.model_validate_json(meta.read_text())
+
     def list(self) -> list[ImageInfo]:
+        """Complete images only: a build or import under way (or cut off) lives under a hidden name."""
         images = []
         if self.directory.exists():
             for meta in sorted(self.directory.glob("*/image.json")):
-                images.append(ImageInfo.model_validate_json(meta.read_text()))
+                if not meta.parent.name.startswith("."):
+                    images.append(ImageInfo.model_validate_json(meta.read_text()))
         return images
+
+    # ------------------------------------------------------------ imported images
+
+    def import_image(self, ref: str, name: str, progress: ProgressCallback | None = None) -> ImageInfo:
+        """An OCI or Docker image as an image named ``name`` (see :mod:`.oci`); the same content twice is
+        one image."""
+        if name in RECIPES:
+            raise InvalidRequest(f"{name!r} is a built-in recipe's name; import under another name")
+        if not NAME_PATTERN.fullmatch(name) or ".." in name:
+            raise InvalidRequest(f"invalid image name {name[:80]!r}: use 1-63 letters, digits, '.', '_' or '-'")
+        oci.check_reference(ref)
+        with self._layout_lock():
+            return self._import(ref, name, progress)
+
+    @contextlib.contextmanager
+    def _layout_lock(self) -> Iterator[None]:
+        """One import or removal at a time in this image directory (they share the OCI layout)."""
+        (self.directory / "oci").mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / "oci" / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _import(self, ref: str, name: str, progress: ProgressCallback | None) -> ImageInfo:
+        self._sweep_staging()
+        layout = oci.OciLayout(self.directory / "oci" / "layout")
+        tag = f"importing-{os.getpid()}-{secrets.token_hex(4)}"
+        started = time.monotonic()
+        staging: Path | None = None
+        try:
+            if progress:
+                progress(f"copying {ref}")
+            layout.copy_in(ref, tag)
+            digest, manifest = layout.manifest(tag)
+            blob = layout.config(manifest)
+            config = oci.ImageConfig.from_blob(blob, ref, digest)
+            if config.architecture != oci.HOST_ARCHITECTURE or blob.get("os", "linux") != "linux":
+                raise InvalidRequest(
+                    f"{ref} is an image for {blob.get('os', 'linux')}/{config.architecture}; this host runs "
+                    f"linux/{oci.HOST_ARCHITECTURE} images (pick that platform's image, e.g. --platform linux/amd64)"
+                )
+            key = f"{name}-{digest.split(':', 1)[1][:12]}"
+            final = self.directory / key
+            if (final / "image.json").exists():
+                layout.untag(tag)
+                return self.by_key(key)
+            staging = self.directory / f".import-{key}-{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            if progress:
+                progress(f"unpacking {digest[:19]}")
+            rootfs = layout.unpack(tag, staging / "bundle")
+            rootfs.rename(staging / "rootfs")
+            shutil.rmtree(staging / "bundle")
+            python = oci.find_python(staging / "rootfs")
+            if python is None:
+                raise InvalidRequest(
+                    f"{ref} has no python3 (looked for {', '.join('/' + p for p in oci.PYTHONS)}); stasis's agent "
+                    "runs on the image's python3 for now: use an image with python3 (e.g. python:3.12-slim)"
+                )
+            self._add_mount_points(staging / "rootfs")
+            info = ImageInfo(
+                name=name, key=key, digest=digest, packages=[], suite="oci",
+                size_bytes=tree_bytes(staging / "rootfs"), built_at=time.time(),
+                build_seconds=time.monotonic() - started, path=str(final), source=ref, config=config, python=python,
+            )  # fmt: skip
+            atomic_write(staging / "image.json", info.model_dump_json(indent=2).encode())
+            os.rename(staging, final)
+            fsync_dir(self.directory)
+            layout.retag(tag, key)
+        except BaseException:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            layout.untag(tag)
+            with contextlib.suppress(Exception):
+                layout.collect_garbage()
+            raise
+        log.info("imported %s as %s in %.1fs", ref, key, info.build_seconds)
+        return info
+
+    @staticmethod
+    def _add_mount_points(rootfs: Path) -> None:
+        """Mount points and the agent's directory, so runsc never has to create them in the image."""
+        for sub in ("proc", "sys", "dev", "tmp", "root", "opt/stasis", "etc"):
+            target = rootfs / sub
+            if not target.is_symlink():
+                target.mkdir(parents=True, exist_ok=True)
+        resolv = rootfs / "etc" / "resolv.conf"
+        if not resolv.exists() and not resolv.is_symlink():
+            resolv.touch()  # a networked gVisor sandbox mounts its resolver's here
+
+    def _sweep_staging(self) -> None:
+        """Builds and imports cut off (their process is gone) leave hidden directories: remove them."""
+        for stale in self.directory.glob(".*-*") if self.directory.exists() else []:
+            pid = stale.name.rsplit("-", 1)[-1]
+            if stale.is_dir() and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
+        layout = oci.OciLayout(self.directory / "oci" / "layout")
+        orphans = [t for t in layout.tags() if t.startswith("importing-") and not _alive(int(t.split("-")[1]))]
+        for tag in orphans:  # the tag of an import cut off: its blobs go unless another image has them
+            layout.untag(tag)
+        if orphans:
+            layout.collect_garbage()
+
+    def remove(self, key: str) -> None:
+        """Remove one image build (the caller checked nothing uses it) and the layers only it used."""
+        info = self.by_key(key)
+        shutil.rmtree(self.directory / key)
+        fsync_dir(self.directory)
+        if info.source != "recipe":
+            with self._layout_lock():
+                layout = oci.OciLayout(self.directory / "oci" / "layout")
+                layout.untag(key)
+                layout.collect_garbage()
+        log.info("removed image %s", key)
 
     def build(self, name: str, progress: ProgressCallback | None = None, force: bool = False) -> ImageInfo:
         """Build the image for recipe ``name`` unless a build of the same recipe exists."""
@@ -98,9 +240,7 @@ class ImageStore:
         log.info("building image %s: %s", recipe.key, " ".join(argv))
         try:
             self._run_build(argv, progress)
-            # Mount points and the agent's directory, so runsc never has to create them in the image.
-            for sub in ("proc", "sys", "dev", "tmp", "root", "opt/stasis"):
-                (staging / "rootfs" / sub).mkdir(parents=True, exist_ok=True)
+            self._add_mount_points(staging / "rootfs")
             # Host keys made by openssh-server's install would be shared by every sandbox: each makes its own.
             for key in (staging / "rootfs" / "etc" / "ssh").glob("ssh_host_*"):
                 key.unlink()
@@ -138,3 +278,13 @@ class ImageStore:
                     progress(line)
         if proc.returncode != 0:
             raise BackendError(f"mmdebstrap failed with exit code {proc.returncode}; last output:\n" + "\n".join(tail))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

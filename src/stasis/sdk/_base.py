@@ -62,6 +62,7 @@ class RunOptions(TypedDict, total=False):
     max_output: int  # bytes of stdout (and of stderr) kept, the last ones; the rest is marked truncated
     exec_id: str  # idempotency key: a known id reattaches to that run instead of starting it again
     stdin: bytes | str
+    user: str  # a user of the sandbox (name, uid, name:group); default: the image's User, else root
 
 
 class WatchedRunOptions(RunOptions, total=False):
@@ -74,6 +75,7 @@ class ProcessOptions(TypedDict, total=False):
     working_dir: str
     name: str
     stdin: bool
+    user: str
 
 
 class CheckpointOptions(TypedDict, total=False):
@@ -264,6 +266,7 @@ def run_request(command: Command, args: list[str] | None, options: RunOptions) -
         timeout=options.get("timeout"),
         exec_id=options.get("exec_id"),
         stdin_b64=None if stdin is None else _b64(stdin),
+        user=options.get("user"),
         **({"max_output": max_output} if max_output else {}),
     )
 
@@ -347,6 +350,7 @@ class SandboxBase:
         request = build(
             StartProcessRequest, cmd=command_argv(command, args), env=options.get("env") or {},
             cwd=options.get("working_dir"), name=options.get("name"), stdin=options.get("stdin", False),
+            user=options.get("user"),
         )  # fmt: skip
         return Call("POST", f"{self._url}/processes", _model(ProcessInfo), json=request.model_dump())
 

@@ -38,6 +38,7 @@ from ...fsutil import atomic_write, check_free_space, no_space
 from ...guest import agent_digest
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
+from ...images.oci import find_python
 from ...network import namespaces
 from ...network.namespaces import GATEWAY_ADDRESS, Device
 from ...paths import Paths
@@ -155,7 +156,8 @@ class GvisorBackend:
         tmp = p["tmp"] if self._disk_mb(box) else None
         netns = box.network.inner_path if box.network else None
         resolv = resolv_conf(self.paths.home) if box.network else None
-        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path, tmp, netns, resolv)
+        python = find_python(box.image_rootfs) or "/usr/bin/python3"
+        config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path, tmp, netns, resolv, python)
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
         return p
 

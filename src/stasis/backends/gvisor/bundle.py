@@ -31,19 +31,21 @@ def oci_config(
     tmp: Path | None,
     netns: Path | None = None,
     resolv_conf: Path | None = None,
+    python: str = "/usr/bin/python3",
 ) -> dict[str, Any]:
     """The bundle's config; ``agent`` is the host directory mounted read-only at /opt/stasis
     (None only for sandboxes made before that, whose agent sits in their own files); ``tmp`` is
     the directory on its disk mounted at /tmp (None: gVisor's own tmpfs, charged to its memory);
     ``netns`` the network namespace whose device runsc takes (None: no network), with
-    ``resolv_conf`` mounted at /etc/resolv.conf (the daemon's resolver at the gateway)."""
+    ``resolv_conf`` mounted at /etc/resolv.conf (the daemon's resolver at the gateway); ``python``
+    the image's interpreter, which runs the agent."""
     config = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
             # -S: no site import, 30 ms faster
-            "args": ["/usr/bin/python3", "-I", "-S", "-u", AGENT_PATH if agent else LEGACY_AGENT_PATH],
+            "args": [python, "-I", "-S", "-u", AGENT_PATH if agent else LEGACY_AGENT_PATH],
             "env": [
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "HOME=/root",

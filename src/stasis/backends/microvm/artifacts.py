@@ -68,8 +68,12 @@ for _ in $(seq 1 500); do
   usleep 10000
 done
 [ -n "$port" ] || { echo "stasis-init: no agent port" >/dev/console; poweroff -f; }
+python=/usr/bin/python3
 for arg in $(cat /proc/cmdline); do
-  case "$arg" in stasis.hostname=*) hostname "${arg#stasis.hostname=}" ;; esac
+  case "$arg" in
+    stasis.hostname=*) hostname "${arg#stasis.hostname=}" ;;
+    stasis.python=*) python="${arg#stasis.python=}" ;;
+  esac
 done
 hostname > /newroot/etc/hostname
 # A networked VM (stasis.net): eth0 is the tap in its gateway namespace. Every sandbox has the same
@@ -89,7 +93,7 @@ mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
 mount -t tmpfs -o mode=755 tmpfs /newroot/run
 ip link set lo up 2>/dev/null
 # /dev now lives under /newroot: open the port there (a bare path would create a plain file).
-exec switch_root /newroot /usr/bin/python3 -I -S -u /opt/stasis/boot.py 0<>"/newroot$port" 1>&0 2>/newroot/dev/console
+exec switch_root /newroot "$python" -I -S -u /opt/stasis/boot.py 0<>"/newroot$port" 1>&0 2>/newroot/dev/console
 """
 
 

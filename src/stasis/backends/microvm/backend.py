@@ -36,6 +36,7 @@ from ...errors import BackendError, Incompatible, InvalidRequest, StartupError
 from ...fsutil import atomic_write
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
+from ...images.oci import find_python
 from ...models import SandboxSpec
 from ...network import namespaces
 from ...network.namespaces import Device, SandboxNet
@@ -118,7 +119,7 @@ class MicrovmBackend:
     def _image(box: BoxRef) -> SuspendImage:
         return SuspendImage(box.directory, "vmstate")
 
-    def _machine(self, spec: SandboxSpec, hostname: str) -> Machine:
+    def _machine(self, spec: SandboxSpec, hostname: str, python: str = "/usr/bin/python3") -> Machine:
         assert self.boot is not None, "initialize() first"
         cmdline = " ".join(
             [
@@ -127,6 +128,7 @@ class MicrovmBackend:
                 f"stasis.hostname={hostname}",
                 "stasis.fence",  # the agent grows / to its disk and fences commands into a cgroup
                 "stasis.net" if spec.network else "",  # its init configures eth0
+                f"stasis.python={python}" if python != "/usr/bin/python3" else "",  # the image's, for the agent
             ]
         )
         return Machine(
@@ -138,6 +140,10 @@ class MicrovmBackend:
             cmdline=" ".join(cmdline.split()),
             network=spec.network is not None,
         )
+
+    @staticmethod
+    def _python(box: BoxRef) -> str:
+        return find_python(box.image_rootfs) or "/usr/bin/python3"
 
     @staticmethod
     def _stored_machine(directory: Path) -> Machine:
@@ -227,7 +233,7 @@ class MicrovmBackend:
 
     async def _cold_boot(self, box: BoxRef, new_identity: bool) -> GuestChannel:
         """Boot the kernel on the sandbox's disk (which must exist), with fresh, empty RAM."""
-        machine = self._machine(box.spec, box.hostname)
+        machine = self._machine(box.spec, box.hostname, self._python(box))
         files = self._box_files(box)
         files.memory.unlink(missing_ok=True)
         await self._launch(box.id, box.directory, machine, incoming=False)
@@ -283,7 +289,7 @@ class MicrovmBackend:
                 f"image {box.spec.image!r} needs a disk of at least {needed >> 20} MiB on a microVM; "
                 "ask for a bigger disk_mb"
             )
-        machine = self._machine(box.spec, "stasis-template")
+        machine = self._machine(box.spec, "stasis-template", self._python(box))
         identity = [
             self.boot.key, box.image_key, self.version, self.accel.name, machine.cpus, machine.memory_mb,
             box.spec.disk_mb, base.name, *(["network"] if machine.network else []),

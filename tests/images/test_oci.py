@@ -1,0 +1,179 @@
+"""Bring your own image: OCI and Docker images imported without a Docker daemon, run on both backends.
+
+The images are made here, offline (tests/images/ociimages.py): a small root filesystem with python3
+and busybox, an image config with Env, WorkingDir and User."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stasis import CheckpointType, Conflict, InvalidRequest, Sandbox
+from stasis.images import ImageStore
+from stasis.paths import Paths
+from stasis.sdk._base import Call
+from tests.conftest import Daemon, new_home, terminate_all
+from tests.images.ociimages import archive, oci_layout, python_rootfs
+
+ENV = {"GREETING": "hello from the image", "PATH": "/usr/local/bin:/usr/bin:/bin"}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    work = tmp_path_factory.mktemp("oci")
+    rootfs = python_rootfs(work / "rootfs")
+    layout = work / "layout"
+    refs = {"oci": oci_layout(rootfs, layout, "v1", env=ENV, workdir="/srv/app", user="app")}
+    refs["v2"] = oci_layout(rootfs, layout, "v2", env={**ENV, "GREETING": "v2"}, workdir="/srv/app")
+    refs["arm64"] = oci_layout(rootfs, layout, "arm", env=ENV, architecture="arm64")
+    refs["docker-archive"] = archive(refs["oci"], "docker-archive", work / "app-docker.tar")
+    refs["oci-archive"] = archive(refs["oci"], "oci-archive", work / "app-oci.tar")
+    bare = python_rootfs(work / "bare", with_python=False)
+    refs["no-python"] = oci_layout(bare, work / "bare-layout", "v1", env=ENV)
+    (work / "corrupt.tar").write_bytes(os.urandom(4096))
+    refs["corrupt"] = f"docker-archive:{work / 'corrupt.tar'}"
+    return refs
+
+
+@pytest.fixture(scope="module")
+def images_daemon() -> Iterator[Daemon]:
+    """A daemon whose image directory is its own (imports never touch the user's image cache)."""
+    daemon = Daemon(new_home("images"))
+    daemon.paths = Paths(daemon.paths.home, daemon.paths.home / "images")
+    daemon.start()
+    yield daemon
+    terminate_all(daemon)
+    daemon.stop()
+
+
+def stasis(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stasis", *args], env={**os.environ, **daemon.env},
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def imported(images_daemon: Daemon, made: dict[str, str]) -> str:
+    result = stasis(images_daemon, "image", "import", made["docker-archive"], "--name", "pyapp")
+    assert result.returncode == 0, result.stderr
+    return "pyapp"
+
+
+def store_of(daemon: Daemon) -> ImageStore:
+    return ImageStore(daemon.paths.images)
+
+
+def test_an_imported_image_runs_with_its_env_workdir_and_user(images_daemon: Daemon, imported: str,
+                                                               backend: str) -> None:  # fmt: skip
+    with images_daemon.client() as client:
+        sbx = Sandbox.create(client=client, image=imported, backend=backend, memory_mb=256)
+        try:
+            assert sbx.run("pwd").stdout == "/srv/app\n"  # WorkingDir
+            assert sbx.run("id -u").stdout == "1000\n"  # User
+            assert sbx.run("echo $GREETING; echo $HOME").stdout == "hello from the image\n/home/app\n"  # Env
+            assert sbx.run("cat hello.txt").stdout == "from the image\n"
+            assert sbx.run("id -u", user="root").stdout == "0\n"  # a request overrides the image
+            assert sbx.run("pwd", working_dir="/").stdout == "/\n"
+            proc = sbx.start_process(["sh", "-c", "id -u > /home/app/who; sleep 60"])
+            deadline = time.monotonic() + 20
+            while sbx.run("test -s /home/app/who").exit_code != 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert sbx.read_file("/home/app/who") == b"1000\n"
+            sbx.kill_process(proc.id)
+            sbx.suspend()
+            assert sbx.run("echo $GREETING").stdout == "hello from the image\n"  # resumed, same image config
+        finally:
+            sbx.terminate()
+    info = json.loads(stasis(images_daemon, "image", "inspect", imported).stdout)
+    assert info["config"]["user"] == "app" and info["config"]["working_dir"] == "/srv/app"
+    assert info["config"]["manifest_digest"].startswith("sha256:") and info["key"].startswith("pyapp-")
+
+
+def test_every_transport_imports_and_the_same_content_is_one_image(images_daemon: Daemon,
+                                                                   made: dict[str, str]) -> None:  # fmt: skip
+    store = store_of(images_daemon)
+    first = store.import_image(made["oci"], "layout-app")
+    blobs = sorted((images_daemon.paths.images / "oci/layout/blobs/sha256").iterdir())
+    again = store.import_image(made["oci-archive"], "layout-app")  # the same manifest: the same image
+    assert again.key == first.key
+    assert sorted((images_daemon.paths.images / "oci/layout/blobs/sha256").iterdir()) == blobs  # stored once
+    assert [i.key for i in store.list() if i.name == "layout-app"] == [first.key]
+    assert store.get("layout-app").config.source == made["oci"]
+
+
+def assert_nothing_half_made(daemon: Daemon, before: list[str]) -> None:
+    images = daemon.paths.images
+    assert [i.key for i in store_of(daemon).list()] == before
+    assert not [p.name for p in images.iterdir() if p.name.startswith(".")], "a staging directory was left"
+    index = json.loads((images / "oci/layout/index.json").read_text()) if (images / "oci/layout").exists() else {}
+    tags = [m.get("annotations", {}).get("org.opencontainers.image.ref.name", "") for m in index.get("manifests", [])]
+    assert not [t for t in tags if t.startswith("importing-")], tags
+
+
+def test_bad_images_are_refused_clearly(images_daemon: Daemon, made: dict[str, str], tmp_path: Path) -> None:
+    store = store_of(images_daemon)
+    before = [i.key for i in store.list()]
+    cases = {
+        made["corrupt"]: "failed",
+        made["arm64"]: "linux/arm64; this host runs linux/amd64",
+        made["no-python"]: "has no python3",
+        f"oci-archive:{tmp_path / 'missing.tar'}": "does not exist",
+        "registry.test/app:1": "name its transport",
+    }
+    for ref, message in cases.items():
+        with pytest.raises(InvalidRequest, match=message):
+            store.import_image(ref, "bad")
+        assert_nothing_half_made(images_daemon, before)
+    with pytest.raises(InvalidRequest, match="built-in recipe"):
+        store.import_image(made["oci"], "default")
+    result = stasis(images_daemon, "image", "import", made["arm64"], "--name", "bad")
+    assert result.returncode == 1 and "linux/arm64" in result.stderr
+
+
+def test_an_import_killed_midway_leaves_nothing(images_daemon: Daemon, made: dict[str, str]) -> None:
+    before = [i.key for i in store_of(images_daemon).list()]
+    proc = subprocess.Popen([sys.executable, "-m", "stasis", "image", "import", made["v2"], "--name", "killed"],
+                            env={**os.environ, **images_daemon.env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    images = images_daemon.paths.images
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(".import-") for p in images.iterdir()):  # unpacking: the longest step
+        assert proc.poll() is None and time.monotonic() < deadline, "the import ended before it could be killed"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert [i.key for i in store_of(images_daemon).list()] == before  # nothing half-made is visible
+    store_of(images_daemon).import_image(made["v2"], "killed")  # the next import clears what was left
+    assert_nothing_half_made(images_daemon, sorted([*before, store_of(images_daemon).get("killed").key]))
+
+
+def test_rm_refuses_an_image_in_use_and_prune_removes_superseded_builds(images_daemon: Daemon,
+                                                                         made: dict[str, str]) -> None:  # fmt: skip
+    store = store_of(images_daemon)
+    old = store.import_image(made["oci"], "churn")
+    with images_daemon.client() as client:
+        sbx = Sandbox.create(client=client, image="churn", memory_mb=256)
+        checkpoint = sbx.checkpoint(CheckpointType.FILESYSTEM)
+        with pytest.raises(Conflict, match=f"sandbox {sbx.id}.*checkpoint {checkpoint.id}"):
+            client.call(Call("DELETE", "/v1/images/churn"))
+        sbx.terminate()
+        with pytest.raises(Conflict, match=f"checkpoint {checkpoint.id}"):
+            client.call(Call("DELETE", "/v1/images/churn"))
+        Sandbox.delete_checkpoint(checkpoint.id, client=client)
+        time.sleep(0.01)
+        new = store.import_image(made["v2"], "churn")  # a new import under the same name supersedes the old
+        assert store.get("churn").key == new.key
+        result = stasis(images_daemon, "image", "prune")
+        assert result.returncode == 0 and old.key in result.stdout
+        assert [i.key for i in store.list() if i.name == "churn"] == [new.key]
+        result = stasis(images_daemon, "image", "rm", "churn")
+        assert result.returncode == 0, result.stderr
+        assert not [i for i in store.list() if i.name == "churn"]
