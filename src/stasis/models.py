@@ -322,3 +322,15 @@ class ExposedPort(BaseModel):
     public: bool
     listen: str = Field(description="host:port the daemon listens on for this port")
     expires_at: float | None = Field(None, description="when the URL's token expires; None if public")
+
+
+class CommitImageRequest(_Strict):
+    """One build step's result as an image (see stasis.images.builder)."""
+
+    parent: str = Field(description="key of the image the step ran on")
+    checkpoint: str | None = Field(None, description="a FILESYSTEM checkpoint of the build sandbox after the "
+                                   "step; None: the step changed only the image's config")  # fmt: skip
+    name: str
+    key: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
+    config: dict[str, Any] = Field(default_factory=dict, description="the image config after the step")
+    step: str = ""

@@ -80,14 +80,22 @@ def image_ls(as_json: Json = False) -> None:
 
 @image_app.command("build")
 def image_build(
-    name: Annotated[str, typer.Argument(help="Recipe name.")] = "default",
-    force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False,
+    name: Annotated[str, typer.Argument(help="A recipe's name, or (with -f) the build context directory.")] = "default",
+    file: Annotated[str | None, typer.Option("--file", "-f", help="Build this Dockerfile (FROM an image).")] = None,
+    tag: Annotated[str | None, typer.Option("--tag", "-t", help="The built image's name (with -f).")] = None,
+    build_arg: Annotated[list[str] | None, typer.Option("--build-arg", help="ARG value, NAME=VALUE.")] = None,
+    network: Annotated[bool, typer.Option("--network", help="Build steps may reach the internet.")] = False,
+    force: Annotated[bool, typer.Option(help="Rebuild a recipe even if cached.")] = False,
 ) -> None:
-    """Build an image from its recipe (cached by the recipe's hash)."""
+    """Build an image: a recipe (cached by its hash), or a Dockerfile whose steps run in build sandboxes, each
+    cached: `stasis image build -f Dockerfile -t NAME [CONTEXT]`."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from ..images import ImageStore
 
+    if file is not None:
+        _build_dockerfile(file, tag, name if name != "default" else ".", build_arg or [], network)
+        return
     store = ImageStore(Paths.from_env().images)
     recipe = store.recipe(name)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
@@ -98,6 +106,27 @@ def image_build(
             force=force,
         )
     out.print(f"image [bold]{info.key}[/bold]: {info.size_bytes / 1e6:.0f} MB, built in {info.build_seconds:.1f}s")
+
+
+def _build_dockerfile(file: str, tag: str | None, context: str, build_args: list[str], network: bool) -> None:
+    from ..errors import InvalidRequest
+    from ..sdk.image import Image
+
+    if not tag:
+        raise InvalidRequest("name the image: stasis image build -f Dockerfile -t NAME [CONTEXT]")
+    args = dict(arg.split("=", 1) for arg in build_args if "=" in arg)
+    image = Image.from_dockerfile(file, context, args)
+
+    def step(number: int, total: int, description: str, cached: bool) -> None:
+        err.print(f"[bold]step {number}/{total}[/bold] {description}" + (" [dim](cached)[/dim]" if cached else ""),
+                  highlight=False)  # fmt: skip
+
+    def output(data: bytes) -> None:
+        sys.stderr.write(data.decode(errors="replace"))
+        sys.stderr.flush()
+
+    info = image.build(tag, client=client(), network=True if network else None, on_step=step, on_output=output)
+    out.print(f"image [bold]{info.name}[/bold] ({info.key}): {info.size_bytes / 1e6:.0f} MB")
 
 
 @image_app.command("import")

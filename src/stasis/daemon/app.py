@@ -23,6 +23,7 @@ from ..fsutil import no_space
 from ..images import ImageInfo
 from ..models import (
     CheckpointInfo,
+    CommitImageRequest,
     CreateCheckpointRequest,
     CreateSandboxRequest,
     DaemonInfo,
@@ -152,6 +153,11 @@ def create_app(
     async def remove_image(name: str) -> list[str]:
         """Every build of the image; 409 naming the sandboxes and checkpoints that use one."""
         return await asyncio.to_thread(image_use.remove, service, name)
+
+    @app.post("/v1/images/commit")
+    async def commit_image(request: CommitImageRequest) -> ImageInfo:
+        """A build step's image: the parent's files with a build sandbox's FILESYSTEM checkpoint applied."""
+        return await image_use.commit(service, request)
 
     @app.post("/v1/images/prune")
     async def prune_images(everything: bool = False) -> list[str]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
-from ..errors import Conflict, ImageNotFound
+from ..errors import Conflict, ImageNotFound, InvalidRequest
 from ..images import ImageInfo
+from ..images.oci import ImageConfig
 from ..images.recipe import RECIPES
+from ..models import CheckpointType, CommitImageRequest
 
 if TYPE_CHECKING:
     from .service import SandboxService
@@ -48,6 +51,21 @@ def remove(service: SandboxService, name: str) -> list[str]:
     for image in images:
         service.images.remove(image.key)
     return [image.key for image in images]
+
+
+async def commit(service: SandboxService, request: CommitImageRequest) -> ImageInfo:
+    upper = None
+    if request.checkpoint is not None:
+        checkpoint = service.store.get_checkpoint(request.checkpoint)
+        files = service.checkpoint_files.path(checkpoint.id) / "files"
+        if checkpoint.type != CheckpointType.FILESYSTEM or checkpoint.backend != "gvisor" or not files.is_dir():
+            raise InvalidRequest("an image is committed from a FILESYSTEM checkpoint of a gVisor build sandbox")
+        if checkpoint.image != request.parent:  # its upper layer is relative to the image it ran on
+            raise InvalidRequest(f"checkpoint {checkpoint.id} ran on image {checkpoint.image}, not {request.parent}")
+        upper = files
+    config = ImageConfig.model_validate(request.config)
+    return await asyncio.to_thread(service.images.commit, request.parent, upper, request.name, request.key, config,
+                                   request.step)  # fmt: skip
 
 
 def prune(service: SandboxService, everything: bool = False) -> list[str]:

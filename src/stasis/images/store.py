@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from ..errors import BackendError, ImageNotFound, InvalidRequest
 from ..fsutil import atomic_write, fsync_dir, tree_bytes
 from ..models import NAME_PATTERN
-from . import oci
+from . import layers, oci
 from .oci import ImageConfig
 from .recipe import RECIPES, Recipe
 
@@ -60,6 +60,8 @@ class ImageStore:
 
     def get(self, name: str) -> ImageInfo:
         if name not in RECIPES:
+            if (self.directory / name / "image.json").exists() and not name.startswith("."):
+                return self.by_key(name)  # an exact build, by its key
             imported = [i for i in self.list() if i.name == name and i.source != "recipe"]
             if imported:
                 return max(imported, key=lambda i: i.built_at)  # the latest import under that name
@@ -180,6 +182,38 @@ class ImageStore:
                 layout.collect_garbage()
             raise
         log.info("imported %s as %s in %.1fs", ref, key, info.build_seconds)
+        return info
+
+    def commit(self, parent_key: str, upper: Path | None, name: str, key: str, config: ImageConfig,
+               step: str) -> ImageInfo:  # fmt: skip
+        """A build step's image: ``parent_key``'s files as hard links, with ``upper`` (a sandbox's overlay
+        layer, from a FILESYSTEM checkpoint; None: the step changed only the config) applied."""
+        final = self.directory / key
+        if (final / "image.json").exists():
+            return self.by_key(key)
+        parent = self.by_key(parent_key)
+        started = time.monotonic()
+        self._sweep_staging()
+        staging = self.directory / f".commit-{key}-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            layers.link_tree(Path(parent.path) / "rootfs", staging / "rootfs")
+            if upper is not None:
+                layers.apply_upper(upper, staging / "rootfs")
+            python = oci.find_python(staging / "rootfs") or parent.python
+            info = ImageInfo(
+                name=name, key=key, digest=key, packages=parent.packages, suite=parent.suite,
+                size_bytes=tree_bytes(staging / "rootfs"), built_at=time.time(),
+                build_seconds=time.monotonic() - started, path=str(final), source=f"build: {step}"[:500],
+                config=config, python=python,
+            )  # fmt: skip
+            atomic_write(staging / "image.json", info.model_dump_json(indent=2).encode())
+            os.rename(staging, final)
+            fsync_dir(self.directory)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         return info
 
     @staticmethod

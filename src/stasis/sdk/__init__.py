@@ -41,11 +41,13 @@ from ._async import AsyncSandbox
 from ._base import CommandResult, OutputEvent
 from ._client import AsyncClient, Client
 from ._sync import Sandbox
+from .image import BuildError, Image
 
 __all__ = [
     "AsyncClient",
     "AsyncSandbox",
     "BackendError",
+    "BuildError",
     "CheckpointCorrupt",
     "CheckpointInfo",
     "CheckpointNotFound",
@@ -62,6 +64,7 @@ __all__ = [
     "GuestDisconnected",
     "GuestError",
     "GuestTimeout",
+    "Image",
     "ImageNotFound",
     "Incompatible",
     "InvalidRequest",

@@ -1,0 +1,292 @@
+"""``Image``: build an image step by step, each step run in a build sandbox and cached.
+
+    Image.from_image("pyapp").apt_install("jq").pip_install("requests").copy("app/", "/srv/app") \\
+        .env({"MODE": "prod"}).workdir("/srv/app").build("myapp")
+    Image.from_dockerfile("Dockerfile", context=".").build("myapp")
+
+A step's cache key is the hash of its parent's key, the step, and (COPY) the content of the files it
+copies: an unchanged step is a cache hit, and a change reruns that step and those after it. A step
+that changes files runs in a gVisor sandbox of the parent image (its own kernel: never on the host),
+with the build's network policy (none by default); its files become an image through a FILESYSTEM
+checkpoint (:mod:`stasis.images.layers`: the parent's files are hard links, so a step costs what it
+changed). ENV, WORKDIR, USER, CMD and ENTRYPOINT change only the image's config. The result is named
+``name``; every step's image stays as cache (``stasis image prune`` removes what nothing uses).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ImageNotFound, InvalidRequest, StasisError
+from ..images import ImageInfo
+from ..images.dockerfile import Step
+from ..images.dockerfile import read as read_dockerfile
+from ..images.oci import ImageConfig
+from ..models import CheckpointType, CommitImageRequest
+from ..netpolicy import NetworkPolicy
+from ._base import Call, _model
+from ._client import Client
+from ._sync import Sandbox
+
+BUILD_FORMAT = 1  # bump when what a step's cache key covers changes
+StepCallback = Callable[[int, int, str, bool], None]  # (number, total, description, cached)
+OutputCallback = Callable[[bytes], None]
+
+
+class BuildError(StasisError):
+    """A build step failed: its output and exit code are in the message."""
+
+    status_code = 400
+
+
+@dataclass(frozen=True)
+class Image:
+    base: str  # an image name or key (imported, built, or a recipe's)
+    steps: tuple[Step, ...] = ()
+    context: Path = field(default_factory=Path.cwd)  # where COPY finds its sources
+
+    # ---------------------------------------------------------------- where to start
+
+    @classmethod
+    def from_image(cls, name: str) -> Image:
+        return cls(name)
+
+    @classmethod
+    def debian(cls, suite: str = "bookworm") -> Image:
+        """stasis's own Debian image (the ``default`` recipe: python3, pip, git, build tools)."""
+        if suite != "bookworm":
+            raise InvalidRequest(f"stasis's Debian image is bookworm; for {suite}, import an image of it")
+        return cls("default")
+
+    @classmethod
+    def from_oci(cls, ref: str, name: str | None = None) -> Image:
+        """Import ``ref`` (docker-archive:, oci-archive:, oci:, docker://) now, then build on it."""
+        from ..images import ImageStore
+        from ..paths import Paths
+
+        chosen = name or "base-" + hashlib.sha256(ref.encode()).hexdigest()[:8]
+        return cls(ImageStore(Paths.from_env().images).import_image(ref, chosen).key)
+
+    @classmethod
+    def from_registry(cls, ref: str, name: str | None = None) -> Image:
+        return cls.from_oci(ref if ref.startswith("docker://") else f"docker://{ref}", name)
+
+    @classmethod
+    def from_dockerfile(cls, path: str | Path, context: str | Path | None = None,
+                        build_args: dict[str, str] | None = None) -> Image:  # fmt: skip
+        parsed = read_dockerfile(Path(path), build_args)
+        return cls(parsed.base, tuple(parsed.steps), Path(context or Path(path).parent).absolute())
+
+    # ---------------------------------------------------------------- steps
+
+    def _add(self, kind: str, *args: str, options: tuple[tuple[str, str], ...] = ()) -> Image:
+        return replace(self, steps=(*self.steps, Step(kind, tuple(args), options=options)))
+
+    def run(self, command: str | list[str]) -> Image:
+        return self._add("run", *(("shell", command) if isinstance(command, str) else ("exec", *command)))
+
+    def apt_install(self, *packages: str) -> Image:
+        names = " ".join(shlex.quote(p) for p in packages)
+        return self.run(f"apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                        f"--no-install-recommends {names} && rm -rf /var/lib/apt/lists/*")  # fmt: skip
+
+    def pip_install(self, *packages: str, extra_args: str = "") -> Image:
+        names = " ".join(shlex.quote(p) for p in packages)
+        return self.run(f"PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-cache-dir {extra_args} {names}")
+
+    def copy(self, local: str, remote: str, chown: str | None = None) -> Image:
+        return self._add("copy", local, remote, options=(("chown", chown),) if chown else ())
+
+    def env(self, variables: dict[str, str]) -> Image:
+        return self._add("env", *(f"{k}={v}" for k, v in variables.items()))
+
+    def workdir(self, path: str) -> Image:
+        return self._add("workdir", path)
+
+    def user(self, name: str) -> Image:
+        return self._add("user", name)
+
+    def cmd(self, argv: list[str]) -> Image:
+        return self._add("cmd", "exec", *argv)
+
+    def entrypoint(self, argv: list[str]) -> Image:
+        return self._add("entrypoint", "exec", *argv)
+
+    # ---------------------------------------------------------------- building
+
+    def build(
+        self,
+        name: str,
+        *,
+        client: Client | None = None,
+        network: NetworkPolicy | bool | None = None,
+        on_step: StepCallback | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ImageInfo:
+        """Build (or find in the cache) every step, and name the result ``name``."""
+        return _Build(self, name, client or Client(), network, on_step, on_output).run()
+
+
+@dataclass
+class _Build:
+    image: Image
+    name: str
+    client: Client
+    network: NetworkPolicy | bool | None
+    on_step: StepCallback | None
+    on_output: OutputCallback | None
+    sandbox: Sandbox | None = None
+    cached: list[bool] = field(default_factory=list)
+
+    def run(self) -> ImageInfo:
+        base = self._image(self.image.base)
+        config = base.config or ImageConfig()
+        last = base.key  # the newest image of the chain
+        sandbox_image = last  # the image the build sandbox was made from: its upper layer is relative to it
+        total = len(self.image.steps)
+        try:
+            for number, step in enumerate(self.image.steps, start=1):
+                config = _configure(config, step)
+                key = self._key(last, step)
+                cached = self._exists(key)
+                self.cached.append(cached)
+                self._report(number, total, step, cached)
+                if cached:
+                    self._drop_sandbox()  # only a prefix of the steps can hit: the chain diverged before
+                    last = key
+                    continue
+                checkpoint = None
+                if step.kind in ("run", "copy", "workdir"):
+                    if self.sandbox is None:
+                        self.sandbox = Sandbox.create(client=self.client, image=last, backend="gvisor",
+                                                      network=self.network, timeout_secs=None)  # fmt: skip
+                        sandbox_image = last
+                    if step.kind == "workdir":  # made, as Docker does, and owned by root
+                        self.sandbox.run(["mkdir", "-p", config.working_dir or "/"], user="root")
+                    elif step.kind == "run":
+                        self._run(step, config)
+                    else:
+                        self._copy(step, config)
+                    checkpoint = self.sandbox.checkpoint(CheckpointType.FILESYSTEM).id
+                self._commit(key, sandbox_image if checkpoint else last, step, config, checkpoint)
+                last = key
+            final = f"{self.name}-{hashlib.sha256(last.encode()).hexdigest()[:12]}"
+            return self._commit(final, last, Step("tag", (self.name,)), config, None, name=self.name)
+        finally:
+            self._drop_sandbox()
+
+    # -- steps
+
+    def _run(self, step: Step, config: ImageConfig) -> None:
+        assert self.sandbox is not None
+        form, *words = step.args
+        argv = ["/bin/sh", "-c", words[0]] if form == "shell" else words
+        options: dict[str, Any] = {"env": config.env, "working_dir": config.working_dir or "/"}
+        if config.user:
+            options["user"] = config.user
+        if self.on_output is not None:
+            options |= {"on_stdout": self.on_output, "on_stderr": self.on_output}
+        result = self.sandbox.run(argv, **options)
+        if result.exit_code != 0:
+            tail = (result.stdout + result.stderr).strip()[-2000:]
+            raise BuildError(f"build step {step.describe()!r} failed with exit code {result.exit_code}:\n{tail}",
+                             exit_code=result.exit_code)  # fmt: skip
+
+    def _copy(self, step: Step, config: ImageConfig) -> None:
+        assert self.sandbox is not None
+        *sources, dest = step.args
+        base_dir = config.working_dir or "/"
+        dest_path = dest if dest.startswith("/") else os.path.join(base_dir, dest)
+        files = _copied_files(self.image.context, sources)
+        into_dir = dest.endswith("/") or len(files) > 1 or any((self.image.context / s).is_dir() for s in sources)
+        for relative, local in files:
+            remote = os.path.join(dest_path, relative) if into_dir else dest_path
+            self.sandbox.run(["mkdir", "-p", os.path.dirname(remote) or "/"], user="root")
+            self.sandbox.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o7777)
+            if chown := dict(step.options).get("chown"):
+                self.sandbox.run(["chown", chown, remote], user="root")
+
+    # -- the daemon's images
+
+    def _image(self, name: str) -> ImageInfo:
+        return self.client.call(Call("GET", f"/v1/images/{name}", _model(ImageInfo)))
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self._image(key)
+        except ImageNotFound:
+            return False
+        return True
+
+    def _key(self, parent: str, step: Step) -> str:
+        parts: list[Any] = [BUILD_FORMAT, parent, step.kind, step.args, step.options]
+        if step.kind == "copy":
+            parts.append([(rel, _digest(path)) for rel, path in _copied_files(self.image.context, step.args[:-1])])
+        return "build-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+    def _commit(self, key: str, parent: str, step: Step, config: ImageConfig, checkpoint: str | None,
+                name: str = "build-cache") -> ImageInfo:  # fmt: skip
+        request = CommitImageRequest(parent=parent, checkpoint=checkpoint, name=name, key=key,
+                                     config=config.model_dump(), step=step.describe())  # fmt: skip
+        try:
+            return self.client.call(Call("POST", "/v1/images/commit", _model(ImageInfo), json=request.model_dump()))
+        finally:
+            if checkpoint is not None:
+                Sandbox.delete_checkpoint(checkpoint, client=self.client)
+
+    def _report(self, number: int, total: int, step: Step, cached: bool) -> None:
+        if self.on_step is not None:
+            self.on_step(number, total, step.describe(), cached)
+
+    def _drop_sandbox(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.terminate()
+            self.sandbox = None
+
+
+def _configure(config: ImageConfig, step: Step) -> ImageConfig:
+    if step.kind == "env":
+        return config.model_copy(update={"env": {**config.env, **dict(a.split("=", 1) for a in step.args)}})
+    if step.kind == "workdir":
+        path = step.args[0]
+        path = path if path.startswith("/") else os.path.join(config.working_dir or "/", path)
+        return config.model_copy(update={"working_dir": path})
+    if step.kind == "user":
+        return config.model_copy(update={"user": step.args[0]})
+    if step.kind in ("cmd", "entrypoint"):
+        form, *words = step.args
+        argv = ["/bin/sh", "-c", words[0]] if form == "shell" else words
+        return config.model_copy(update={step.kind: argv})
+    return config
+
+
+def _copied_files(context: Path, sources: tuple[str, ...] | list[str]) -> list[tuple[str, Path]]:
+    """(path relative to the destination, local file) of every file COPY takes, in a stable order."""
+    found: list[tuple[str, Path]] = []
+    root = context.resolve()
+    for source in sources:
+        local = (context / source).resolve()
+        if not local.is_relative_to(root):
+            raise InvalidRequest(f"COPY {source}: outside the build context {context}")
+        if not local.exists():
+            raise InvalidRequest(f"COPY {source}: no such file in the build context {context}")
+        if local.is_dir():
+            for path in sorted(p for p in local.rglob("*") if p.is_file()):
+                found.append((str(path.relative_to(local)), path))
+        else:
+            found.append((local.name, local))
+    return found
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256(path.read_bytes())
+    digest.update(str(path.stat().st_mode & 0o7777).encode())
+    return base64.b16encode(digest.digest()[:16]).decode()

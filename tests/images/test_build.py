@@ -1,0 +1,126 @@
+"""Building images: a Dockerfile (and the Python builder) whose steps run in build sandboxes, cached."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from stasis import BuildError, Image, InvalidRequest, Sandbox
+from stasis.images import ImageStore
+from stasis.images.layers import link_tree
+from tests.conftest import IMAGE_DIR, Daemon
+from tests.images.conftest import stasis
+
+DOCKERFILE = """\
+# a comment, and a continued line below
+FROM pyapp
+ARG FLAVOUR=plain
+ENV MODE=test \\
+    FLAVOUR=${FLAVOUR}
+WORKDIR /srv/build
+COPY app.txt ./
+COPY pkg/ /opt/pkg/
+USER root
+RUN cat app.txt > copied.txt && echo "$MODE $FLAVOUR" > mode.txt && rm /srv/app/hello.txt
+RUN echo {last} > /srv/build/last.txt
+"""
+
+
+def context(tmp_path: Path, last: str = "one") -> Path:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "app.txt").write_text("copied in\n")
+    (tmp_path / "pkg" / "sub" / "data.bin").write_bytes(bytes(range(256)))
+    (tmp_path / "Dockerfile").write_text(DOCKERFILE.replace("{last}", last))
+    return tmp_path
+
+
+def test_a_dockerfile_builds_and_a_changed_last_line_reruns_only_it(images_daemon: Daemon, imported: str,
+                                                                     tmp_path: Path) -> None:  # fmt: skip
+    ctx = context(tmp_path)
+    first = stasis(images_daemon, "image", "build", "-f", str(ctx / "Dockerfile"), "-t", "built",
+                   "--build-arg", "FLAVOUR=mint", str(ctx))  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    assert "step 7/7" in first.stderr and "(cached)" not in first.stderr
+    with images_daemon.client() as client:
+        sbx = Sandbox.create(client=client, image="built", memory_mb=256)
+        try:
+            assert sbx.run("pwd").stdout == "/srv/build\n"
+            assert sbx.run("cat copied.txt mode.txt last.txt").stdout == "copied in\ntest mint\none\n"
+            assert sbx.read_file("/opt/pkg/sub/data.bin") == bytes(range(256))
+            assert sbx.run("test -e /srv/app/hello.txt").exit_code == 1  # deleted by a step
+            assert sbx.run("id -u").stdout == "0\n"  # USER root
+        finally:
+            sbx.terminate()
+    (ctx / "Dockerfile").write_text(DOCKERFILE.replace("{last}", "two"))
+    steps: list[tuple[int, bool]] = []
+    info = Image.from_dockerfile(ctx / "Dockerfile", ctx, {"FLAVOUR": "mint"}).build(
+        "built", client=images_daemon.client(), on_step=lambda n, total, text, cached: steps.append((n, cached))
+    )
+    assert steps == [(1, True), (2, True), (3, True), (4, True), (5, True), (6, True), (7, False)]
+    with images_daemon.client() as client:
+        sbx = Sandbox.create(client=client, image="built", memory_mb=256)
+        try:
+            assert sbx.run("cat last.txt copied.txt").stdout == "two\ncopied in\n"
+        finally:
+            sbx.terminate()
+    parent = ImageStore(images_daemon.paths.images).get("pyapp")
+    python = Path(parent.path) / "rootfs/usr/bin/python3.11"
+    assert (Path(info.path) / "rootfs/usr/bin/python3.11").stat().st_ino == python.stat().st_ino  # shared, not copied
+
+
+def wheel(directory: Path) -> Path:
+    """A pure-Python wheel, made by hand (no build tools needed)."""
+    path = directory / "hellowheel-1.0-py3-none-any.whl"
+    files = {
+        "hellowheel/__init__.py": "GREETING = 'hi from a wheel'\n",
+        "hellowheel-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: hellowheel\nVersion: 1.0\n",
+        "hellowheel-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        archive.writestr(
+            "hellowheel-1.0.dist-info/RECORD", "".join(f"{n},,\n" for n in [*files, "hellowheel-1.0.dist-info/RECORD"])
+        )
+    return path
+
+
+def test_the_python_builder_pip_installs_a_wheel_copied_in(images_daemon: Daemon, tmp_path: Path) -> None:
+    default = next(IMAGE_DIR.glob("default-*/image.json")).parent  # the default image, shared by hard links
+    own = images_daemon.paths.images / default.name
+    if not own.exists():
+        link_tree(default, own)
+    made = wheel(tmp_path)
+    image = (Image.debian().copy(str(made), "/tmp/wheels/").pip_install("/tmp/wheels/" + made.name,
+             extra_args="--no-index").env({"APP": "wheel"}))  # fmt: skip
+    image = Image(image.base, image.steps, tmp_path)
+    image.build("wheeled", client=images_daemon.client())
+    with images_daemon.client() as client:
+        sbx = Sandbox.create(client=client, image="wheeled", memory_mb=256)
+        try:
+            code = "import hellowheel, os; print(hellowheel.GREETING, os.environ['APP'])"
+            assert sbx.run(["python3", "-c", code]).stdout == "hi from a wheel wheel\n"
+        finally:
+            sbx.terminate()
+
+
+def test_bad_builds_are_clear_errors_and_leave_no_image(images_daemon: Daemon, imported: str, tmp_path: Path) -> None:
+    store = ImageStore(images_daemon.paths.images)
+    before = {i.key for i in store.list()}
+    (tmp_path / "Dockerfile").write_text("FROM pyapp\nEXPOSE 80\n")
+    with pytest.raises(InvalidRequest, match="line 2: EXPOSE is not supported"):
+        Image.from_dockerfile(tmp_path / "Dockerfile")
+    missing = Image.from_image("pyapp").copy("nope.txt", "/srv/")
+    with pytest.raises(InvalidRequest, match=r"COPY nope\.txt: no such file"):
+        Image(missing.base, missing.steps, tmp_path).build("bad", client=images_daemon.client())
+    failing = Image.from_image("pyapp").run("echo about to fail; exit 3")
+    with pytest.raises(BuildError, match=r"(?s)exit code 3.*about to fail"):
+        failing.build("bad", client=images_daemon.client())
+    with pytest.raises(Exception, match="unknown image 'no-such-base'"):
+        Image.from_image("no-such-base").run("true").build("bad", client=images_daemon.client())
+    assert not [i for i in store.list() if i.name == "bad"]
+    assert {i.key for i in store.list()} - before <= {i.key for i in store.list() if i.name == "build-cache"}
+    with images_daemon.client() as client:
+        assert Sandbox.list(client=client) == []  # no build sandbox left behind
