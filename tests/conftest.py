@@ -58,6 +58,7 @@ class Daemon:
         env = {**self.env, **extra_env}
         self.paths.home.mkdir(parents=True, exist_ok=True)
         log = open(self.paths.home / "daemon-test.log", "ab")  # noqa: SIM115 - the daemon keeps writing to it
+        self.log_start = log.tell()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stasis", "serve", "--log-level", "DEBUG"],
             env=env,
@@ -106,6 +107,17 @@ class Daemon:
 
     def log(self) -> str:
         return (self.paths.home / "daemon-test.log").read_text(errors="replace")
+
+    def log_of_this_run(self) -> str:
+        with open(self.paths.home / "daemon-test.log", "rb") as log:
+            log.seek(self.log_start)
+            return log.read().decode(errors="replace")
+
+    def killed_at_its_kill_point(self) -> bool:
+        """Whether this run ended by its STASIS_KILL_POINT. Its exit status alone cannot say: once a test
+        in this process used stasis.procs (whose reaper waits for every child), Popen may read 0."""
+        assert self.proc is not None
+        return self.proc.returncode == -9 or "reached: SIGKILL" in self.log_of_this_run()
 
 
 def terminate_all(daemon: Daemon) -> None:

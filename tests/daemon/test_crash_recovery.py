@@ -73,7 +73,7 @@ def crash_during(daemon: Daemon, action) -> None:  # type: ignore[no-untyped-def
         action()
     assert daemon.proc is not None
     daemon.proc.wait(timeout=60)
-    assert daemon.proc.returncode == -9, "the daemon did not reach its kill point"
+    assert daemon.killed_at_its_kill_point(), "the daemon did not reach its kill point"
     daemon.start()
 
 

@@ -25,6 +25,7 @@ LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s pid=%(process)d ms
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
     logging.getLogger("qemu.qmp").setLevel(logging.WARNING)  # it logs every connection at INFO
+    logging.getLogger("pyroute2").setLevel(logging.WARNING)  # it logs every netlink message at DEBUG
 
 
 def _raise_fd_limit() -> None:
