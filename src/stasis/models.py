@@ -129,6 +129,7 @@ class SandboxSpec(_Strict):
 class CreateSandboxRequest(SandboxSpec):
     name: str | None = None
     snapshot_id: str | None = Field(None, description="create from this checkpoint (id or name)")
+    template: str | None = Field(None, description="create from this template: its start command already running")
 
     @field_validator("name")
     @classmethod

@@ -173,3 +173,62 @@ def image_prune(
     params = {"everything": "true"} if everything else None
     removed = client().call(Call("POST", "/v1/images/prune", lambda r: r.json(), params=params))
     out.print(f"removed {', '.join(removed)}" if removed else "nothing to remove")
+
+
+# ------------------------------------------------------------ templates
+
+template_app = typer.Typer(help="Templates that start warm: a sandbox with its server already running.",
+                           no_args_is_help=True)  # fmt: skip
+app.add_typer(template_app, name="template")
+
+
+@template_app.command("create")
+def template_create(
+    name: Annotated[str, typer.Argument(help="The template's name (`stasis create X --template NAME`).")],
+    image: Annotated[str, typer.Option("--image", help="The image to boot.")] = "default",
+    start: Annotated[str, typer.Option("--start", help="Started in the background (a shell command).")] = "",
+    ready: Annotated[str | None, typer.Option("--ready", help="Ready when this exits 0 (polled).")] = None,
+    ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="Seconds to wait for --ready.")] = 120,
+    backend: Annotated[str | None, typer.Option("--backend", help="gvisor or microvm.")] = None,
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory of every sandbox from it.")] = None,
+    replace: Annotated[bool, typer.Option("--replace", help="Make it again if it exists.")] = False,
+) -> None:
+    """Boot an image, run --start, wait for --ready, and keep that instant (a MEMORY checkpoint)."""
+    from ..errors import InvalidRequest
+    from ..sdk import Template
+
+    if not start:
+        raise InvalidRequest("give the command that starts what the template keeps running: --start CMD")
+    options = {k: v for k, v in (("backend", backend), ("memory_mb", memory_mb)) if v is not None}
+    with err.status(f"making template {name} (waiting for it to be ready)..."):
+        template = Template.create(name, image, start_cmd=start, ready_cmd=ready, ready_timeout=ready_timeout,
+                                   replace=replace, client=client(), **options)  # fmt: skip
+    out.print(f"template [bold]{template.name}[/bold] ({template.checkpoint_id})")
+
+
+@template_app.command("ls")
+def template_ls(as_json: Json = False) -> None:
+    """List templates."""
+    from dataclasses import asdict
+
+    from ..sdk import Template
+
+    templates = Template.list(client=client())
+    if as_json:
+        sys.stdout.write(json.dumps([asdict(t) for t in templates], indent=2) + "\n")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "IMAGE", "START", "READY", "CHECKPOINT"):
+        table.add_column(column)
+    for t in templates:
+        table.add_row(t.name, t.image, t.start_cmd, t.ready_cmd or "-", t.checkpoint_id)
+    out.print(table if templates else "no templates; make one with `stasis template create`")
+
+
+@template_app.command("rm")
+def template_rm(name: Annotated[str, typer.Argument(help="Template name.")]) -> None:
+    """Remove a template (sandboxes made from it go on)."""
+    from ..sdk import Template
+
+    Template.delete(name, client=client())
+    out.print(f"removed template {name}")

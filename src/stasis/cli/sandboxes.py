@@ -45,6 +45,9 @@ def create(
     from_checkpoint: Annotated[
         str | None, typer.Option("--from", help="Checkpoint id or name to create it from.")
     ] = None,
+    template: Annotated[
+        str | None, typer.Option("--template", help="A template to start from (its server already running).")
+    ] = None,
     network: Annotated[
         bool, typer.Option("--network", help="Give it a network device: the internet, or what --allow-out names.")
     ] = False,
@@ -62,8 +65,10 @@ def create(
             ("disk_mb", disk_mb),
             ("timeout_secs", timeout_secs),
         )
-        if from_checkpoint is None or ctx.get_parameter_source(key).name != "DEFAULT"
+        if (from_checkpoint is None and template is None) or ctx.get_parameter_source(key).name != "DEFAULT"
     }
+    if template is not None:
+        explicit["template"] = template
     if network or allow_out or deny_out:
         explicit["network"] = build(NetworkPolicy, allow_out=allow_out or [], deny_out=deny_out or [])
     with err.status(f"creating sandbox {name}..."):

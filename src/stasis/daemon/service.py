@@ -47,6 +47,7 @@ from .metrics import Metrics
 from .ports import Ports
 from .states import require
 from .store import Store
+from .templates import template_checkpoint
 from .usage import spec_from_checkpoint
 from .watchdog import Watchdog
 
@@ -176,11 +177,13 @@ class SandboxService:
 
     async def create(self, request: CreateSandboxRequest, *, verify: bool = True) -> SandboxInfo:
         checkpoint = None
+        if request.template is not None and request.snapshot_id is None:
+            request = request.model_copy(update={"snapshot_id": template_checkpoint(self, request.template)})
         if request.snapshot_id is not None:
             checkpoint = self.store.get_checkpoint(request.snapshot_id)
             spec = spec_from_checkpoint(checkpoint, request)
         else:
-            spec = SandboxSpec.model_validate(request.model_dump(exclude={"name", "snapshot_id"}))
+            spec = SandboxSpec.model_validate(request.model_dump(exclude={"name", "snapshot_id", "template"}))
         if spec.backend not in self.backends:
             why = self.unavailable.get(spec.backend, "unknown backend")
             raise Unsupported(f"backend {spec.backend!r} is not available on this host: {why}")

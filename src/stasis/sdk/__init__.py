@@ -42,6 +42,7 @@ from ._base import CommandResult, OutputEvent
 from ._client import AsyncClient, Client
 from ._sync import Sandbox
 from .image import BuildError, Image
+from .template import Template, TemplateNotReady
 
 __all__ = [
     "AsyncClient",
@@ -84,5 +85,7 @@ __all__ = [
     "StartupError",
     "StasisError",
     "StateError",
+    "Template",
+    "TemplateNotReady",
     "Unsupported",
 ]
