@@ -39,6 +39,7 @@ POINTS = (
     "network.attach.after_namespaces",
     "network.attach.after_firewall",
     "network.detach.after_close",
+    "image.commit.before_rename",
 )  # the daemon's own; each backend lists its windows in its ``kill_points``
 
 

@@ -33,20 +33,20 @@ MICROVM_RESUME_POINTS = points("resume.", "microvm.resume.")
 MICROVM_CREATE_POINTS = points("create.", "microvm.start.")
 MICROVM_CHECKPOINT_POINTS = points("microvm.checkpoint.")
 NETWORK_POINTS = points("network.")  # tested in tests/network/test_network_lifecycle.py
+IMAGE_POINTS = points("image.")  # tested in tests/images/test_build.py
 
 
 def test_every_kill_point_in_the_code_is_listed_and_tested() -> None:
     source = Path(faults.__file__).parent
     # Point names appear as literals, passed to faults.point() directly or through a helper.
-    literal = (
-        r'"((?:create|gvisor|microvm|suspend|resume|checkpoint|fork|terminate|agent|network)\.[a-z_]+(?:\.[a-z_]+)*)"'
-    )
+    prefixes = "create|gvisor|microvm|suspend|resume|checkpoint|fork|terminate|agent|network|image"
+    literal = rf'"((?:{prefixes})\.[a-z_]+(?:\.[a-z_]+)*)"'
     used = {m for f in source.rglob("*.py") if f.name != "faults.py" for m in re.findall(literal, f.read_text())}
-    used -= {"checkpoint.img", "suspend.partial", "agent.db", "agent.py", "agent.sock"}  # file names, not points
+    used -= {"checkpoint.img", "suspend.partial", "agent.db", "agent.py", "agent.sock", "image.json"}  # files
     assert used == set(ALL_POINTS) | set(faults.AGENT_POINTS)
     tested = CREATE_POINTS + SUSPEND_POINTS + RESUME_POINTS + TERMINATE_POINTS + CHECKPOINT_POINTS + FORK_POINTS
     tested += RESTORE_POINTS + MICROVM_SUSPEND_POINTS + MICROVM_RESUME_POINTS + MICROVM_CREATE_POINTS
-    tested += MICROVM_CHECKPOINT_POINTS + NETWORK_POINTS
+    tested += MICROVM_CHECKPOINT_POINTS + NETWORK_POINTS + IMAGE_POINTS
     assert set(tested) == set(ALL_POINTS)
     assert len(ALL_POINTS) >= 30
 

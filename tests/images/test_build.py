@@ -10,7 +10,9 @@ import pytest
 from stasis import BuildError, Image, InvalidRequest, Sandbox
 from stasis.images import ImageStore
 from stasis.images.layers import link_tree
+from stasis.paths import Paths
 from tests.conftest import IMAGE_DIR, Daemon
+from tests.daemon.test_crash_recovery import crash_during
 from tests.images.conftest import stasis
 
 DOCKERFILE = """\
@@ -18,7 +20,7 @@ DOCKERFILE = """\
 FROM pyapp
 ARG FLAVOUR=plain
 ENV MODE=test \\
-    FLAVOUR=${FLAVOUR}
+    FLAVOUR=${FLAVOUR} BUILT_FOR={backend}
 WORKDIR /srv/build
 COPY app.txt ./
 COPY pkg/ /opt/pkg/
@@ -28,23 +30,23 @@ RUN echo {last} > /srv/build/last.txt
 """
 
 
-def context(tmp_path: Path, last: str = "one") -> Path:
+def context(tmp_path: Path, backend: str, last: str = "one") -> Path:
     (tmp_path / "pkg" / "sub").mkdir(parents=True, exist_ok=True)
     (tmp_path / "app.txt").write_text("copied in\n")
     (tmp_path / "pkg" / "sub" / "data.bin").write_bytes(bytes(range(256)))
-    (tmp_path / "Dockerfile").write_text(DOCKERFILE.replace("{last}", last))
+    (tmp_path / "Dockerfile").write_text(DOCKERFILE.replace("{last}", last).replace("{backend}", backend))
     return tmp_path
 
 
 def test_a_dockerfile_builds_and_a_changed_last_line_reruns_only_it(images_daemon: Daemon, imported: str,
-                                                                     tmp_path: Path) -> None:  # fmt: skip
-    ctx = context(tmp_path)
+                                                                     tmp_path: Path, backend: str) -> None:  # fmt: skip
+    ctx = context(tmp_path, backend)
     first = stasis(images_daemon, "image", "build", "-f", str(ctx / "Dockerfile"), "-t", "built",
                    "--build-arg", "FLAVOUR=mint", str(ctx))  # fmt: skip
     assert first.returncode == 0, first.stderr
     assert "step 7/7" in first.stderr and "(cached)" not in first.stderr
     with images_daemon.client() as client:
-        sbx = Sandbox.create(client=client, image="built", memory_mb=256)
+        sbx = Sandbox.create(client=client, image="built", memory_mb=256, backend=backend)  # built on gVisor
         try:
             assert sbx.run("pwd").stdout == "/srv/build\n"
             assert sbx.run("cat copied.txt mode.txt last.txt").stdout == "copied in\ntest mint\none\n"
@@ -53,7 +55,7 @@ def test_a_dockerfile_builds_and_a_changed_last_line_reruns_only_it(images_daemo
             assert sbx.run("id -u").stdout == "0\n"  # USER root
         finally:
             sbx.terminate()
-    (ctx / "Dockerfile").write_text(DOCKERFILE.replace("{last}", "two"))
+    context(tmp_path, backend, last="two")
     steps: list[tuple[int, bool]] = []
     info = Image.from_dockerfile(ctx / "Dockerfile", ctx, {"FLAVOUR": "mint"}).build(
         "built", client=images_daemon.client(), on_step=lambda n, total, text, cached: steps.append((n, cached))
@@ -124,3 +126,23 @@ def test_bad_builds_are_clear_errors_and_leave_no_image(images_daemon: Daemon, i
     assert {i.key for i in store.list()} - before <= {i.key for i in store.list() if i.name == "build-cache"}
     with images_daemon.client() as client:
         assert Sandbox.list(client=client) == []  # no build sandbox left behind
+
+
+def test_a_daemon_killed_while_committing_a_step_leaves_no_image(own_daemon: Daemon, tmp_path: Path) -> None:
+    own_daemon.paths = Paths(own_daemon.paths.home, own_daemon.paths.home / "images")
+    default = next(IMAGE_DIR.glob("default-*/image.json")).parent
+    link_tree(default, own_daemon.paths.images / default.name)
+    own_daemon.start(STASIS_KILL_POINT="image.commit.before_rename")
+    image = Image.debian().run("echo built > /root/built.txt")
+    crash_during(own_daemon, lambda: image.build("halfway", client=own_daemon.client()))
+    store = ImageStore(own_daemon.paths.images)
+    assert [i.key for i in store.list()] == [default.name]  # nothing half-made is visible
+    with own_daemon.client() as client:
+        for info in Sandbox.list(client=client):  # the build sandbox the killed daemon left
+            Sandbox(info, client).terminate()
+    image.build("halfway", client=own_daemon.client())  # built again from scratch, the leftovers swept
+    assert not [p for p in own_daemon.paths.images.iterdir() if p.name.startswith(".")]
+    with own_daemon.client() as client:
+        sbx = Sandbox.create(client=client, image="halfway", memory_mb=256)
+        assert sbx.read_file("/root/built.txt") == b"built\n"
+        sbx.terminate()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from .. import faults
 from ..errors import BackendError, ImageNotFound, InvalidRequest
 from ..fsutil import atomic_write, fsync_dir, tree_bytes
 from ..models import NAME_PATTERN
@@ -209,6 +210,7 @@ class ImageStore:
                 config=config, python=python,
             )  # fmt: skip
             atomic_write(staging / "image.json", info.model_dump_json(indent=2).encode())
+            faults.point("image.commit.before_rename")
             os.rename(staging, final)
             fsync_dir(self.directory)
         except BaseException:
