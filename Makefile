@@ -27,6 +27,7 @@ bench: setup
 	.venv/bin/python benchmarks/shell.py
 	.venv/bin/python benchmarks/microvm.py
 	.venv/bin/python benchmarks/network.py
+	.venv/bin/python benchmarks/images.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30
