@@ -33,6 +33,7 @@ from rich.table import Table
 from stasis import Client, Image, Sandbox, Template
 from stasis.images import ImageStore
 from stasis.images.layers import link_tree
+from stasis.images.recipe import RECIPES
 from stasis.paths import default_home
 from tests.images.ociimages import archive, oci_layout, python_rootfs
 from tests.network.servers import COUNTER
@@ -62,7 +63,7 @@ def main() -> None:
         ref = archive(oci_layout(python_rootfs(scratch / "rootfs"), scratch / "layout", "v1", env={"A": "1"}),
                       "oci-archive", scratch / "app.tar")  # fmt: skip
         images = scratch / "images"
-        default = next((default_home() / "images").glob("default-*/image.json")).parent
+        default = default_home() / "images" / RECIPES["default"].key
         link_tree(default, images / default.name)
 
         def ours() -> None:

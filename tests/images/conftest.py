@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from stasis.images.layers import link_tree
 from stasis.paths import Paths
 from tests.conftest import Daemon, new_home, terminate_all
-from tests.images.ociimages import archive, oci_layout, python_rootfs
+from tests.images.ociimages import archive, default_image, oci_layout, python_rootfs
 
 ENV = {"GREETING": "hello from the image", "PATH": "/usr/local/bin:/usr/bin:/bin"}
 
@@ -43,6 +44,8 @@ def images_daemon() -> Iterator[Daemon]:
     """A daemon whose image directory is its own (imports never touch the user's image cache)."""
     daemon = Daemon(new_home("images"))
     daemon.paths = Paths(daemon.paths.home, daemon.paths.home / "images")
+    default = default_image()  # what stasis's own python is made from
+    link_tree(default, daemon.paths.images / default.name)
     daemon.start()
     yield daemon
     terminate_all(daemon)

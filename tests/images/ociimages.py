@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from stasis.images.recipe import RECIPES
 from tests.conftest import IMAGE_DIR
 
 BUSYBOX = Path("/bin/busybox")
@@ -16,8 +17,13 @@ APPLETS = ("sh", "ls", "cat", "id", "pwd", "env", "echo", "sleep", "mkdir", "rm"
 SKIPPED_STDLIB = ("test", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "pydoc_data", "__pycache__")
 
 
+def default_image() -> Path:
+    """The current build of the default recipe (make setup builds it)."""
+    return IMAGE_DIR / RECIPES["default"].key
+
+
 def default_rootfs() -> Path:
-    return next(p.parent / "rootfs" for p in sorted(IMAGE_DIR.glob("default-*/image.json")))
+    return default_image() / "rootfs"
 
 
 def _run(*argv: str) -> str:

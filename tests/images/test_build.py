@@ -11,9 +11,10 @@ from stasis import BuildError, Image, InvalidRequest, Sandbox
 from stasis.images import ImageStore
 from stasis.images.layers import link_tree
 from stasis.paths import Paths
-from tests.conftest import IMAGE_DIR, Daemon
+from tests.conftest import Daemon
 from tests.daemon.test_crash_recovery import crash_during
 from tests.images.conftest import stasis
+from tests.images.ociimages import default_image
 
 DOCKERFILE = """\
 # a comment, and a continued line below
@@ -90,7 +91,7 @@ def wheel(directory: Path) -> Path:
 
 
 def test_the_python_builder_pip_installs_a_wheel_copied_in(images_daemon: Daemon, tmp_path: Path) -> None:
-    default = next(IMAGE_DIR.glob("default-*/image.json")).parent  # the default image, shared by hard links
+    default = default_image()  # the default image, shared by hard links
     own = images_daemon.paths.images / default.name
     if not own.exists():
         link_tree(default, own)
@@ -130,7 +131,7 @@ def test_bad_builds_are_clear_errors_and_leave_no_image(images_daemon: Daemon, i
 
 def test_a_daemon_killed_while_committing_a_step_leaves_no_image(own_daemon: Daemon, tmp_path: Path) -> None:
     own_daemon.paths = Paths(own_daemon.paths.home, own_daemon.paths.home / "images")
-    default = next(IMAGE_DIR.glob("default-*/image.json")).parent
+    default = default_image()
     link_tree(default, own_daemon.paths.images / default.name)
     own_daemon.start(STASIS_KILL_POINT="image.commit.before_rename")
     image = Image.debian().run("echo built > /root/built.txt")

@@ -80,7 +80,6 @@ def test_bad_images_are_refused_clearly(images_daemon: Daemon, made: dict[str, s
     cases = {
         made["corrupt"]: "failed",
         made["arm64"]: "linux/arm64; this host runs linux/amd64",
-        made["no-python"]: "has no python3",
         f"oci-archive:{tmp_path / 'missing.tar'}": "does not exist",
         "registry.test/app:1": "name its transport",
     }
@@ -133,3 +132,27 @@ def test_rm_refuses_an_image_in_use_and_prune_removes_superseded_builds(images_d
         result = stasis(images_daemon, "image", "rm", "churn")
         assert result.returncode == 0, result.stderr
         assert not [i for i in store.list() if i.name == "churn"]
+
+
+def test_an_image_without_python_runs_on_stasiss_own(images_daemon: Daemon, made: dict[str, str],
+                                                     backend: str) -> None:  # fmt: skip
+    """busybox and nothing else: the agent runs on the interpreter stasis brings, the image untouched."""
+    store = store_of(images_daemon)
+    info = store.import_image(made["no-python"], "bare")
+    assert info.python == ""
+    rootfs = Path(info.path) / "rootfs"
+    assert not (rootfs / "usr/bin/python3").exists() and not any((rootfs / "opt/stasis-python").iterdir())
+    with images_daemon.client() as client:
+        sbx = Sandbox.create(client=client, image="bare", backend=backend, memory_mb=256)
+        try:
+            assert sbx.run("echo $GREETING; id -u").stdout == "hello from the image\n0\n"
+            assert sbx.run("command -v python3 || echo none").stdout == "none\n"  # the image's PATH has none
+            sbx.write_file("/root/note.txt", b"files work\n")
+            assert sbx.run(["cat", "/root/note.txt"]).stdout == "files work\n"
+            assert sbx.run("touch /opt/stasis-python/x").exit_code != 0  # stasis's python is read-only
+            server = sbx.start_process(["sleep", "300"])
+            sbx.suspend()
+            assert sbx.get_process(server.id).status == "running"  # resumed: the same process
+        finally:
+            sbx.terminate()
+    assert not any((rootfs / "opt/stasis-python").iterdir())  # nothing was written into the image

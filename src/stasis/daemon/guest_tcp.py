@@ -1,6 +1,6 @@
 """A TCP connection to a port on a sandbox's loopback, for a sandbox without a network device.
 
-The agent starts a small relay in the sandbox (python3, which every image has for the agent) that
+The agent starts a small relay in the sandbox (on the python the agent runs on) that
 connects to 127.0.0.1:PORT and copies its stdin to the socket and the socket to its stdout; the
 daemon carries those streams over the guest channel, as it does SSH's. To its caller it is an
 ordinary pair of asyncio streams (one end of a socketpair). While it is open the sandbox counts as
@@ -77,7 +77,7 @@ async def _pump(
     upstream: asyncio.Task[None] | None = None
     try:
         async with service.guest(sandbox_id) as channel:
-            cmd = ["python3", "-I", "-S", "-c", RELAY, str(port)]
+            cmd = [*service.python_argv(sandbox_id), "-I", "-S", "-c", RELAY, str(port)]
             await channel.call(P.StartProcess(cmd=cmd, id=session, stdin=True, max_output=BUFFER))
             try:
                 out = err = 0

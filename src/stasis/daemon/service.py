@@ -27,7 +27,7 @@ from ..backends import BACKENDS, create_backend
 from ..backends.base import Backend, BoxRef, HostState
 from ..errors import GuestDisconnected, StasisError, StateError, Unsupported
 from ..guest.client import GuestChannel
-from ..images import ImageStore
+from ..images import ImageStore, runtime
 from ..images.oci import ImageConfig
 from ..models import (
     CheckpointInfo,
@@ -402,6 +402,15 @@ class SandboxService:
         """Take over a sandbox found running (after a daemon restart)."""
         await self.attach_network(info)
         await self.adopt_channel(info, await self.backend_of(info).connect(box), detail)
+
+    def python_argv(self, ref: str) -> list[str]:
+        """How to start python3 in the sandbox: the image's, or stasis's own (an image without one)."""
+        info = self.store.get(ref)
+        try:
+            python = self.images.by_key(info.image_key or "").python
+        except StasisError:
+            python = "/usr/bin/python3"
+        return [python] if python else runtime.argv_prefix()
 
     def command_defaults(self, ref: str) -> tuple[dict[str, str], str | None, str | None]:
         """The env, working directory and user its image asks commands to run with (an imported image's

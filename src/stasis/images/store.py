@@ -46,7 +46,7 @@ class ImageInfo(BaseModel):
     path: str
     source: str = "recipe"  # "recipe" (mmdebstrap) or the reference it was imported from
     config: ImageConfig | None = None  # an imported image's Env, WorkingDir, User, ...
-    python: str = "/usr/bin/python3"  # the interpreter in the image that the agent runs on
+    python: str = "/usr/bin/python3"  # the image's interpreter the agent runs on; "": stasis's own (runtime.py)
 
 
 class ImageStore:
@@ -159,12 +159,7 @@ class ImageStore:
             rootfs = layout.unpack(tag, staging / "bundle")
             rootfs.rename(staging / "rootfs")
             shutil.rmtree(staging / "bundle")
-            python = oci.find_python(staging / "rootfs")
-            if python is None:
-                raise InvalidRequest(
-                    f"{ref} has no python3 (looked for {', '.join('/' + p for p in oci.PYTHONS)}); stasis's agent "
-                    "runs on the image's python3 for now: use an image with python3 (e.g. python:3.12-slim)"
-                )
+            python = oci.find_python(staging / "rootfs") or ""  # none: the agent runs on stasis's own
             self._add_mount_points(staging / "rootfs")
             info = ImageInfo(
                 name=name, key=key, digest=digest, packages=[], suite="oci",
@@ -221,7 +216,7 @@ class ImageStore:
     @staticmethod
     def _add_mount_points(rootfs: Path) -> None:
         """Mount points and the agent's directory, so runsc never has to create them in the image."""
-        for sub in ("proc", "sys", "dev", "tmp", "root", "opt/stasis", "etc"):
+        for sub in ("proc", "sys", "dev", "tmp", "root", "opt/stasis", "opt/stasis-python", "etc"):
             target = rootfs / sub
             if not target.is_symlink():
                 target.mkdir(parents=True, exist_ok=True)

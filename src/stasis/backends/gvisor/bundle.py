@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ...images import runtime
 from ...models import SandboxSpec
 from .agentdir import MOUNT_POINT
 
@@ -32,20 +33,28 @@ def oci_config(
     netns: Path | None = None,
     resolv_conf: Path | None = None,
     python: str = "/usr/bin/python3",
+    python_runtime: Path | None = None,
 ) -> dict[str, Any]:
     """The bundle's config; ``agent`` is the host directory mounted read-only at /opt/stasis
     (None only for sandboxes made before that, whose agent sits in their own files); ``tmp`` is
     the directory on its disk mounted at /tmp (None: gVisor's own tmpfs, charged to its memory);
     ``netns`` the network namespace whose device runsc takes (None: no network), with
     ``resolv_conf`` mounted at /etc/resolv.conf (the daemon's resolver at the gateway); ``python``
-    the image's interpreter, which runs the agent."""
+    the image's interpreter, which runs the agent, or (``python_runtime``, an image without one)
+    stasis's own, mounted read-only at /opt/stasis-python."""
     config = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
             # -S: no site import, 30 ms faster
-            "args": [python, "-I", "-S", "-u", AGENT_PATH if agent else LEGACY_AGENT_PATH],
+            "args": [
+                *([python] if python_runtime is None else runtime.argv_prefix()),
+                "-I",
+                "-S",
+                "-u",
+                AGENT_PATH if agent else LEGACY_AGENT_PATH,
+            ],
             "env": [
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "HOME=/root",
@@ -88,6 +97,10 @@ def oci_config(
         config["mounts"].append(mount)  # type: ignore[attr-defined]
     if tmp is not None:
         mount = {"destination": "/tmp", "type": "bind", "source": str(tmp), "options": ["rbind", "rw"]}
+        config["mounts"].append(mount)  # type: ignore[attr-defined]
+    if python_runtime is not None:
+        mount = {"destination": runtime.MOUNT_POINT, "type": "bind", "source": str(python_runtime),
+                 "options": ["rbind", "ro"]}  # fmt: skip
         config["mounts"].append(mount)  # type: ignore[attr-defined]
     if netns is not None and resolv_conf is not None:
         mount = {"destination": "/etc/resolv.conf", "type": "bind", "source": str(resolv_conf), "options": ["ro"]}

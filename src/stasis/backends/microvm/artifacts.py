@@ -28,6 +28,8 @@ from ... import procs
 from ...errors import BackendError
 from ...fsutil import fsync_dir, fsync_file, tree_bytes
 from ...guest import AGENT_DIR, AGENT_FILES, agent_digest
+from ...images.runtime import MOUNT_POINT
+from ...images.runtime import argv_prefix as bundled_python
 from ...network.namespaces import GATEWAY_ADDRESS, INNER_ADDRESS
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,12 @@ if grep -qw stasis.net /proc/cmdline; then
     || echo "stasis-init: cannot configure eth0" >/dev/console
   printf 'nameserver __GATEWAY__\noptions timeout:2 attempts:2\n' > /newroot/etc/resolv.conf
 fi
+if [ "$python" = bundled ]; then  # stasis's own python, on the base disk: read-only to the sandbox (busybox's
+  # remount reads /proc/mounts: before /proc moves)
+  mount --bind /newroot/opt/stasis-python /newroot/opt/stasis-python
+  mount -o remount,bind,ro /newroot/opt/stasis-python
+  python="__BUNDLED__"
+fi
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
 mount --move /dev /newroot/dev
@@ -93,7 +101,7 @@ mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
 mount -t tmpfs -o mode=755 tmpfs /newroot/run
 ip link set lo up 2>/dev/null
 # /dev now lives under /newroot: open the port there (a bare path would create a plain file).
-exec switch_root /newroot "$python" -I -S -u /opt/stasis/boot.py 0<>"/newroot$port" 1>&0 2>/newroot/dev/console
+exec switch_root /newroot $python -I -S -u /opt/stasis/boot.py 0<>"/newroot$port" 1>&0 2>/newroot/dev/console
 """
 
 
@@ -209,6 +217,7 @@ def extract_vmlinux(bzimage: bytes) -> bytes | None:
 
 def init_script() -> str:
     script = INIT_SCRIPT.replace("__MODULES__", " ".join(MODULES)).replace("__PORT__", AGENT_PORT_NAME)
+    script = script.replace("__BUNDLED__", " ".join(bundled_python()))
     return script.replace("__INNER__", INNER_ADDRESS).replace("__GATEWAY__", GATEWAY_ADDRESS)
 
 
@@ -247,11 +256,14 @@ def base_size(rootfs: Path) -> int:
     return -(-size // (64 << 20)) * (64 << 20)
 
 
-async def root_disk(cache: Path, image_key: str, rootfs: Path) -> Path:
-    """The image as a read-only ext4 file (built once per image build, seconds), just big enough.
+async def root_disk(cache: Path, image_key: str, rootfs: Path, python_runtime: Path | None = None) -> Path:
+    """The image as a read-only ext4 file (built once per image build, seconds), just big enough; with
+    ``python_runtime`` (an image without python3) that tree added at /opt/stasis-python on the disk, not in
+    the image (the image's files are hard links in a staging tree).
 
     (``rootfs-KEY.ext4`` files, 8 GiB each, are the bases of sandboxes made before disks had sizes.)"""
-    dest = cache / f"base{BASE_FORMAT}-{image_key}.ext4"
+    suffix = f"-{python_runtime.name}" if python_runtime else ""
+    dest = cache / f"base{BASE_FORMAT}-{image_key}{suffix}.ext4"
     if dest.exists():
         return dest
     cache.mkdir(parents=True, exist_ok=True)
@@ -259,7 +271,12 @@ async def root_disk(cache: Path, image_key: str, rootfs: Path) -> Path:
         raise BackendError("mkfs.ext4 is missing; install it with: apt-get install e2fsprogs (make setup does)")
     fd, staging = tempfile.mkstemp(prefix=f".{dest.name}.", dir=cache)
     os.close(fd)
+    tree = None
     try:
+        if python_runtime is not None:
+            tree = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tree-", dir=cache))
+            await asyncio.to_thread(_with_runtime, rootfs, python_runtime, tree / "rootfs")
+            rootfs = tree / "rootfs"
         os.truncate(staging, await asyncio.to_thread(base_size, rootfs))
         # Inode tables and journal initialised now: otherwise every guest would zero them into its overlay.
         # -m 0: no blocks reserved for root (who runs everything in a sandbox): df's "available" is what fits.
@@ -277,3 +294,15 @@ async def root_disk(cache: Path, image_key: str, rootfs: Path) -> Path:
     finally:
         if os.path.exists(staging):
             os.unlink(staging)
+        if tree is not None:
+            shutil.rmtree(tree, ignore_errors=True)
+
+
+def _with_runtime(rootfs: Path, python_runtime: Path, dest: Path) -> None:
+    from ...images.layers import link_tree
+
+    link_tree(rootfs, dest)
+    target = dest / MOUNT_POINT.lstrip("/")
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(python_runtime, target, symlinks=True)

@@ -37,6 +37,7 @@ from ...fsutil import atomic_write
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
 from ...images.oci import find_python
+from ...images.runtime import agent_runtime
 from ...models import SandboxSpec
 from ...network import namespaces
 from ...network.namespaces import Device, SandboxNet
@@ -143,7 +144,8 @@ class MicrovmBackend:
 
     @staticmethod
     def _python(box: BoxRef) -> str:
-        return find_python(box.image_rootfs) or "/usr/bin/python3"
+        """The image's python3 for the agent, or "bundled": stasis's own, put on the image's base disk."""
+        return find_python(box.image_rootfs) or "bundled"
 
     @staticmethod
     def _stored_machine(directory: Path) -> Machine:
@@ -283,7 +285,8 @@ class MicrovmBackend:
             channel = await self._cold_boot(box, new_identity=False)
             return channel, self._state(self._stored_machine(box.directory), box.state.get("template", ""))
         assert self.boot is not None
-        base = await root_disk(self.cache, box.image_key, box.image_rootfs)
+        own = agent_runtime(self.paths.images) if self._python(box) == "bundled" else None
+        base = await root_disk(self.cache, box.image_key, box.image_rootfs, own)
         if (needed := base.stat().st_size) > box.spec.disk_mb << 20:
             raise InvalidRequest(
                 f"image {box.spec.image!r} needs a disk of at least {needed >> 20} MiB on a microVM; "
