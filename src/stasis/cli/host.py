@@ -62,19 +62,23 @@ def doctor(as_json: Json = False) -> None:
 
 
 @image_app.command("ls")
-def image_ls(as_json: Json = False) -> None:
-    """List built images."""
+def image_ls(
+    as_json: Json = False,
+    everything: Annotated[bool, typer.Option("--all", help="Also the build steps' cached images.")] = False,
+) -> None:
+    """List images: built from a recipe, imported, or built from a Dockerfile."""
     from ..images import ImageStore
 
-    images = ImageStore(Paths.from_env().images).list()
+    images = [i for i in ImageStore(Paths.from_env().images).list() if everything or i.name != "build-cache"]
     if as_json:
         print(json.dumps([i.model_dump() for i in images], indent=2))
         return
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "KEY", "SIZE", "BUILT", "PACKAGES"):
+    for column in ("NAME", "KEY", "SIZE", "BUILT", "FROM"):
         table.add_column(column)
     for i in images:
-        table.add_row(i.name, i.key, f"{i.size_bytes / 1e6:.0f} MB", ago(i.built_at), ", ".join(i.packages))
+        origin = ", ".join(i.packages) if i.source == "recipe" else i.source
+        table.add_row(i.name, i.key, f"{i.size_bytes / 1e6:.0f} MB", ago(i.built_at), origin[:80])
     out.print(table if images else "no images; build one with `stasis image build default`")
 
 
