@@ -84,7 +84,6 @@ def test_a_claimed_name_cannot_open_an_address(make, hosts: dict[str, TestHost])
     assert handshake.get("error") == "SSLError", handshake
 
 
-@pytest.mark.parametrize("backend", ["gvisor"])
 def test_live_update_applies_to_the_next_connection(make, hosts: dict[str, TestHost]) -> None:
     web = hosts["web"]
     sbx = make(True)
@@ -108,7 +107,6 @@ def test_no_egress_and_invalid_rules(make, net_client: Client, hosts: dict[str, 
         Sandbox.create(client=net_client, network=NetworkPolicy.model_construct(allow_out=["not a host"]))
 
 
-@pytest.mark.parametrize("backend", ["gvisor"])
 def test_a_sandbox_reaches_neither_the_daemon_nor_another_sandbox(make, hosts: dict[str, TestHost]) -> None:
     from tests.network.servers import COUNTER
     from tests.network.test_ports import get, serve
