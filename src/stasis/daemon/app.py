@@ -364,6 +364,16 @@ def create_app(
         """The request body is the file's raw bytes."""
         return await ops.write_file(ref, path, request.stream(), mode)
 
+    @app.put("/v1/sandboxes/{ref}/dirs")
+    async def upload_dir(ref: str, path: Path_, request: Request, replace: bool = False) -> FileEntry:
+        """The request body is a tar stream, unpacked as directory ``path`` (whole or not at all)."""
+        return await ops.upload_dir(ref, path, request.stream(), replace)
+
+    @app.get("/v1/sandboxes/{ref}/dirs")
+    async def download_dir(ref: str, path: Path_) -> Response:
+        """Directory ``path`` as a tar stream."""
+        return StreamingResponse(await ops.download_dir(ref, path), media_type="application/x-tar")
+
     @app.delete("/v1/sandboxes/{ref}/files", status_code=204)
     async def delete_file(ref: str, path: Path_, recursive: bool = False) -> Response:
         await ops.delete_file(ref, path, recursive)

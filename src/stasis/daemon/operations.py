@@ -7,6 +7,7 @@ sandbox first and keeps it busy while it runs, and speaks the typed guest protoc
 from __future__ import annotations
 
 import base64
+import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -46,6 +47,9 @@ def _process(state: P.ProcessState) -> ProcessInfo:
 
 def _entry(stat: P.FileStat) -> FileEntry:
     return FileEntry.model_validate(asdict(stat))
+
+
+DIR_TRANSFERS = "/var/lib/stasis/transfers"  # tar files of upload_dir/download_dir while they move
 
 
 class GuestOperations:
@@ -217,6 +221,36 @@ class GuestOperations:
                     del pending[:FILE_CHUNK]
             await send(bytes(pending), final=True)
             return _entry(await channel.call(P.StatFile(path=path)))
+
+    async def upload_dir(self, ref: str, path: str, tar: AsyncIterator[bytes], replace: bool) -> FileEntry:
+        """A tar stream unpacked as directory ``path``: whole or not at all (checked member by member)."""
+        archive = f"{DIR_TRANSFERS}/{secrets.token_hex(8)}.tar"
+        try:
+            await self.write_file(ref, archive, tar, mode=0o600)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.delete_file(ref, archive, False)
+            raise
+        async with self.service.guest(ref) as channel:
+            await channel.call(P.ExtractTar(archive=archive, path=path, replace=replace), timeout=600)
+            return _entry(await channel.call(P.StatFile(path=path)))
+
+    async def download_dir(self, ref: str, path: str) -> AsyncIterator[bytes]:
+        """Directory ``path`` as a tar stream (packed in the sandbox first, so it is one instant's)."""
+        archive = f"{DIR_TRANSFERS}/{secrets.token_hex(8)}.tar"
+        async with self.service.guest(ref) as channel:
+            await channel.call(P.PackTar(path=path, archive=archive), timeout=600)
+        chunks = await self.read_file(ref, archive)
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.delete_file(ref, archive, False)
+
+        return stream()
 
     async def list_directory(self, ref: str, path: str) -> list[FileEntry]:
         async with self.service.guest(ref) as channel:

@@ -113,6 +113,8 @@ class Agent:
             P.StatFile: files.stat,
             P.DeleteFile: files.delete,
             P.MakeDir: files.mkdir,
+            P.ExtractTar: files.extract,
+            P.PackTar: files.pack,
         }
         assert set(self.handlers) == set(P.OPERATIONS.values()), "every operation has a handler"
 

@@ -171,7 +171,72 @@ class Files:
             os.unlink(path)
         return P.Empty()
 
+    def extract(self, req: P.ExtractTar) -> P.PathResult:
+        """Members are checked before anything is written: no absolute paths, no ``..``, no links that
+        leave the tree, no devices. Extracted beside ``path`` and renamed into place."""
+        import tarfile
+
+        archive, path = absolute(req.archive), absolute(req.path)
+        if os.path.exists(path) and not req.replace:
+            raise RequestError(P.ErrorKind.FILE_EXISTS, f"{path} exists; pass replace to put the directory there")
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        staging = os.path.join(parent, f".{os.path.basename(path)}.stasis-dir-{os.getpid()}-{time.monotonic_ns()}")
+        try:
+            with tarfile.open(archive, "r:*") as tar:
+                members = tar.getmembers()
+                for member in members:
+                    if (why := unsafe_member(member)) is not None:
+                        raise RequestError(P.ErrorKind.INVALID, why)
+                os.mkdir(staging, 0o755)
+                tar.extractall(staging, members=members)
+            old = None
+            if os.path.lexists(path):
+                old = f"{staging}.old"
+                os.rename(path, old)
+            os.rename(staging, path)
+            fsync_dir(parent)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except tarfile.TarError as exc:
+            raise RequestError(P.ErrorKind.INVALID, f"not a tar archive: {exc}") from exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(archive)
+        return P.PathResult(path=path)
+
+    def pack(self, req: P.PackTar) -> P.PathResult:
+        import tarfile
+
+        path, archive = absolute(req.path), absolute(req.archive)
+        if not os.path.isdir(path):
+            raise RequestError(P.ErrorKind.NOT_A_DIRECTORY, f"{path} is not a directory")
+        os.makedirs(os.path.dirname(archive), exist_ok=True)
+        with tarfile.open(archive, "w") as tar:
+            tar.add(path, arcname=".")
+        return P.PathResult(path=archive, size=os.stat(archive).st_size)
+
     def mkdir(self, req: P.MakeDir) -> P.PathResult:
         path = absolute(req.path)
         os.makedirs(path, exist_ok=bool(req.exist_ok))
         return P.PathResult(path=path)
+
+
+def unsafe_member(member: object) -> str | None:
+    """Why a tar member must not be extracted (it leaves the directory, or is a device), or None.
+    Shared with the SDK's download_dir."""
+    import tarfile
+
+    assert isinstance(member, tarfile.TarInfo)
+    name = os.path.normpath(member.name)
+    if member.name.startswith("/") or name == ".." or name.startswith("../"):
+        return f"archive member {member.name!r} leaves the directory"
+    if member.issym() or member.islnk():  # a hard link names a member; a symlink is relative to its directory
+        base = "" if member.islnk() else os.path.dirname(name)
+        target = os.path.normpath(os.path.join(base, member.linkname))
+        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
+            return f"archive link {member.name!r} points outside the directory"
+    if member.isdev():
+        return f"archive member {member.name!r} is a device"
+    return None

@@ -391,6 +391,28 @@ class WriteFile(Operation[PathResult]):
 
 
 @dataclass
+class ExtractTar(Operation[PathResult]):
+    """Unpack the tar file ``archive`` (in the sandbox) as directory ``path``, which appears whole or not at
+    all (``replace``: instead of what is there); the archive is removed."""
+
+    op = "dir_extract"
+    result = PathResult
+    archive: str
+    path: str
+    replace: bool = False
+
+
+@dataclass
+class PackTar(Operation[PathResult]):
+    """Pack directory ``path`` into the tar file ``archive`` (in the sandbox)."""
+
+    op = "dir_pack"
+    result = PathResult
+    path: str
+    archive: str
+
+
+@dataclass
 class ListDir(Operation[DirListing]):
     op = "file_list"
     result = DirListing
@@ -425,6 +447,6 @@ OPERATIONS: dict[str, type[Operation[Any]]] = {
     for op in (
         Health, Sync, SetIdentity, Exec, ExecStatus, StartProcess, ListProcesses, GetProcess, ReadStreams,
         ReadOutput, SignalProcess, WriteStdin, OpenPty, WritePty, ResizePty, ClosePty, ReadFile, WriteFile,
-        ListDir, StatFile, DeleteFile, MakeDir,
+        ListDir, StatFile, DeleteFile, MakeDir, ExtractTar, PackTar,
     )
 }  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from typing_extensions import Unpack
 
@@ -20,6 +21,7 @@ from ..models import (
 from ..netpolicy import NetworkPolicy
 from . import _base as b
 from ._client import AsyncClient
+from ._dirs import unpack
 
 
 class AsyncSandbox(b.SandboxBase):
@@ -163,6 +165,14 @@ class AsyncSandbox(b.SandboxBase):
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> FileEntry:
         return await self._client.call(self._write_call(path, data, mode))
+
+    async def upload_dir(self, local: str | Path, path: str, *, replace: bool = False) -> FileEntry:
+        """Local directory ``local`` as directory ``path`` in the sandbox, whole or not at all (a tar stream)."""
+        return await self._client.call(self._upload_dir_call(local, path, replace))
+
+    async def download_dir(self, path: str, local: str | Path, *, replace: bool = False) -> Path:
+        """Directory ``path`` of the sandbox as local directory ``local``, whole or not at all."""
+        return unpack(await self._client.call(self._download_dir_call(path)), local, replace)
 
     async def list_directory(self, path: str = "/root") -> list[FileEntry]:
         return await self._client.call(self._list_call(path))

@@ -11,6 +11,7 @@ import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict
 
 import httpx
@@ -36,6 +37,7 @@ from ..models import (
     build,
 )
 from ..netpolicy import NetworkPolicy, as_policy
+from ._dirs import pack
 
 EXIT_CODE_TIMEOUT = 124  # what `timeout(1)` returns; used by the CLI
 OutputCallback = Callable[[bytes], None]
@@ -381,6 +383,13 @@ class SandboxBase:
     def _write_call(self, path: str, data: bytes | str, mode: int) -> Call:
         params = {"path": path, "mode": mode}
         return Call("PUT", f"{self._url}/files", _model(FileEntry), params=params, content=_bytes(data))
+
+    def _upload_dir_call(self, local: str | Path, path: str, replace: bool) -> Call:
+        params = {"path": path, "replace": "true" if replace else "false"}
+        return Call("PUT", f"{self._url}/dirs", _model(FileEntry), params=params, content=pack(local))
+
+    def _download_dir_call(self, path: str) -> Call:
+        return Call("GET", f"{self._url}/dirs", lambda r: r.content, params={"path": path})
 
     def _list_call(self, path: str) -> Call:
         return Call("GET", f"{self._url}/files/list", _models(FileEntry), params={"path": path})

@@ -1,0 +1,50 @@
+"""Directories as tar streams, on the SDK's side of ``upload_dir`` / ``download_dir``."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from ..errors import FileError, InvalidRequest
+from ..guest.files import unsafe_member
+
+
+def pack(local: str | Path) -> bytes:
+    """``local`` (a directory) as an uncompressed tar, its contents at the archive's root."""
+    source = Path(local)
+    if not source.is_dir():
+        raise InvalidRequest(f"{source} is not a directory; upload_dir sends a directory (write_file sends a file)")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(source, arcname=".")
+    return buffer.getvalue()
+
+
+def unpack(data: bytes, local: str | Path, replace: bool = False) -> Path:
+    """Extract a tar as directory ``local``: beside it first, then renamed into place (whole or not at all)."""
+    dest = Path(local).absolute()
+    if dest.exists() and not replace:
+        raise FileError(f"{dest} exists; pass replace=True to put the directory there")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.stasis-", dir=dest.parent))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            members = tar.getmembers()
+            for member in members:
+                if (why := unsafe_member(member)) is not None:
+                    raise InvalidRequest(why)
+            tar.extractall(staging, members=members)
+        old = None
+        if os.path.lexists(dest):
+            old = dest.with_name(f".{dest.name}.stasis-old")
+            os.rename(dest, old)
+        os.rename(staging, dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest

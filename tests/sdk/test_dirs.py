@@ -1,0 +1,71 @@
+"""upload_dir / download_dir: whole directories as tar streams, binary-safe, atomic on the far side."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from stasis import Sandbox, StasisError
+from stasis.sdk._base import Call
+
+
+def tree(root: Path) -> Path:
+    (root / "src/pkg/empty").mkdir(parents=True)
+    (root / "src/pkg/data.bin").write_bytes(bytes(range(256)) * 1000)
+    (root / "src/run.sh").write_text("#!/bin/sh\necho ran\n")
+    os.chmod(root / "src/run.sh", 0o755)
+    (root / "src/link").symlink_to("pkg/data.bin")
+    return root / "src"
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int, bytes]]:
+    found = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            found[rel] = ("link", 0, os.readlink(path).encode())
+        elif path.is_dir():
+            found[rel] = ("dir", 0, b"")
+        else:
+            found[rel] = ("file", path.stat().st_mode & 0o777, path.read_bytes())
+    return found
+
+
+def test_a_directory_goes_in_and_comes_back_the_same(sandbox: Sandbox, tmp_path: Path) -> None:
+    local = tree(tmp_path / "local")
+    entry = sandbox.upload_dir(local, "/root/project")
+    assert entry.type == "directory"
+    assert (
+        sandbox.run("cd /root/project && ./run.sh && readlink link && ls pkg").stdout
+        == "ran\npkg/data.bin\ndata.bin\nempty\n"
+    )
+    back = sandbox.download_dir("/root/project", tmp_path / "back")
+    assert snapshot(back) == snapshot(local)
+    with pytest.raises(StasisError, match="exists"):
+        sandbox.upload_dir(local, "/root/project")  # not over a directory that is there, unless asked
+    (local / "run.sh").unlink()
+    sandbox.upload_dir(local, "/root/project", replace=True)
+    assert sandbox.run("test -e /root/project/run.sh").exit_code == 1  # replaced, not merged
+    with pytest.raises(StasisError, match="not a directory"):
+        sandbox.download_dir("/root/project/pkg/data.bin", tmp_path / "nope")
+
+
+def test_a_tar_that_leaves_its_directory_is_refused_whole(sandbox: Sandbox) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in ("ok.txt", "../escaped.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+    call = Call("PUT", f"/v1/sandboxes/{sandbox.id}/dirs", params={"path": "/root/unpacked"}, content=buffer.getvalue())
+    with pytest.raises(StasisError, match="leaves the directory"):
+        sandbox._client.call(call)
+    assert (
+        sandbox.run("ls /root/escaped.txt /root/unpacked 2>&1; ls /var/lib/stasis/transfers | wc -l").stdout.split()[-1]
+        == "0"
+    )
+    assert sandbox.run("test -e /root/escaped.txt || test -e /root/unpacked").exit_code == 1
