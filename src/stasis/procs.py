@@ -13,6 +13,7 @@ asyncio subprocesses): use :func:`run` and :func:`spawn` instead.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import logging
@@ -46,7 +47,8 @@ class Completed:
 class _Reaper:
     def __init__(self) -> None:
         self._lock = threading.Condition()
-        self._waiters: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]] = {}
+        # pid -> who waits: an event loop's future, or (a blocking caller) a concurrent future
+        self._waiters: dict[int, tuple[asyncio.AbstractEventLoop | None, Any]] = {}
         self._started = False
 
     def _start(self) -> None:
@@ -69,7 +71,10 @@ class _Reaper:
             if waiter is not None:
                 loop, future = waiter
                 code = os.waitstatus_to_exitcode(status)
-                loop.call_soon_threadsafe(_resolve, future, code)
+                if loop is None:
+                    future.set_result(code)
+                else:
+                    loop.call_soon_threadsafe(_resolve, future, code)
 
     def spawn(self, argv: Sequence[str], **popen_kwargs: Any) -> tuple[subprocess.Popen, asyncio.Future[int]]:
         loop = asyncio.get_running_loop()
@@ -82,6 +87,37 @@ class _Reaper:
             self._lock.notify_all()
         proc.returncode = 0  # never let Popen call waitpid itself: the reaper owns that
         return proc, future
+
+    def run_blocking(self, argv: Sequence[str], timeout: float | None, **popen_kwargs: Any) -> Completed:
+        """A command run to completion by a caller that blocks, while this reaper owns the children."""
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        with self._lock:
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
+            self._waiters[proc.pid] = (None, future)
+            self._lock.notify_all()
+        proc.returncode = 0  # the reaper waits for it, not Popen
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            code = future.result(timeout=timeout)
+        except (subprocess.TimeoutExpired, concurrent.futures.TimeoutError):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            raise TimeoutError(f"{argv[0]} did not finish within {timeout}s") from None
+        return Completed(list(argv), code, out, err)
+
+
+def run_blocking(argv: Sequence[str], timeout: float | None = None, **popen_kwargs: Any) -> Completed:
+    """``subprocess.run`` with captured output, correct even in a process whose reaper (this module's,
+    once started by :func:`spawn`) waits for every child: there, Popen would read a child's status as 0."""
+    with _reaper._lock:
+        started = _reaper._started
+    if started:
+        return _reaper.run_blocking(argv, timeout, close_fds=True, **popen_kwargs)
+    try:
+        result = subprocess.run(list(argv), capture_output=True, timeout=timeout, **popen_kwargs)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"{argv[0]} did not finish within {timeout}s") from None
+    return Completed(list(argv), result.returncode, result.stdout, result.stderr)
 
 
 def _resolve(future: asyncio.Future[int], code: int) -> None:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..errors import InvalidRequest, NotFound, StasisError
+from ..errors import ImageNotFound, InvalidRequest, NotFound, StasisError
 from ..fsutil import no_space
 from ..images import ImageInfo
 from ..models import (
@@ -147,7 +147,10 @@ def create_app(
 
     @app.get("/v1/images/{name}")
     async def image(name: str) -> ImageInfo:
-        return service.images.get(name)
+        try:
+            return service.images.get(name)
+        except InvalidRequest as exc:  # creating from an unknown image is a bad request; looking one up, a 404
+            raise ImageNotFound(exc.message, image=name) from None
 
     @app.delete("/v1/images/{name}")
     async def remove_image(name: str) -> list[str]:

@@ -22,12 +22,12 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .. import procs
 from ..errors import BackendError, InvalidRequest
 from ..fsutil import atomic_write
 
@@ -99,12 +99,12 @@ def _die_with_parent() -> None:
 
 def _run(argv: list[str], what: str, timeout: float = 1800) -> str:
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=_die_with_parent)
-    except subprocess.TimeoutExpired:
+        result = procs.run_blocking(argv, timeout=timeout, preexec_fn=_die_with_parent)
+    except TimeoutError:
         raise BackendError(f"{what} did not finish within {timeout:.0f}s") from None
     if result.returncode != 0:
-        raise InvalidRequest(f"{what} failed: {(result.stderr or result.stdout).strip()[-800:]}")
-    return result.stdout
+        raise InvalidRequest(f"{what} failed: {result.output[-800:]}")
+    return result.stdout.decode(errors="replace")
 
 
 class OciLayout:

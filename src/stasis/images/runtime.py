@@ -14,11 +14,11 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import ImageNotFound
+from .. import procs
+from ..errors import BackendError, ImageNotFound
 from ..fsutil import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,10 @@ def _build(source: Path, dest: Path) -> None:
     shutil.copytree(source / f"usr/lib/python{VERSION}", dest / f"lib/python{VERSION}", symlinks=True,
                     ignore=shutil.ignore_patterns(*SKIPPED_STDLIB))  # fmt: skip
     script = f"for f in /usr/bin/python{VERSION} /usr/lib/python{VERSION}/lib-dynload/*.so; do ldd $f; done"
-    listed = subprocess.run(["chroot", str(source), "/bin/sh", "-c", script], capture_output=True, text=True,
-                            check=True).stdout  # fmt: skip
+    result = procs.run_blocking(["chroot", str(source), "/bin/sh", "-c", script], timeout=120)
+    if result.returncode != 0:
+        raise BackendError(f"listing the libraries of the default image's python failed: {result.output}")
+    listed = result.stdout.decode(errors="replace")
     libraries = {part for line in listed.splitlines() for part in line.split() if part.startswith("/")}
     for library in sorted(libraries):
         real = Path(os.path.realpath(source / library.lstrip("/")))

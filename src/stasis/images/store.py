@@ -66,10 +66,9 @@ class ImageStore:
             imported = [i for i in self.list() if i.name == name and i.source != "recipe"]
             if imported:
                 return max(imported, key=lambda i: i.built_at)  # the latest import under that name
-            known = sorted({*RECIPES, *(i.name for i in self.list())})
-            raise ImageNotFound(
-                f"unknown image {name!r}; known images: {', '.join(known)} (`stasis image import` brings your own)",
-                image=name,
+            known = sorted({*RECIPES, *(i.name for i in self.list() if i.name != "build-cache")})
+            raise InvalidRequest(
+                f"unknown image {name!r}; known images: {', '.join(known)} (`stasis image import` brings your own)"
             )
         recipe = self.recipe(name)
         meta = self.directory / recipe.key / "image.json"
