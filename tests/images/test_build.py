@@ -135,7 +135,9 @@ def test_a_daemon_killed_while_committing_a_step_leaves_no_image(own_daemon: Dae
     link_tree(default, own_daemon.paths.images / default.name)
     own_daemon.start(STASIS_KILL_POINT="image.commit.before_rename")
     image = Image.debian().run("echo built > /root/built.txt")
-    crash_during(own_daemon, lambda: image.build("halfway", client=own_daemon.client()))
+    client = own_daemon.client()
+    client.autostart = False  # the daemon is meant to stay dead until the test restarts it
+    crash_during(own_daemon, lambda: image.build("halfway", client=client))
     store = ImageStore(own_daemon.paths.images)
     assert [i.key for i in store.list()] == [default.name]  # nothing half-made is visible
     with own_daemon.client() as client:

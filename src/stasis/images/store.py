@@ -32,6 +32,7 @@ from .recipe import RECIPES, Recipe
 log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str], None]
+LOCK_WAIT = 120.0
 
 
 class ImageInfo(BaseModel):
@@ -119,11 +120,23 @@ class ImageStore:
 
     @contextlib.contextmanager
     def _layout_lock(self) -> Iterator[None]:
-        """One import or removal at a time in this image directory (they share the OCI layout)."""
+        """One import or removal at a time in this image directory (they share the OCI layout); waits at
+        most LOCK_WAIT seconds, then says who holds it instead of hanging."""
         (self.directory / "oci").mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / "oci" / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.directory / "oci" / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + LOCK_WAIT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise BackendError(
+                            f"another import or removal holds {self.directory / 'oci' / '.lock'} for over "
+                            f"{LOCK_WAIT:.0f}s; try again when it is done"
+                        ) from None
+                    time.sleep(0.05)
             yield
         finally:
             os.close(fd)

@@ -16,6 +16,7 @@ changed). ENV, WORKDIR, USER, CMD and ENTRYPOINT change only the image's config.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -248,8 +249,9 @@ class _Build:
 
     def _drop_sandbox(self) -> None:
         if self.sandbox is not None:
-            self.sandbox.terminate()
-            self.sandbox = None
+            sandbox, self.sandbox = self.sandbox, None
+            with contextlib.suppress(StasisError):  # the build's own error (a daemon gone) is the one to see
+                sandbox.terminate()
 
 
 def _configure(config: ImageConfig, step: Step) -> ImageConfig:
