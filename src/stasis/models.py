@@ -126,6 +126,9 @@ class SandboxSpec(_Strict):
         return backend
 
 
+TEMPLATE_PREFIX = "template-"  # a template NAME is the MEMORY checkpoint named template-NAME (stasis.Template)
+
+
 class CreateSandboxRequest(SandboxSpec):
     name: str | None = None
     snapshot_id: str | None = Field(None, description="create from this checkpoint (id or name)")

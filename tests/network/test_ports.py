@@ -78,8 +78,10 @@ def test_a_browser_gets_a_cookie_and_public_ports_need_no_token(served: Sandbox)
     base = url.split("?")[0]
     assert get(base + "asset.js", {"Cookie": cookie}) == (200, "2 /asset.js")
     public = served.expose_port(8000, public=True)
-    assert "token" not in public
+    assert "token" not in public and urlsplit(public).netloc == urlsplit(url).netloc  # the same listener
     assert get(public + "open")[0] == 200
+    served.expose_port(8000)  # private again: the bare URL is refused once more
+    assert get(public + "closed")[0] == 401
     with pytest.raises(Exception, match="ttl_secs"):
         served.expose_port(8000, ttl_secs=1)
 

@@ -91,6 +91,7 @@ class Ports:
         self.host = os.environ.get("STASIS_PORTS_HOST", "127.0.0.1")
         self.gate = PortGate(b"")
         self._servers: dict[tuple[str, int], asyncio.Server] = {}
+        self._public: dict[tuple[str, int], bool] = {}  # read at each connection: a change keeps the URL
 
     # ------------------------------------------------------------ listeners
 
@@ -109,23 +110,26 @@ class Ports:
                 await self._listen(sandbox_id, port, public, 0)
 
     async def _listen(self, sandbox_id: str, port: int, public: bool, listen_port: int) -> int:
+        key = (sandbox_id, port)
+
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._serve(sandbox_id, port, public, listen_port, reader, writer)
+            await self._serve(sandbox_id, port, self._public.get(key, False), listen_port, reader, writer)
 
         server = await asyncio.start_server(handle, self.host, listen_port, limit=HEAD_LIMIT)
         listen_port = server.sockets[0].getsockname()[1]
-        self._servers[(sandbox_id, port)] = server
+        self._servers[key], self._public[key] = server, public
         self.service.store.save_port(sandbox_id, port, public, listen_port)
         return listen_port
 
-    async def _close(self, key: tuple[str, int]) -> None:
+    def _close(self, key: tuple[str, int]) -> None:
+        self._public.pop(key, None)
         server = self._servers.pop(key, None)
         if server is not None:
             server.close()
 
     async def close(self) -> None:
         for key in list(self._servers):
-            await self._close(key)
+            self._close(key)
 
     # ------------------------------------------------------------ the API
 
@@ -133,14 +137,12 @@ class Ports:
         info = self.service.store.get(ref)
         key = (info.id, request.port)
         server = self._servers.get(key)
-        stored = {port: public for _, port, public, _ in self.service.store.list_ports(info.id)}
-        if server is not None and stored.get(request.port) != request.public:
-            await self._close(key)
-            server = None
-        if server is not None:
-            listen_port = server.sockets[0].getsockname()[1]
-        else:
+        if server is None:
             listen_port = await self._listen(info.id, request.port, request.public, 0)
+        else:  # exposed already: the same listener (and URL), public or not as asked now
+            listen_port = server.sockets[0].getsockname()[1]
+            self._public[key] = request.public
+            self.service.store.save_port(info.id, request.port, request.public, listen_port)
         return self._describe(info.id, request.port, request.public, listen_port, request.ttl_secs)
 
     def _describe(self, sandbox_id: str, port: int, public: bool, listen_port: int, ttl: int) -> ExposedPort:
@@ -158,13 +160,13 @@ class Ports:
 
     async def unexpose(self, ref: str, port: int) -> None:
         info = self.service.store.get(ref)
-        await self._close((info.id, port))
+        self._close((info.id, port))
         self.service.store.delete_ports(info.id, port)
 
     async def forget(self, sandbox_id: str) -> None:
         """The sandbox is gone: its listeners close, its records go."""
         for key in [k for k in self._servers if k[0] == sandbox_id]:
-            await self._close(key)
+            self._close(key)
         self.service.store.delete_ports(sandbox_id)
 
     # ------------------------------------------------------------ one connection

@@ -7,20 +7,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointNotFound, NotFound
+from ..models import TEMPLATE_PREFIX as PREFIX
 
 if TYPE_CHECKING:
     from .service import SandboxService
 
-PREFIX = "template-"
-
-
-def checkpoint_name(template: str) -> str:
-    return PREFIX + template
-
 
 def template_checkpoint(service: SandboxService, template: str) -> str:
     try:
-        return service.store.get_checkpoint(checkpoint_name(template)).id
+        return service.store.get_checkpoint(PREFIX + template).id
     except CheckpointNotFound:
         names = [
             c.name.removeprefix(PREFIX) for c in service.store.list_checkpoints() if (c.name or "").startswith(PREFIX)

@@ -49,8 +49,6 @@ class EgressProxy:
         self.resolved = resolved
         self.host_addresses = host_addresses
         self.on_activity = on_activity
-        self.allowed = 0
-        self.denied = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -71,7 +69,6 @@ class EgressProxy:
         claimed = [name] if kind and (name := sniff.claimed_name(kind, first)) else []
         why = self.policy().judge(ip, self.resolved.names(ip), claimed, self.host_addresses())
         if why:
-            self.denied += 1
             log.info("%s: denied %s:%d%s: %s", self.label, ip, port, f" ({claimed[0]})" if claimed else "", why)
             abort(writer)
             return
@@ -81,7 +78,6 @@ class EgressProxy:
             log.info("%s: %s:%d unreachable from the host: %s", self.label, ip, port, exc)
             abort(writer)
             return
-        self.allowed += 1
         self.on_activity()
         upstream[1].write(first)
         await relay((reader, writer), upstream, self.on_activity)

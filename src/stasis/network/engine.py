@@ -15,7 +15,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
@@ -46,12 +46,12 @@ class Attached:
     policy: NetworkPolicy
     resolver: Resolver
     proxy: EgressProxy
-    servers: list[asyncio.Server] = field(default_factory=list)
+    server: asyncio.Server | None = None  # the proxy's listener
 
     def close(self) -> None:
         self.resolver.close()
-        for server in self.servers:
-            server.close()
+        if self.server is not None:
+            self.server.close()
 
 
 class NetworkEngine:
@@ -80,10 +80,6 @@ class NetworkEngine:
             self._host_addresses_at = time.monotonic()
         finally:
             self._refresh = None
-
-    def stats(self, sandbox_id: str) -> dict[str, int]:
-        attached = self._attached.get(sandbox_id)
-        return {"allowed": attached.proxy.allowed, "denied": attached.proxy.denied} if attached else {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -127,7 +123,7 @@ class NetworkEngine:
             listener.bind((GATEWAY_ADDRESS, firewall.PROXY_PORT))
             listener.listen(512)
             listener.setblocking(False)
-            attached.servers.append(await asyncio.start_server(proxy.handle, sock=listener))
+            attached.server = await asyncio.start_server(proxy.handle, sock=listener)
         except BaseException:
             attached.close()
             dns.close()

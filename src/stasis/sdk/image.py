@@ -145,7 +145,6 @@ class _Build:
     on_step: StepCallback | None
     on_output: OutputCallback | None
     sandbox: Sandbox | None = None
-    cached: list[bool] = field(default_factory=list)
 
     def run(self) -> ImageInfo:
         base = self._image(self.image.base)
@@ -158,7 +157,6 @@ class _Build:
                 config = _configure(config, step)
                 key = self._key(last, step)
                 cached = self._exists(key)
-                self.cached.append(cached)
                 self._report(number, total, step, cached)
                 if cached:
                     self._drop_sandbox()  # only a prefix of the steps can hit: the chain diverged before
@@ -170,8 +168,8 @@ class _Build:
                         self.sandbox = Sandbox.create(client=self.client, image=last, backend="gvisor",
                                                       network=self.network, timeout_secs=None)  # fmt: skip
                         sandbox_image = last
-                    if step.kind == "workdir":  # made, as Docker does, and owned by root
-                        self.sandbox.run(["mkdir", "-p", config.working_dir or "/"], user="root")
+                    if step.kind == "workdir":  # made, as Docker does (by the agent: owned by root)
+                        self.sandbox.make_dir(config.working_dir or "/")
                     elif step.kind == "run":
                         self._run(step, config)
                     else:
@@ -208,12 +206,12 @@ class _Build:
         dest_path = dest if dest.startswith("/") else os.path.join(base_dir, dest)
         files = _copied_files(self.image.context, sources)
         into_dir = dest.endswith("/") or len(files) > 1 or any((self.image.context / s).is_dir() for s in sources)
-        for relative, local in files:
+        written = []
+        for relative, local in files:  # write_file makes the parent directories
             remote = os.path.join(dest_path, relative) if into_dir else dest_path
-            self.sandbox.run(["mkdir", "-p", os.path.dirname(remote) or "/"], user="root")
-            self.sandbox.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o7777)
-            if chown := dict(step.options).get("chown"):
-                self.sandbox.run(["chown", chown, remote], user="root")
+            written.append(self.sandbox.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o7777).path)
+        if chown := dict(step.options).get("chown"):
+            self.sandbox.run(["chown", chown, *written], user="root")
 
     # -- the daemon's images
 

@@ -18,13 +18,12 @@ from typing import Any
 from typing_extensions import Unpack
 
 from ..errors import NameTaken, NotFound, StasisError
+from ..models import TEMPLATE_PREFIX as PREFIX
 from ..models import CheckpointType, build
 from ..models import CreateSandboxRequest as _Request
 from . import _base as b
 from ._client import Client
 from ._sync import Sandbox
-
-PREFIX = "template-"
 
 
 class TemplateNotReady(StasisError):
