@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+from rich.console import Console
+from rich.table import Table
 
 from stasis.paths import Paths, default_home
+
+RESULTS = Path(__file__).parent / "results"
 
 
 @contextmanager
@@ -41,3 +48,39 @@ def serving_daemon(prefix: str, **extra_env: str) -> Iterator[Paths]:
         daemon.wait(timeout=60)
         shutil.rmtree(paths.runtime, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def timed(action: Callable[[], object], rounds: int) -> list[float]:
+    """Seconds each of ``rounds`` calls of ``action`` took."""
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        action()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+Comparison = tuple[list[float], list[float], str]  # stasis's samples, the baseline's, what the baseline is
+
+
+def report_ratios(title: str, name: str, rows: dict[str, Comparison], report: dict[str, Any]) -> dict[str, Any]:
+    """Print medians and ratios beside their baselines; write them (with ``report``) to results/NAME.json."""
+    table = Table(title=f"{title}, medians", header_style="bold")
+    for column in ("operation", "stasis", "baseline", "baseline is", "ratio"):
+        table.add_column(column, justify="left" if column in ("operation", "baseline is") else "right")
+    for operation, (ours, base, what) in rows.items():
+        a, b = statistics.median(ours), statistics.median(base)
+        table.add_row(operation, f"{a * 1000:.1f} ms", f"{b * 1000:.1f} ms", what, f"{a / b:.2f}x")
+        report[operation] = {"stasis_s": a, "baseline_s": b, "baseline": what, "ratio": a / b}
+    console = Console(width=120)
+    console.print(table)
+    write_results(name, report)
+    console.print(f"wrote {RESULTS / f'{name}.json'}")
+    return report
+
+
+def write_results(name: str, report: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(report, indent=2))
+    return path

@@ -15,9 +15,7 @@ Prints medians and ratios; writes benchmarks/results/images.json.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,9 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test images live with the tests
 
-from common import serving_daemon
-from rich.console import Console
-from rich.table import Table
+from common import Comparison, report_ratios, serving_daemon, timed
 
 from stasis import Client, Image, Sandbox, Template
 from stasis.images import ImageStore
@@ -38,26 +34,16 @@ from stasis.paths import default_home
 from tests.images.ociimages import archive, oci_layout, python_rootfs
 from tests.network.servers import COUNTER
 
-console = Console(width=120)
 READY = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000), timeout=1)\""
 START = f"python3 -c '{COUNTER.replace(chr(39), chr(34))}' 8000"
 DOCKERFILE = "FROM default\nENV MODE=bench\nWORKDIR /srv\nRUN echo one > one.txt\nRUN echo {n} > two.txt\n"
-
-
-def timed(action: object, rounds: int) -> list[float]:
-    samples = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        action()  # type: ignore[operator]
-        samples.append(time.perf_counter() - started)
-    return samples
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    rows: dict[str, tuple[list[float], list[float], str]] = {}
+    rows: dict[str, Comparison] = {}
     scratch = Path(tempfile.mkdtemp(prefix="stasis-bench-images-"))
     try:
         ref = archive(oci_layout(python_rootfs(scratch / "rootfs"), scratch / "layout", "v1", env={"A": "1"}),
@@ -113,19 +99,7 @@ def main() -> None:
             client.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    table = Table(title="images (gVisor), medians", header_style="bold")
-    for column in ("operation", "stasis", "baseline", "baseline is", "ratio"):
-        table.add_column(column, justify="left" if column in ("operation", "baseline is") else "right")
-    report: dict[str, object] = {"rounds": args.rounds}
-    for name, (a_samples, b_samples, what) in rows.items():
-        a, b = statistics.median(a_samples), statistics.median(b_samples)
-        table.add_row(name, f"{a * 1000:.0f} ms", f"{b * 1000:.0f} ms", what, f"{a / b:.2f}x")
-        report[name] = {"stasis_s": a, "baseline_s": b, "baseline": what, "ratio": a / b}
-    console.print(table)
-    results = Path(__file__).parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / "images.json").write_text(json.dumps(report, indent=2))
-    console.print(f"wrote {results / 'images.json'}")
+    report_ratios("images (gVisor)", "images", rows, {"rounds": args.rounds})
 
 
 if __name__ == "__main__":

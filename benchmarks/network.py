@@ -17,9 +17,7 @@ Prints medians and ratios; writes benchmarks/results/network-BACKEND.json.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -28,9 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test hosts live with the tests
 
-from common import serving_daemon
-from rich.console import Console
-from rich.table import Table
+from common import Comparison, report_ratios, serving_daemon, timed, write_results
 
 from stasis import Client, NetworkPolicy, Sandbox
 from stasis.network import namespaces
@@ -38,7 +34,6 @@ from stasis.network.namespaces import INNER_ADDRESS, SandboxNet
 from tests.network.servers import COUNTER
 from tests.network.testhosts import make_hosts
 
-console = Console(width=120)
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 DOWNLOAD = """
 import sys, time, urllib.request
@@ -49,15 +44,6 @@ with opener.open(sys.argv[1], timeout=120) as response:
         pass
 print(time.perf_counter() - started)
 """
-
-
-def timed(action: object, rounds: int) -> list[float]:
-    samples = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        action()  # type: ignore[operator]
-        samples.append(time.perf_counter() - started)
-    return samples
 
 
 def wait_for(url: str) -> None:
@@ -89,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     hosts = make_hosts()
     web = hosts["web"]
-    rows: dict[str, tuple[list[float], list[float]]] = {}
+    rows: dict[str, Comparison] = {}
     try:
         with serving_daemon("stasis-bench-net-", STASIS_DNS_UPSTREAM=web.address) as paths:
             client = Client(paths)
@@ -100,7 +86,7 @@ def main() -> None:
             create(True)  # a microVM template of each kind, built once
             create(None)
             rows["create (and terminate)"] = (timed(lambda: create(True), args.creates),
-                                              timed(lambda: create(None), args.creates))  # fmt: skip
+                                              timed(lambda: create(None), args.creates), "no network")  # fmt: skip
             sbx = Sandbox.create(client=client, backend=args.backend, memory_mb=1024, network=NetworkPolicy())
             try:
                 sbx.start_process(["python3", "-c", COUNTER, "8000"])
@@ -109,7 +95,8 @@ def main() -> None:
                 net = SandboxNet(paths.runtime.name, sbx.id)
                 rows["GET through an exposed port"] = (timed(lambda: NO_PROXY.open(url, timeout=30).read(),
                                                              args.rounds),
-                                                       timed(lambda: direct_get(net, 8000), args.rounds))  # fmt: skip
+                                                       timed(lambda: direct_get(net, 8000), args.rounds),
+                                                       "straight to the namespace")  # fmt: skip
                 sealed = Sandbox.create(client=client, backend=args.backend, memory_mb=512)
                 try:
                     sealed.start_process(["python3", "-c", COUNTER, "8000"])
@@ -118,6 +105,7 @@ def main() -> None:
                     rows["GET, no network (through the agent)"] = (
                         timed(lambda: NO_PROXY.open(sealed_url, timeout=30).read(), args.rounds),
                         rows["GET through an exposed port"][1],
+                        "straight to the namespace",
                     )
                 finally:
                     sealed.terminate()
@@ -125,32 +113,21 @@ def main() -> None:
                 inside = [float(sbx.run(["python3", "-c", DOWNLOAD, big], timeout=600).stdout) for _ in range(3)]
                 host = [float(subprocess.run([sys.executable, "-c", DOWNLOAD, big], capture_output=True, text=True,
                                              check=True).stdout) for _ in range(3)]  # fmt: skip
-                rows[f"download {args.megabytes} MB"] = (inside, host)
+                rows[f"download {args.megabytes} MB"] = (inside, host, "on the host")
             finally:
                 sbx.terminate()
                 client.close()
     finally:
         for host in hosts.values():
             host.down()
-    table = Table(title=f"networked sandboxes ({args.backend}), medians", header_style="bold")
-    for column in ("operation", "stasis", "baseline", "baseline is", "ratio"):
-        table.add_column(column, justify="left" if column in ("operation", "baseline is") else "right")
-    baselines = {"create (and terminate)": "no network", "GET through an exposed port": "straight to the namespace",
-                 "GET, no network (through the agent)": "straight to the namespace"}  # fmt: skip
-    report: dict[str, object] = {"backend": args.backend, "rounds": args.rounds, "megabytes": args.megabytes}
-    for name, (ours, base) in rows.items():
-        a, b = statistics.median(ours), statistics.median(base)
-        table.add_row(
-            name, f"{a * 1000:.1f} ms", f"{b * 1000:.1f} ms", baselines.get(name, "on the host"), f"{a / b:.2f}x"
-        )
-        report[name] = {"stasis_s": a, "baseline_s": b, "ratio": a / b}
-        if name.startswith("download"):
-            report[name] |= {"stasis_MBps": args.megabytes / a, "host_MBps": args.megabytes / b}
-    console.print(table)
-    results = Path(__file__).parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / f"network-{args.backend}.json").write_text(json.dumps(report, indent=2))
-    console.print(f"wrote {results / f'network-{args.backend}.json'}")
+    report = report_ratios(f"networked sandboxes ({args.backend})", f"network-{args.backend}", rows,
+                           {"backend": args.backend, "rounds": args.rounds, "megabytes": args.megabytes})  # fmt: skip
+    download = report[f"download {args.megabytes} MB"]
+    download |= {
+        "stasis_MBps": args.megabytes / download["stasis_s"],
+        "host_MBps": args.megabytes / download["baseline_s"],
+    }
+    write_results(f"network-{args.backend}", report)
 
 
 if __name__ == "__main__":

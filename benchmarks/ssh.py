@@ -11,16 +11,14 @@ medians and writes benchmarks/results/ssh.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import serving_daemon
+from common import serving_daemon, timed, write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -28,15 +26,6 @@ from stasis import Client, Sandbox
 
 console = Console(width=120)
 STASIS = Path(sys.executable).parent / "stasis"
-
-
-def timed(action: object, rounds: int) -> list[float]:
-    samples = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        action()  # type: ignore[operator]
-        samples.append(time.perf_counter() - started)
-    return samples
 
 
 def main() -> None:
@@ -94,10 +83,7 @@ def main() -> None:
     ssh_rt, api_rt = report["ssh stasis-NAME true"], report["Sandbox.run('true')"]
     console.print(table)
     console.print(f"ssh round trip / API round trip: {ssh_rt / api_rt:.1f}x")
-    results = Path(__file__).parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / f"ssh-{args.backend}.json").write_text(json.dumps(report, indent=2))
-    console.print(f"wrote {results / f'ssh-{args.backend}.json'}")
+    console.print(f"wrote {write_results(f'ssh-{args.backend}', report)}")
 
 
 if __name__ == "__main__":
