@@ -14,7 +14,6 @@ import hashlib
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from .. import procs
@@ -51,7 +50,9 @@ def agent_runtime(images: Path) -> Path:
     final = images / f"agent-python-{key}"
     if (final / "bin" / f"python{VERSION}").exists():
         return final
-    staging = Path(tempfile.mkdtemp(prefix=f".agent-python-{key}-", dir=images))
+    staging = images / f".agent-python-{key}-{os.getpid()}"  # ends with the pid: the image store sweeps it
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
     try:
         _build(source, staging)
         shutil.rmtree(final, ignore_errors=True)

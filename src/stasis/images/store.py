@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from .. import faults
+from .. import faults, procs
 from ..errors import BackendError, ImageNotFound, InvalidRequest
 from ..fsutil import atomic_write, fsync_dir, tree_bytes
 from ..models import NAME_PATTERN
@@ -142,8 +142,14 @@ class ImageStore:
             os.close(fd)
 
     def _import(self, ref: str, name: str, progress: ProgressCallback | None) -> ImageInfo:
+        """Under the layout lock (see import_image)."""
         self._sweep_staging()
         layout = oci.OciLayout(self.directory / "oci" / "layout")
+        orphans = [t for t in layout.tags() if t.startswith("importing-") and not procs.pid_alive(int(t.split("-")[1]))]
+        for orphan in orphans:  # the tag of an import cut off: its blobs go unless another image has them
+            layout.untag(orphan)
+        if orphans:
+            layout.collect_garbage()
         tag = f"importing-{os.getpid()}-{secrets.token_hex(4)}"
         started = time.monotonic()
         staging: Path | None = None
@@ -237,17 +243,11 @@ class ImageStore:
             resolv.touch()  # a networked gVisor sandbox mounts its resolver's here
 
     def _sweep_staging(self) -> None:
-        """Builds and imports cut off (their process is gone) leave hidden directories: remove them."""
+        """Builds, imports and commits cut off (their process is gone) leave hidden directories: remove them."""
         for stale in self.directory.glob(".*-*") if self.directory.exists() else []:
             pid = stale.name.rsplit("-", 1)[-1]
-            if stale.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            if stale.is_dir() and pid.isdigit() and not procs.pid_alive(int(pid)):
                 shutil.rmtree(stale, ignore_errors=True)
-        layout = oci.OciLayout(self.directory / "oci" / "layout")
-        orphans = [t for t in layout.tags() if t.startswith("importing-") and not _alive(int(t.split("-")[1]))]
-        for tag in orphans:  # the tag of an import cut off: its blobs go unless another image has them
-            layout.untag(tag)
-        if orphans:
-            layout.collect_garbage()
 
     def remove(self, key: str) -> None:
         """Remove one image build (the caller checked nothing uses it) and the layers only it used."""
@@ -322,12 +322,3 @@ class ImageStore:
         if proc.returncode != 0:
             raise BackendError(f"mmdebstrap failed with exit code {proc.returncode}; last output:\n" + "\n".join(tail))
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
