@@ -76,48 +76,49 @@ class _Reaper:
                 else:
                     loop.call_soon_threadsafe(_resolve, future, code)
 
+    def _popen(self, argv: Sequence[str], waiter: tuple[asyncio.AbstractEventLoop | None, Any] | None,
+               **popen_kwargs: Any) -> subprocess.Popen:  # fmt: skip
+        """Start a process; with a ``waiter`` (starting the reaper if need be) the reaper owns its exit.
+        The pid is registered before the reaper can see it exit."""
+        with self._lock:
+            if waiter is not None and not self._started:
+                self._start()
+            proc = subprocess.Popen(list(argv), **popen_kwargs)
+            if waiter is not None:
+                self._waiters[proc.pid] = waiter
+                proc.returncode = 0  # never let Popen call waitpid itself: the reaper owns that
+                self._lock.notify_all()
+        return proc
+
     def spawn(self, argv: Sequence[str], **popen_kwargs: Any) -> tuple[subprocess.Popen, asyncio.Future[int]]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        with self._lock:  # the reaper cannot dispatch this pid before it is registered
-            if not self._started:
-                self._start()
-            proc = subprocess.Popen(list(argv), **popen_kwargs)
-            self._waiters[proc.pid] = (loop, future)
-            self._lock.notify_all()
-        proc.returncode = 0  # never let Popen call waitpid itself: the reaper owns that
-        return proc, future
+        return self._popen(argv, (loop, future), **popen_kwargs), future
 
     def run_blocking(self, argv: Sequence[str], timeout: float | None, **popen_kwargs: Any) -> Completed:
-        """A command run to completion by a caller that blocks, while this reaper owns the children."""
+        """Run to completion, blocking. Where the reaper runs it owns the exit (there Popen would read a
+        child's status as 0); elsewhere the reaper is not started for this: Popen waits as usual."""
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         with self._lock:
-            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
-            self._waiters[proc.pid] = (None, future)
-            self._lock.notify_all()
-        proc.returncode = 0  # the reaper waits for it, not Popen
+            owned = self._started
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        proc = self._popen(argv, (None, future) if owned else None, **pipes, **popen_kwargs)
         try:
             out, err = proc.communicate(timeout=timeout)
-            code = future.result(timeout=timeout)
+            code = future.result(timeout=timeout) if owned else proc.wait()
         except (subprocess.TimeoutExpired, concurrent.futures.TimeoutError):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
+            if not owned:
+                proc.wait()
             raise TimeoutError(f"{argv[0]} did not finish within {timeout}s") from None
         return Completed(list(argv), code, out, err)
 
 
 def run_blocking(argv: Sequence[str], timeout: float | None = None, **popen_kwargs: Any) -> Completed:
-    """``subprocess.run`` with captured output, correct even in a process whose reaper (this module's,
-    once started by :func:`spawn`) waits for every child: there, Popen would read a child's status as 0."""
-    with _reaper._lock:
-        started = _reaper._started
-    if started:
-        return _reaper.run_blocking(argv, timeout, close_fds=True, **popen_kwargs)
-    try:
-        result = subprocess.run(list(argv), capture_output=True, timeout=timeout, **popen_kwargs)
-    except subprocess.TimeoutExpired:
-        raise TimeoutError(f"{argv[0]} did not finish within {timeout}s") from None
-    return Completed(list(argv), result.returncode, result.stdout, result.stderr)
+    """``subprocess.run`` with captured output that stays correct in a process whose reaper (this
+    module's, once :func:`spawn` started it) waits for every child."""
+    return _reaper.run_blocking(argv, timeout, close_fds=True, **popen_kwargs)
 
 
 def _resolve(future: asyncio.Future[int], code: int) -> None:

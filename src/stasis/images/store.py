@@ -321,4 +321,3 @@ class ImageStore:
                     progress(line)
         if proc.returncode != 0:
             raise BackendError(f"mmdebstrap failed with exit code {proc.returncode}; last output:\n" + "\n".join(tail))
-
