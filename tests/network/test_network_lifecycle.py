@@ -54,10 +54,11 @@ def test_two_forks_of_a_memory_checkpoint_each_get_their_own_network(
     assert not {parent.id, *(f.id for f in forks)} & namespaces_of(net_daemon)
 
 
-def test_policy_and_ports_survive_a_daemon_sigkill(own_daemon: Daemon, hosts: dict[str, TestHost]) -> None:
+def test_policy_and_ports_survive_a_daemon_sigkill(own_daemon: Daemon, hosts: dict[str, TestHost],
+                                                    backend: str) -> None:  # fmt: skip
     web, other = hosts["web"], hosts["other"]
     start(own_daemon, hosts)
-    sbx = Sandbox.create("kept", client=own_daemon.client(), memory_mb=512,
+    sbx = Sandbox.create("kept", client=own_daemon.client(), memory_mb=512, backend=backend,
                          network=NetworkPolicy(allow_out=[f"{web.address}/30"]))  # fmt: skip
     serve(sbx, COUNTER, 8000)
     url = sbx.expose_port(8000)
