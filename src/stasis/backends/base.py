@@ -39,6 +39,7 @@ class BoxRef:
     image_rootfs: Path
     state: dict[str, Any]  # the backend's own state as last persisted (a BackendState dumped); {} before start
     network: SandboxNet | None = None  # its namespaces (made by the daemon before it boots); None: no network
+    python: str = "/usr/bin/python3"  # the image's python3, which runs the agent; "": stasis's own (images/runtime)
 
 
 class HostState(enum.Enum):

@@ -164,6 +164,7 @@ class SandboxService:
             image_rootfs=image_rootfs or self.images.rootfs_by_key(key),
             state=info.runtime,
             network=self.network.net(info.id) if info.spec.network else None,
+            python=self.images.by_key(key).python if image_rootfs is None else "/usr/bin/python3",
         )
 
     def box_or_bare(self, info: SandboxInfo) -> BoxRef:

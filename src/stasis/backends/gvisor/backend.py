@@ -38,7 +38,6 @@ from ...fsutil import atomic_write, check_free_space, no_space
 from ...guest import agent_digest
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
-from ...images.oci import find_python
 from ...images.runtime import agent_runtime
 from ...network import namespaces
 from ...network.namespaces import GATEWAY_ADDRESS, Device
@@ -157,10 +156,9 @@ class GvisorBackend:
         tmp = p["tmp"] if self._disk_mb(box) else None
         netns = box.network.inner_path if box.network else None
         resolv = resolv_conf(self.paths.home) if box.network else None
-        python = find_python(box.image_rootfs)
-        own = None if python else agent_runtime(self.paths.images)  # an image without python3
+        own = None if box.python else agent_runtime(self.paths.images)  # an image without python3
         config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path, tmp, netns, resolv,
-                            python or "", own)  # fmt: skip
+                            box.python, own)  # fmt: skip
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
         return p
 

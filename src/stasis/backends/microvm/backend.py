@@ -36,7 +36,6 @@ from ...errors import BackendError, Incompatible, InvalidRequest, StartupError
 from ...fsutil import atomic_write
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
-from ...images.oci import find_python
 from ...images.runtime import agent_runtime
 from ...models import SandboxSpec
 from ...network import namespaces
@@ -145,7 +144,7 @@ class MicrovmBackend:
     @staticmethod
     def _python(box: BoxRef) -> str:
         """The image's python3 for the agent, or "bundled": stasis's own, put on the image's base disk."""
-        return find_python(box.image_rootfs) or "bundled"
+        return box.python or "bundled"
 
     @staticmethod
     def _stored_machine(directory: Path) -> Machine:
