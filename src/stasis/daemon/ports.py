@@ -175,8 +175,7 @@ class Ports:
         """A connection to the port in the sandbox, resuming it first if it is suspended: into its network
         namespace, or (a sandbox without network) to its loopback through the agent."""
         service = self.service
-        info = await service.ensure_running(service.store.get(sandbox_id))
-        await service.attach_network(info)  # after a daemon restart: its sockets in the namespace
+        info = await service.ensure_running(service.store.get(sandbox_id))  # attached: by create, resume, adopt
         service.activity.touch(sandbox_id)
         deadline = time.monotonic() + CONNECT_RETRY
         while True:
