@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import subprocess
+import time
 
 import pytest
 
@@ -32,6 +34,12 @@ def test_the_agent_has_a_handler_for_every_operation() -> None:
     try:
         agent = Agent(reader, writer)
         assert set(agent.handlers) == set(P.OPERATIONS.values())
+        # Only a serving agent reaps every child: an agent object elsewhere must not steal this
+        # process's exit statuses (Popen would read them as 0). The child outlives a reaper's idle
+        # wait, so a reaper would be blocked in waitpid when it exits.
+        child = subprocess.Popen(["sh", "-c", "sleep 1; exit 3"])
+        time.sleep(1.5)
+        assert child.wait() == 3
     finally:
         os.close(reader)
         os.close(writer)

@@ -121,6 +121,7 @@ class Agent:
     # -- plumbing
 
     def serve(self) -> None:
+        self.procs.start_reaping()
         for line in read_lines(self.reader_fd):
             if not line.strip():
                 continue

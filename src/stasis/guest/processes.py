@@ -174,6 +174,10 @@ class ProcessTable:
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.early_exits: dict[int, int] = {}
         self.counter = 0
+
+    def start_reaping(self) -> None:
+        """Reap every child of this process from now on. Only the agent's own process may: a
+        ``waitpid(-1)`` thread elsewhere (a test importing the agent) steals its host's exits."""
         threading.Thread(target=self._reap_forever, name="reaper", daemon=True).start()
 
     def _reap_forever(self) -> None:
