@@ -115,7 +115,8 @@ class Daemon:
 
     def killed_at_its_kill_point(self) -> bool:
         """Whether this run ended by its STASIS_KILL_POINT. Its exit status alone cannot say: once a test
-        in this process used stasis.procs (whose reaper waits for every child), Popen may read 0."""
+        in this process used stasis.procs, its reaper takes an exit nobody waited for within a moment
+        (an orphan, as far as it can tell), and Popen then reads 0."""
         assert self.proc is not None
         return self.proc.returncode == -9 or "reached: SIGKILL" in self.log_of_this_run()
 

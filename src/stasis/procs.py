@@ -3,11 +3,12 @@
 ``runsc run -detach`` forks a sandbox and exits; the orphaned sandbox is
 re-parented to the nearest *subreaper*. If that is the host's init, it may reap
 slowly (here: 1-2 s), and ``runsc delete`` waits for it. So the process that
-drives runsc makes itself a child subreaper and reaps every child in one thread
-with ``waitpid(-1)``, handing each exit status to whoever started that pid.
+drives runsc makes itself a child subreaper and reaps every child in one thread,
+handing each exit status to whoever started that pid. A child it does not know
+(started with ``subprocess`` elsewhere in the process) is left to its owner for
+a moment first, so ``subprocess.run`` still reads its real exit status.
 
-Nothing else in such a process may wait for children (``subprocess.run``,
-asyncio subprocesses): use :func:`run` and :func:`spawn` instead.
+asyncio subprocesses cannot coexist with it: use :func:`run` and :func:`spawn`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import IO, Any
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
+ORPHAN_GRACE = 0.25  # seconds an unregistered child's exit is left to whoever started it
 
 
 @dataclass
@@ -61,13 +63,22 @@ class _Reaper:
     def _reap_forever(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, 0)
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)  # look, do not reap yet
             except ChildProcessError:
                 with self._lock:
                     self._lock.wait(1.0)
                 continue
+            if exited is None:
+                continue
+            pid = exited.si_pid
             with self._lock:
                 waiter = self._waiters.pop(pid, None)
+            if waiter is None and self._reaped_by_its_owner(pid):
+                continue
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                continue
             if waiter is not None:
                 loop, future = waiter
                 code = os.waitstatus_to_exitcode(status)
@@ -75,6 +86,20 @@ class _Reaper:
                     future.set_result(code)
                 else:
                     loop.call_soon_threadsafe(_resolve, future, code)
+
+    @staticmethod
+    def _reaped_by_its_owner(pid: int) -> bool:
+        """An exited child nobody registered: an orphan re-parented to us (reap it), or a child that
+        other code started with subprocess and is about to wait for (leave it its exit status)."""
+        deadline = time.monotonic() + ORPHAN_GRACE
+        while time.monotonic() < deadline:
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+                    return True  # no longer waitable as this pid's zombie: waited for elsewhere
+            except ChildProcessError:
+                return True
+            time.sleep(0.01)
+        return False
 
     def _popen(self, argv: Sequence[str], waiter: tuple[asyncio.AbstractEventLoop | None, Any] | None,
                **popen_kwargs: Any) -> subprocess.Popen:  # fmt: skip
