@@ -46,7 +46,7 @@ if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
   say "creating .venv with stasis and its dev dependencies"
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e '.[dev,integrations]'
   touch "$stamp"
 fi
 
