@@ -52,15 +52,16 @@ class Daemon:
         paths = {"STASIS_HOME": str(self.paths.home), "STASIS_IMAGE_DIR": str(self.paths.images)}
         return {**env, **self.sticky_env, **paths}
 
-    def start(self, **extra_env: str) -> Daemon:
-        """Start (or restart) the daemon; ``extra_env`` (e.g. STASIS_KILL_POINT) applies to this run only."""
+    def start(self, *args: str, **extra_env: str) -> Daemon:
+        """Start (or restart) the daemon; ``args`` (``--tcp``) and ``extra_env`` (e.g. STASIS_KILL_POINT)
+        apply to this run only."""
         require_default_image()
         env = {**self.env, **extra_env}
         self.paths.home.mkdir(parents=True, exist_ok=True)
         log = open(self.paths.home / "daemon-test.log", "ab")  # noqa: SIM115 - the daemon keeps writing to it
         self.log_start = log.tell()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stasis", "serve", "--log-level", "DEBUG"],
+            [sys.executable, "-m", "stasis", "serve", "--log-level", "DEBUG", *args],
             env=env,
             stdout=log,
             stderr=log,

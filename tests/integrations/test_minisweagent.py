@@ -38,7 +38,8 @@ def test_a_second_run_finds_the_files_and_processes_of_the_first_across_a_suspen
     try:
         first = DefaultAgent(scripted(
             "echo 'the bug is in parse()' > /root/notes.txt && cat /root/notes.txt",
-            "nohup sh -c 'while true; do date +%s >> /root/ticks; sleep 0.2; done' >/dev/null 2>&1 & echo $! > /root/bg.pid",
+            "nohup sh -c 'while true; do date +%s >> /root/ticks; sleep 0.2; done' >/dev/null 2>&1 &"
+            " echo $! > /root/bg.pid",
             SUBMIT,
         ), env, **AGENT_CONFIG)  # fmt: skip
         assert first.run("find the bug")["exit_status"] == "Submitted"
@@ -85,15 +86,15 @@ def test_the_mini_cli_runs_in_a_named_sandbox(daemon: Daemon, tmp_path: Path, mo
     sandbox = Sandbox.create("mini-cli", client=daemon.client())
     try:
         commands = ["echo from-mini > /root/mini.txt", SUBMIT]
-        model = {"model_class": "deterministic", "model_name": "deterministic",
-                 "outputs": [make_output(f"```mswea_bash_command\n{c}\n```", [{"command": c}]) for c in commands]}  # fmt: skip
+        outputs = scripted(*commands).config.outputs
+        model = {"model_class": "deterministic", "model_name": "deterministic", "outputs": outputs}
         config = tmp_path / "stasis.yaml"
         config.write_text(yaml.safe_dump({"model": model, "environment": {"sandbox": "mini-cli"}}))
         mini = shutil.which("mini", path=str(Path(os.sys.executable).parent))
         assert mini is not None, "mini-swe-agent's CLI is installed by `make setup`"
         result = subprocess.run(
-            [mini, "-c", "mini.yaml", "-c", str(config), "-y", "--exit-immediately", "-t", "write a file",
-             "--environment-class", "stasis.integrations.minisweagent.StasisEnvironment", "-o", str(tmp_path / "t.json")],
+            [mini, "-c", "mini.yaml", "-c", str(config), "-y", "--exit-immediately", "-t", "write a file", "-o",
+             str(tmp_path / "t.json"), "--environment-class", "stasis.integrations.minisweagent.StasisEnvironment"],
             env={**daemon.env, "MSWEA_CONFIGURED": "1", "MSWEA_SILENT_STARTUP": "1"},
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip

@@ -29,6 +29,20 @@ def serve(
     run_server(Paths.from_env(), tcp=tcp, token=os.environ.get("STASIS_TOKEN"), log_level=log_level.upper())
 
 
+@app.command()
+def mcp() -> None:
+    """Serve the MCP tools (create, run, files, suspend, checkpoint, fork, ...) over stdio.
+
+    Point an MCP client at `stasis mcp`. Over streamable HTTP the daemon serves the same tools at
+    /mcp (its unix socket, or TCP with the token)."""
+    try:
+        from ..integrations.mcp import serve_stdio
+    except ImportError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    serve_stdio()
+
+
 # ------------------------------------------------------------ the host
 
 

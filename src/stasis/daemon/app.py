@@ -9,7 +9,7 @@ import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
@@ -46,7 +46,7 @@ from ..models import (
 )
 from ..netpolicy import NetworkPolicy
 from ..paths import Paths
-from . import image_use, ssh
+from . import image_use, mcp_http, ssh
 from .forks import fork as fork_sandbox
 from .idle import IdleReaper
 from .limits import BodyLimit
@@ -71,13 +71,15 @@ def create_app(
     service = service or SandboxService(paths)
     ops = GuestOperations(service)
     reaper = IdleReaper(service)
+    mcp_sessions: AbstractAsyncContextManager[None] | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
         await Recovery(service).run()
         reaper.start()
-        yield
+        async with mcp_sessions or nullcontext():
+            yield
         await reaper.stop()
         await service.close()
         if on_shutdown is not None:  # uvicorn re-raises SIGTERM after this: code after run() may never run
@@ -86,6 +88,7 @@ def create_app(
     app = FastAPI(title="stasis", version=__version__, lifespan=lifespan)
     app.add_middleware(BodyLimit)
     app.state.service = service
+    mcp_sessions = mcp_http.mount(app, paths)
 
     if token:
 

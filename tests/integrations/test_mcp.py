@@ -1,0 +1,147 @@
+"""The MCP server through the official `mcp` client: over stdio (`stasis mcp`) and over the daemon's
+streamable HTTP (its unix socket, and TCP with the token)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from stasis import Sandbox
+from tests.conftest import Daemon
+
+TOOLS = {"create", "list", "run", "read_file", "write_file", "list_directory", "suspend", "resume",
+         "checkpoint", "fork", "terminate"}  # fmt: skip
+Session = Callable[[], AbstractAsyncContextManager[ClientSession]]
+
+
+def over_stdio(daemon: Daemon) -> Session:
+    @asynccontextmanager
+    async def session() -> AsyncIterator[ClientSession]:
+        server = StdioServerParameters(command=sys.executable, args=["-m", "stasis", "mcp"], env=daemon.env)
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            yield client
+
+    return session
+
+
+def over_http(url: str, http: Callable[[], httpx2.AsyncClient]) -> Session:
+    @asynccontextmanager
+    async def session() -> AsyncIterator[ClientSession]:
+        async with http() as client_http, streamable_http_client(url, http_client=client_http) as (read, write), \
+                ClientSession(read, write) as client:  # fmt: skip
+            await client.initialize()
+            yield client
+
+    return session
+
+
+def over_the_socket(daemon: Daemon) -> Session:
+    transport = httpx2.AsyncHTTPTransport(uds=str(daemon.paths.socket))
+    return over_http("http://stasis/mcp", lambda: httpx2.AsyncClient(transport=transport, timeout=120))
+
+
+async def call(client: ClientSession, tool: str, **arguments: Any) -> Any:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, (tool, result.content)
+    data = result.structured_content
+    return data["result"] if isinstance(data, dict) and set(data) == {"result"} else data
+
+
+async def tool_error(client: ClientSession, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, (tool, result)
+    return " ".join(block.text for block in result.content if hasattr(block, "text"))
+
+
+async def every_tool(session: Session, name: str) -> None:
+    """Two sessions, as two turns of an agent: the second finds the first's file and process after
+    a suspend; every tool is called; bad input comes back as tool errors."""
+    async with session() as client:
+        assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+        created = await call(client, "create", name=name)
+        assert created["status"] == "running" and created["name"] == name
+        await call(client, "write_file", sandbox=name, path="/root/work/notes.txt", content="turn one\n")
+        started = await call(client, "run", sandbox=name,
+                             command="nohup sleep 600 >/dev/null 2>&1 & echo $! > /root/work/bg.pid")  # fmt: skip
+        assert started["exit_code"] == 0
+        assert (await call(client, "suspend", sandbox=name))["status"] == "suspended"
+    async with session() as client:
+        assert name in {s["name"] for s in await call(client, "list")}
+        assert (await call(client, "resume", sandbox=name))["status"] == "running"
+        notes = await call(client, "read_file", sandbox=name, path="/root/work/notes.txt")
+        assert notes == {"path": "/root/work/notes.txt", "content": "turn one\n", "encoding": "utf-8", "size": 9}
+        alive = await call(client, "run", sandbox=name, command="kill -0 $(cat /root/work/bg.pid) && echo alive")
+        assert alive["stdout"] == "alive\n"
+        assert {e["name"] for e in await call(client, "list_directory", sandbox=name, path="/root/work")} == {
+            "notes.txt", "bg.pid"}  # fmt: skip
+        checkpoint = await call(client, "checkpoint", sandbox=name, name=f"{name}-cp")
+        assert checkpoint["type"] == "memory" and checkpoint["size_bytes"] > 0
+        (fork,) = await call(client, "fork", sandbox=name)
+        forked = await call(client, "run", sandbox=fork["id"], command="cat /root/work/notes.txt")
+        assert forked["stdout"] == "turn one\n"
+
+        capped = await call(client, "run", sandbox=name, command="head -c 100000 /dev/zero | tr '\\0' x",
+                            max_output=1000)  # fmt: skip
+        assert capped["truncated"] and len(capped["stdout"]) == 1000
+        slow = await call(client, "run", sandbox=name, command="sleep 30", timeout=1)
+        assert slow["timed_out"] and slow["exit_code"] != 0
+        assert "SandboxNotFound" in await tool_error(client, "run", sandbox="no-such-sandbox", command="true")
+        assert "FileNotFound" in await tool_error(client, "read_file", sandbox=name, path="/no/such/file")
+
+        assert (await call(client, "terminate", sandbox=fork["id"]))["status"] == "terminated"
+        assert (await call(client, "terminate", sandbox=name))["status"] == "terminated"
+
+
+def test_every_tool_over_stdio(daemon: Daemon) -> None:
+    asyncio.run(every_tool(over_stdio(daemon), "mcp-stdio"))
+    Sandbox.delete_checkpoint("mcp-stdio-cp", client=daemon.client())  # it outlives its sandbox
+
+
+def test_every_tool_over_the_daemons_http_on_its_socket(daemon: Daemon) -> None:
+    asyncio.run(every_tool(over_the_socket(daemon), "mcp-http"))
+    Sandbox.delete_checkpoint("mcp-http-cp", client=daemon.client())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def tcp_daemon(own_daemon: Daemon) -> Daemon:
+    own_daemon.tcp = f"127.0.0.1:{free_port()}"  # type: ignore[attr-defined]
+    own_daemon.sticky_env["STASIS_TOKEN"] = "mcp-test-token"
+    return own_daemon.start("--tcp", own_daemon.tcp)  # type: ignore[attr-defined]
+
+
+def test_over_tcp_the_token_is_required(tcp_daemon: Daemon) -> None:
+    url = f"http://{tcp_daemon.tcp}/mcp"  # type: ignore[attr-defined]
+
+    def with_token(token: str | None) -> Callable[[], httpx2.AsyncClient]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return lambda: httpx2.AsyncClient(headers=headers, timeout=120)
+
+    async def refused(token: str | None) -> int:
+        async with with_token(token)() as http:
+            response = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            return response.status_code
+
+    assert asyncio.run(refused(None)) == 401
+    assert asyncio.run(refused("wrong")) == 401
+
+    async def listed() -> set[str]:
+        async with over_http(url, with_token("mcp-test-token"))() as client:
+            return {t.name for t in (await client.list_tools()).tools}
+
+    assert asyncio.run(listed()) == TOOLS
