@@ -21,7 +21,7 @@ from ..models import (
 from ..netpolicy import NetworkPolicy
 from . import _base as b
 from ._client import AsyncClient
-from ._dirs import unpack
+from ._dirs import pack, unpack
 
 
 class AsyncSandbox(b.SandboxBase):
@@ -168,11 +168,19 @@ class AsyncSandbox(b.SandboxBase):
 
     async def upload_dir(self, local: str | Path, path: str, *, replace: bool = False) -> FileEntry:
         """Local directory ``local`` as directory ``path`` in the sandbox, whole or not at all (a tar stream)."""
-        return await self._client.call(self._upload_dir_call(local, path, replace))
+        return await self._client.call(self._upload_tar_call(pack(local), path, replace))
 
     async def download_dir(self, path: str, local: str | Path, *, replace: bool = False) -> Path:
         """Directory ``path`` of the sandbox as local directory ``local``, whole or not at all."""
         return unpack(await self._client.call(self._download_dir_call(path)), local, replace)
+
+    async def upload_tar(self, tar: bytes, path: str, *, replace: bool = False) -> FileEntry:
+        """An uncompressed tar extracted as directory ``path``, whole or not at all."""
+        return await self._client.call(self._upload_tar_call(tar, path, replace))
+
+    async def download_tar(self, path: str) -> bytes:
+        """Directory ``path`` as an uncompressed tar, its contents at the archive's root."""
+        return await self._client.call(self._download_dir_call(path))
 
     async def list_directory(self, path: str = "/root") -> list[FileEntry]:
         return await self._client.call(self._list_call(path))

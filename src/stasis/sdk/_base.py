@@ -11,7 +11,6 @@ import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypedDict
 
 import httpx
@@ -37,7 +36,6 @@ from ..models import (
     build,
 )
 from ..netpolicy import NetworkPolicy, as_policy
-from ._dirs import pack
 
 EXIT_CODE_TIMEOUT = 124  # what `timeout(1)` returns; used by the CLI
 OutputCallback = Callable[[bytes], None]
@@ -384,9 +382,9 @@ class SandboxBase:
         params = {"path": path, "mode": mode}
         return Call("PUT", f"{self._url}/files", _model(FileEntry), params=params, content=_bytes(data))
 
-    def _upload_dir_call(self, local: str | Path, path: str, replace: bool) -> Call:
+    def _upload_tar_call(self, tar: bytes, path: str, replace: bool) -> Call:
         params = {"path": path, "replace": "true" if replace else "false"}
-        return Call("PUT", f"{self._url}/dirs", _model(FileEntry), params=params, content=pack(local))
+        return Call("PUT", f"{self._url}/dirs", _model(FileEntry), params=params, content=tar)
 
     def _download_dir_call(self, path: str) -> Call:
         return Call("GET", f"{self._url}/dirs", lambda r: r.content, params={"path": path})
