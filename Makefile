@@ -5,7 +5,7 @@ setup:
 
 test: setup
 	.venv/bin/ruff check src tests benchmarks demo
-	.venv/bin/pytest -v -rs --durations=25
+	.venv/bin/pytest -v -rs --durations=25 -n 2 --dist loadfile
 
 # No runsc, QEMU or image: the real agent on a fake backend, the tables, the store, the SDK recipes.
 test-fast: .venv/.stasis-installed

@@ -2,18 +2,21 @@
 
 Tests send traffic only to these (and to loopback): never to any other address. Each host is a
 namespace joined to the host's own by a veth pair; addresses come from the documentation ranges
-(203.0.113.0/24, 198.51.100.0/24) and from 10.77.0.0/16 (a private range), in blocks chosen by
-the session's pid so that two sessions on one machine do not collide.
+(203.0.113.0/24, 198.51.100.0/24) and from 10.77.0.0/16 (a private range), in a block (a slot)
+that this session holds a lock on, so that two sessions (or xdist workers) on one machine never
+share addresses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,9 +77,32 @@ class TestHost:
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)  # removes its veth too
 
 
+SLOTS = 60
+_held_slot: tuple[int, int] | None = None  # (slot, the fd whose lock holds it) for the session
+
+
+def _slot() -> int:
+    global _held_slot
+    if _held_slot is None:
+        locks = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
+        for i in range(SLOTS):
+            slot = (os.getpid() + i) % SLOTS
+            fd = os.open(locks / f"stasis-testhost-slot-{slot}", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            _held_slot = (slot, fd)
+            break
+        else:
+            raise RuntimeError(f"all {SLOTS} test-host address slots are held by other test sessions")
+    return _held_slot[0]
+
+
 def blocks() -> tuple[str, str, str]:
     """Three /30 bases of this session: in 203.0.113/24, 198.51.100/24 and 10.77/16."""
-    slot = os.getpid() % 60
+    slot = _slot()
     return f"203.0.113.{slot * 4}", f"198.51.100.{slot * 4}", f"10.77.{slot}.0"
 
 
