@@ -41,4 +41,4 @@ lint:
 	.venv/bin/ruff format --check src tests benchmarks demo
 
 clean:
-	rm -rf .venv build src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf .venv .venv-harbor build src/*.egg-info .pytest_cache .ruff_cache

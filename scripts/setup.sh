@@ -50,6 +50,25 @@ if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
+# Harbor needs Python >= 3.12 (this project runs on 3.11): its adapter's tests use a venv of its own
+harbor_python=""
+for candidate in python3.13 python3.12 "$HOME"/.pyenv/versions/3.13*/bin/python "$HOME"/.pyenv/versions/3.12*/bin/python; do
+  # (a pyenv shim is on PATH even where its version is not selected: run it to know)
+  if "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1; then
+    harbor_python=$(command -v "$candidate"); break
+  fi
+done
+harbor_stamp=.venv-harbor/.stasis-installed
+if [ -n "$harbor_python" ] && { [ ! -x .venv-harbor/bin/harbor ] || [ pyproject.toml -nt "$harbor_stamp" ]; }; then
+  say "creating .venv-harbor with $harbor_python for the Harbor adapter"
+  "$harbor_python" -m venv .venv-harbor
+  .venv-harbor/bin/pip install -q --upgrade pip
+  .venv-harbor/bin/pip install -q -e '.[harbor]'
+  touch "$harbor_stamp"
+elif [ -z "$harbor_python" ]; then
+  say "no Python >= 3.12 here: the Harbor adapter's tests will say they cannot run"
+fi
+
 say "default image"
 .venv/bin/stasis image build default
 

@@ -1,0 +1,163 @@
+"""A Harbor environment: each trial runs in a stasis sandbox built from the task's Dockerfile.
+
+    harbor run -p TASK -a AGENT -e stasis.integrations.harbor:StasisEnvironment
+
+The task's ``environment/Dockerfile`` is built with stasis's builder (cached per step, so a second
+trial of the task starts from the cached image), or its ``docker_image`` is imported with skopeo.
+Harbor's network modes map onto stasis's egress policy. ``stop(delete=False)`` suspends the sandbox
+with its memory and processes instead of removing it. Harbor needs Python 3.12 or later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import shlex
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from . import require
+
+require("harbor", "harbor")
+
+from harbor.environments.base import BaseEnvironment, ExecResult  # noqa: E402
+from harbor.environments.capabilities import EnvironmentCapabilities  # noqa: E402
+from harbor.environments.definition import effective_exec_cwd, require_agent_environment_definition  # noqa: E402
+from harbor.models.task.config import NetworkMode, NetworkPolicy  # noqa: E402
+
+from ..errors import InvalidRequest, StasisError  # noqa: E402
+from ..guest.files import unsafe_member  # noqa: E402
+from ..netpolicy import NetworkPolicy as StasisPolicy  # noqa: E402
+from ..sdk import Client, Image, Sandbox  # noqa: E402
+
+
+class StasisEnvironment(BaseEnvironment):
+    def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: Any,
+                 task_env_config: Any, *args: Any, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(environment_dir, environment_name, session_id, trial_paths, task_env_config, *args, **kwargs)
+        self._client = Client()
+        self.sandbox: Sandbox | None = None
+        slug = re.sub(r"[^a-z0-9-]+", "-", environment_name.lower()).strip("-")[:40] or "task"
+        self._image_name = f"harbor-{slug}-{self.environment_id[:12]}"
+
+    @staticmethod
+    def type() -> str:
+        return "stasis"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(
+            disable_internet=True, network_allowlist=True, network_allowlist_hostnames=True,
+            network_allowlist_wildcard_hostnames=True, network_allowlist_ipv4_addresses=True,
+            network_allowlist_ipv4_cidrs=True, dynamic_network_policy=True,
+        )  # fmt: skip
+
+    def _validate_definition(self) -> None:
+        require_agent_environment_definition(self.environment_dir, docker_image=self.task_env_config.docker_image)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, force_build: bool) -> None:
+        image = await asyncio.to_thread(self._image, force_build)
+        options: dict[str, Any] = {"image": image, "network": self._network(self.network_policy)}
+        if self._effective_cpus:
+            options["cpus"] = float(self._effective_cpus)
+        if self._effective_memory_mb:
+            options["memory_mb"] = int(self._effective_memory_mb)
+        if self._effective_storage_mb:
+            options["disk_mb"] = int(self._effective_storage_mb)
+        self.sandbox = await asyncio.to_thread(Sandbox.create, None, client=self._client, **options)
+        self.logger.info(f"stasis sandbox {self.sandbox.id} from image {image}")
+        await self.ensure_dirs(self._mount_targets(writable_only=True))
+        await self._upload_environment_dir_after_start()
+
+    def _image(self, force_build: bool) -> str:
+        """The image's name. Steps are cached by their content, so a changed Dockerfile or context
+        rebuilds from the changed step on; ``force_build`` has nothing more to force."""
+        if self.task_env_config.docker_image:
+            Image.from_registry(self.task_env_config.docker_image, name=self._image_name)
+            return self._image_name
+        dockerfile = self.environment_dir / "Dockerfile"
+        # Build steps get the network only when the task's own network mode allows some
+        network = self.network_policy.network_mode != NetworkMode.NO_NETWORK or None
+        Image.from_dockerfile(dockerfile, self.environment_dir).build(self._image_name, client=self._client,
+                                                                      network=network)  # fmt: skip
+        return self._image_name
+
+    @staticmethod
+    def _network(policy: NetworkPolicy) -> bool | StasisPolicy:
+        if policy.network_mode == NetworkMode.NO_NETWORK:
+            return False
+        if policy.network_mode == NetworkMode.ALLOWLIST:
+            return StasisPolicy(allow_out=list(policy.allowed_hosts))
+        return True
+
+    async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
+        await asyncio.to_thread(self._started().update_network, self._network(network_policy))
+
+    async def stop(self, delete: bool) -> None:
+        """Terminate the sandbox, or (``delete=False``) suspend it: ``stasis ls`` shows it, resumable."""
+        if self.sandbox is None:
+            return
+        try:
+            await asyncio.to_thread(self.sandbox.terminate if delete else self.sandbox.suspend)
+        except StasisError as exc:
+            self.logger.error(f"could not {'terminate' if delete else 'suspend'} sandbox {self.sandbox.id}: {exc}")
+        finally:
+            self.sandbox = None
+
+    def _started(self) -> Sandbox:
+        if self.sandbox is None:
+            raise RuntimeError("the stasis environment is not started; call start() first")
+        return self.sandbox
+
+    # ------------------------------------------------------------------ commands and files
+
+    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:  # fmt: skip
+        options: dict[str, Any] = {"env": self._merge_env(env) or {}}
+        if workdir := effective_exec_cwd(cwd, self.task_env_config.workdir, None):
+            options["working_dir"] = workdir
+        if timeout_sec:
+            options["timeout"] = timeout_sec
+        if (who := self._resolve_user(user)) is not None:
+            options["user"] = str(who)
+        result = await asyncio.to_thread(self._started().run, ["bash", "-c", command], **options)
+        if result.timed_out:  # as Harbor's Docker environment says it
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
+        return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.exit_code)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        data = Path(source_path).read_bytes()
+        await asyncio.to_thread(self._started().write_file, target_path, data, os.stat(source_path).st_mode & 0o777)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        """Merged into ``target_dir`` (Harbor's meaning): sent whole beside it, then copied in."""
+        sandbox = self._started()
+        staging = f"/tmp/.stasis-upload-{os.getpid()}-{id(self)}"
+        await asyncio.to_thread(sandbox.upload_dir, source_dir, staging, replace=True)
+        target, source = shlex.quote(target_dir), shlex.quote(staging)
+        merged = await self.exec(f"mkdir -p {target} && cp -a {source}/. {target}/ && rm -rf {source}", user="root")
+        if merged.return_code != 0:
+            raise RuntimeError(f"could not copy {source_dir} into {target_dir}: {merged.stderr}")
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        data = await asyncio.to_thread(self._started().read_file, source_path)
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        """Its files over those in ``target_dir`` (Harbor's meaning); every member checked first."""
+        data = await asyncio.to_thread(self._started().download_tar, source_dir)
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            members = tar.getmembers()
+            for member in members:
+                if (why := unsafe_member(member)) is not None:
+                    raise InvalidRequest(why)
+            tar.extractall(target, members=members, filter="data")
