@@ -9,7 +9,7 @@ import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
@@ -71,15 +71,16 @@ def create_app(
     service = service or SandboxService(paths)
     ops = GuestOperations(service)
     reaper = IdleReaper(service)
-    mcp_sessions: AbstractAsyncContextManager[None] | None = None
+    mcp_app: mcp_http.LazyMcpApp | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
         await Recovery(service).run()
         reaper.start()
-        async with mcp_sessions or nullcontext():
-            yield
+        yield
+        if mcp_app is not None:
+            await mcp_app.aclose()
         await reaper.stop()
         await service.close()
         if on_shutdown is not None:  # uvicorn re-raises SIGTERM after this: code after run() may never run
@@ -88,7 +89,7 @@ def create_app(
     app = FastAPI(title="stasis", version=__version__, lifespan=lifespan)
     app.add_middleware(BodyLimit)
     app.state.service = service
-    mcp_sessions = mcp_http.mount(app, paths)
+    mcp_app = mcp_http.mount(app, paths)
 
     if token:
 
