@@ -80,12 +80,18 @@ class _Reaper:
             except ChildProcessError:
                 continue
             if waiter is not None:
-                loop, future = waiter
-                code = os.waitstatus_to_exitcode(status)
-                if loop is None:
-                    future.set_result(code)
-                else:
-                    loop.call_soon_threadsafe(_resolve, future, code)
+                self._hand_over(waiter, os.waitstatus_to_exitcode(status))
+
+    @staticmethod
+    def _hand_over(waiter: tuple[asyncio.AbstractEventLoop | None, Any], code: int) -> None:
+        loop, future = waiter
+        if loop is None:
+            future.set_result(code)
+            return
+        try:
+            loop.call_soon_threadsafe(_resolve, future, code)
+        except RuntimeError:  # its event loop closed (asyncio.run ended): nobody waits; the reaper must live on
+            log.debug("exit %d of a child whose event loop is gone", code)
 
     @staticmethod
     def _reaped_by_its_owner(pid: int) -> bool:

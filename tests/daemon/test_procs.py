@@ -19,6 +19,14 @@ SCRIPT = textwrap.dedent("""
         return (await procs.run(["sh", "-c", "exit 4"], timeout=10)).returncode
 
     assert asyncio.run(started_by_the_reaper()) == 4
+
+    # A child that outlives its event loop (asyncio.run ended) exits into a closed loop: the reaper lives on.
+    async def leave_one_behind() -> None:
+        procs.spawn(["sleep", "0.3"])
+
+    asyncio.run(leave_one_behind())
+    time.sleep(0.8)
+    assert asyncio.run(started_by_the_reaper()) == 4
     # Children other code starts keep their exit status, however long they ran.
     assert subprocess.run(["sh", "-c", "exit 3"]).returncode == 3
     assert subprocess.run(["sh", "-c", "sleep 1.2; exit 5"]).returncode == 5
