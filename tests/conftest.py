@@ -29,6 +29,7 @@ from stasis.paths import Paths, default_home
 from tests.fakes import fake_agents
 from tests.network.testhosts import leftover_namespaces
 
+procs.share_children()  # tests start CLIs and daemons with subprocess in a process where the reaper may run
 REAL_BACKENDS = tuple(BACKENDS)  # before the fast tier's fake joins the registry
 register_backend("fake", "tests.fakes:FakeBackend")
 

@@ -4,11 +4,12 @@
 re-parented to the nearest *subreaper*. If that is the host's init, it may reap
 slowly (here: 1-2 s), and ``runsc delete`` waits for it. So the process that
 drives runsc makes itself a child subreaper and reaps every child in one thread,
-handing each exit status to whoever started that pid. A child it does not know
-(started with ``subprocess`` elsewhere in the process) is left to its owner for
-a moment first, so ``subprocess.run`` still reads its real exit status.
+handing each exit status to whoever started that pid.
 
-asyncio subprocesses cannot coexist with it: use :func:`run` and :func:`spawn`.
+Nothing else in such a process may wait for children (``subprocess.run``, asyncio
+subprocesses): use :func:`run`, :func:`spawn`, :func:`run_blocking` and
+:func:`start_blocking`. A process that must (a test session) calls
+:func:`share_children`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import IO, Any
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
-ORPHAN_GRACE = 0.25  # seconds an unregistered child's exit is left to whoever started it
+_grace = 0.0  # seconds an unregistered child's exit is left to whoever started it (see share_children)
 
 
 @dataclass
@@ -61,26 +62,51 @@ class _Reaper:
         self._started = True
 
     def _reap_forever(self) -> None:
+        unknown: dict[int, float] = {}  # exited children nobody registered -> when first seen
         while True:
-            try:
-                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)  # look, do not reap yet
+            try:  # look, do not reap yet; poll while an unknown child waits for its owner
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | (os.WNOHANG if unknown else 0))
             except ChildProcessError:
+                unknown.clear()
                 with self._lock:
                     self._lock.wait(1.0)
                 continue
-            if exited is None:
-                continue
-            pid = exited.si_pid
-            with self._lock:
-                waiter = self._waiters.pop(pid, None)
-            if waiter is None and self._reaped_by_its_owner(pid):
-                continue
-            try:
-                _, status = os.waitpid(pid, 0)
-            except ChildProcessError:
-                continue
-            if waiter is not None:
-                self._hand_over(waiter, os.waitstatus_to_exitcode(status))
+            if exited is not None and not self._deliver(exited.si_pid):
+                unknown.setdefault(exited.si_pid, time.monotonic())
+            if unknown:
+                # waitid keeps naming the same unknown child: look at the registered ones by pid
+                with self._lock:
+                    registered = list(self._waiters)
+                for pid in registered:
+                    if _exited(pid):
+                        self._deliver(pid)
+                self._settle(unknown)
+                time.sleep(0.005)
+
+    def _deliver(self, pid: int) -> bool:
+        """Reap ``pid`` and hand its exit status over, if someone registered it."""
+        with self._lock:
+            waiter = self._waiters.pop(pid, None)
+        if waiter is None:
+            return False
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return True
+        self._hand_over(waiter, os.waitstatus_to_exitcode(status))
+        return True
+
+    @staticmethod
+    def _settle(unknown: dict[int, float]) -> None:
+        """An exited child nobody registered is an orphan re-parented to us (reap it), or a child that
+        other code started with subprocess and is about to wait for: leave it its status a moment."""
+        for pid, seen in list(unknown.items()):
+            if not _exited(pid):
+                del unknown[pid]  # waited for by its owner
+            elif time.monotonic() - seen >= _grace:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                del unknown[pid]
 
     @staticmethod
     def _hand_over(waiter: tuple[asyncio.AbstractEventLoop | None, Any], code: int) -> None:
@@ -92,20 +118,6 @@ class _Reaper:
             loop.call_soon_threadsafe(_resolve, future, code)
         except RuntimeError:  # its event loop closed (asyncio.run ended): nobody waits; the reaper must live on
             log.debug("exit %d of a child whose event loop is gone", code)
-
-    @staticmethod
-    def _reaped_by_its_owner(pid: int) -> bool:
-        """An exited child nobody registered: an orphan re-parented to us (reap it), or a child that
-        other code started with subprocess and is about to wait for (leave it its exit status)."""
-        deadline = time.monotonic() + ORPHAN_GRACE
-        while time.monotonic() < deadline:
-            try:
-                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
-                    return True  # no longer waitable as this pid's zombie: waited for elsewhere
-            except ChildProcessError:
-                return True
-            time.sleep(0.01)
-        return False
 
     def _popen(self, argv: Sequence[str], waiter: tuple[asyncio.AbstractEventLoop | None, Any] | None,
                **popen_kwargs: Any) -> subprocess.Popen:  # fmt: skip
@@ -126,30 +138,67 @@ class _Reaper:
         future: asyncio.Future[int] = loop.create_future()
         return self._popen(argv, (loop, future), **popen_kwargs), future
 
-    def run_blocking(self, argv: Sequence[str], timeout: float | None, **popen_kwargs: Any) -> Completed:
-        """Run to completion, blocking. Where the reaper runs it owns the exit (there Popen would read a
-        child's status as 0); elsewhere the reaper is not started for this: Popen waits as usual."""
-        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+    def start_blocking(self, argv: Sequence[str], **popen_kwargs: Any) -> Started:
+        """Where the reaper runs it owns the exit (there Popen would read a child's status as 0);
+        elsewhere the reaper is not started for this: Popen waits as usual."""
         with self._lock:
             owned = self._started
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        proc = self._popen(argv, (None, future) if owned else None, **pipes, **popen_kwargs)
+        future: concurrent.futures.Future[int] | None = concurrent.futures.Future() if owned else None
+        return Started(self._popen(argv, (None, future) if future else None, **popen_kwargs), future)
+
+
+@dataclass
+class Started:
+    """A process started by :func:`start_blocking`; :meth:`wait` gives its real exit status."""
+
+    proc: subprocess.Popen
+    _exit: concurrent.futures.Future[int] | None  # the reaper's report, where the reaper runs
+
+    def wait(self, timeout: float | None = None) -> int:
         try:
-            out, err = proc.communicate(timeout=timeout)
-            code = future.result(timeout=timeout) if owned else proc.wait()
+            return self._exit.result(timeout) if self._exit is not None else self.proc.wait(timeout)
         except (subprocess.TimeoutExpired, concurrent.futures.TimeoutError):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            if not owned:
-                proc.wait()
-            raise TimeoutError(f"{argv[0]} did not finish within {timeout}s") from None
-        return Completed(list(argv), code, out, err)
+            raise TimeoutError(f"{self.proc.args[0]} did not finish within {timeout}s") from None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGKILL)
+        if self._exit is None:
+            self.proc.wait()
+
+
+def start_blocking(argv: Sequence[str], **popen_kwargs: Any) -> Started:
+    """``subprocess.Popen`` whose exit status stays right in a process whose reaper (this module's,
+    once :func:`spawn` started it) waits for every child."""
+    return _reaper.start_blocking(argv, close_fds=True, **popen_kwargs)
 
 
 def run_blocking(argv: Sequence[str], timeout: float | None = None, **popen_kwargs: Any) -> Completed:
-    """``subprocess.run`` with captured output that stays correct in a process whose reaper (this
-    module's, once :func:`spawn` started it) waits for every child."""
-    return _reaper.run_blocking(argv, timeout, close_fds=True, **popen_kwargs)
+    """``subprocess.run`` with captured output, right about the exit status wherever it runs."""
+    started = start_blocking(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
+    try:
+        out, err = started.proc.communicate(timeout=timeout)
+        code = started.wait(timeout)
+    except (subprocess.TimeoutExpired, TimeoutError):
+        started.kill()
+        raise TimeoutError(f"{argv[0]} did not finish within {timeout}s") from None
+    return Completed(list(argv), code, out, err)
+
+
+def share_children(grace: float = 0.25) -> None:
+    """For a process that also starts children with plain ``subprocess`` (a test session): the reaper
+    leaves an exit it does not know to its owner for ``grace`` seconds before taking it as an orphan's.
+    The daemon does not: runsc waits for its orphans, so they are reaped at once."""
+    global _grace
+    _grace = grace
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited and nobody has reaped it yet."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
+    except ChildProcessError:
+        return False
 
 
 def _resolve(future: asyncio.Future[int], code: int) -> None:

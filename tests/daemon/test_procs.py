@@ -14,6 +14,7 @@ pytestmark = pytest.mark.fast
 SCRIPT = textwrap.dedent("""
     import asyncio, os, subprocess, time
     from stasis import procs
+    procs.share_children()
 
     async def started_by_the_reaper() -> int:
         return (await procs.run(["sh", "-c", "exit 4"], timeout=10)).returncode
@@ -27,7 +28,7 @@ SCRIPT = textwrap.dedent("""
     asyncio.run(leave_one_behind())
     time.sleep(0.8)
     assert asyncio.run(started_by_the_reaper()) == 4
-    # Children other code starts keep their exit status, however long they ran.
+    # With share_children, children other code starts keep their exit status, however long they ran.
     assert subprocess.run(["sh", "-c", "exit 3"]).returncode == 3
     assert subprocess.run(["sh", "-c", "sleep 1.2; exit 5"]).returncode == 5
     assert procs.run_blocking(["sh", "-c", "exit 6"]).returncode == 6

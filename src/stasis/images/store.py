@@ -311,13 +311,14 @@ class ImageStore:
 
     def _run_build(self, argv: list[str], progress: ProgressCallback | None) -> None:
         tail: list[str] = []
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
+        started = procs.start_blocking(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert started.proc.stdout is not None
+        with started.proc.stdout:
+            for line in started.proc.stdout:
                 line = line.rstrip()
                 tail = [*tail[-19:], line]
                 log.debug("mmdebstrap: %s", line)
                 if progress is not None and line:
                     progress(line)
-        if proc.returncode != 0:
-            raise BackendError(f"mmdebstrap failed with exit code {proc.returncode}; last output:\n" + "\n".join(tail))
+        if (code := started.wait()) != 0:
+            raise BackendError(f"mmdebstrap failed with exit code {code}; last output:\n" + "\n".join(tail))
