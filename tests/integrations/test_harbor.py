@@ -96,6 +96,13 @@ SCRIPT = textwrap.dedent("""
     found = {}
 
     async def main():
+        compose = work / "compose"
+        compose.mkdir()
+        (compose / "docker-compose.yaml").write_text("services: {main: {image: busybox}}")
+        try:
+            StasisEnvironment(compose, "c", "c__t__env", TrialPaths(work / "c"), EnvironmentConfig())
+        except FileNotFoundError as exc:
+            found["compose"] = str(exc)
         env = StasisEnvironment(task / "environment", "answer", "answer__t1__env", TrialPaths(work / "trial"),
                                 EnvironmentConfig(network_mode="no-network"))
         await env.start(force_build=False)
@@ -143,5 +150,6 @@ def test_the_environment_api_keeps_files_and_processes_across_a_suspend(images_d
     assert "turn one" in found["second"] and "still-running" in found["second"]
     assert {"seed.txt", "notes.txt", "sub/a.txt", "instruction.md"} <= set(found["downloaded"])
     assert found["file"] == "A" and found["failed"] == 7
+    assert "docker-compose tasks are not supported" in found["compose"]
     assert found["timeout"] == "Command timed out after 1 seconds" and found["missing"] == "FileNotFound"
     assert Sandbox.connect(found["sandbox"], client=images_daemon.client()).info().status == "terminated"

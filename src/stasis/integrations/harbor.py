@@ -57,6 +57,11 @@ class StasisEnvironment(BaseEnvironment):
 
     def _validate_definition(self) -> None:
         require_agent_environment_definition(self.environment_dir, docker_image=self.task_env_config.docker_image)
+        if not self.task_env_config.docker_image and not (self.environment_dir / "Dockerfile").is_file():
+            raise FileNotFoundError(
+                f"{self.environment_dir / 'Dockerfile'} is missing: the stasis environment runs one sandbox per "
+                "trial, built from a Dockerfile or a docker_image (docker-compose tasks are not supported)"
+            )
 
     # ------------------------------------------------------------------ lifecycle
 
