@@ -44,6 +44,10 @@ GATEWAY_ADDRESS = "10.200.0.1"
 PREFIX = 30
 INNER_DEVICE = "eth0"
 GATEWAY_DEVICE = "gw0"
+# Fixed link addresses too: a restored or forked guest keeps its neighbour cache, which must still
+# name the gateway of the new link (a random MAC left a fork's packets dropped until ARP re-probed).
+GATEWAY_MAC = "02:00:0a:c8:00:01"
+INNER_MAC = "02:00:0a:c8:00:02"
 MTU = 1500
 NETNS_DIR = Path("/run/netns")
 PREFIX_NAME = "stasis-"
@@ -113,7 +117,8 @@ async def create(net: SandboxNet, device: Device) -> None:
 def _configure_gateway(net: SandboxNet, device: Device) -> None:
     with inside(net.gateway), IPRoute() as gw:
         _up(gw, "lo")
-        if not gw.link_lookup(ifname=GATEWAY_DEVICE):
+        added = not gw.link_lookup(ifname=GATEWAY_DEVICE)
+        if added:
             if device == "veth":
                 fd = os.open(net.inner_path, os.O_RDONLY)
                 try:
@@ -123,6 +128,7 @@ def _configure_gateway(net: SandboxNet, device: Device) -> None:
                     os.close(fd)
             else:
                 gw.link("add", ifname=GATEWAY_DEVICE, kind="tuntap", mode="tap")
+            gw.link("set", index=gw.link_lookup(ifname=GATEWAY_DEVICE)[0], address=GATEWAY_MAC)  # still down
         index = _up(gw, GATEWAY_DEVICE)
         _add(lambda: gw.addr("add", index=index, address=GATEWAY_ADDRESS, prefixlen=PREFIX))
         # The route back to the sandbox: everything not for the gateway goes through the forward
@@ -132,6 +138,8 @@ def _configure_gateway(net: SandboxNet, device: Device) -> None:
     if device == "veth":
         with inside(net.inner), IPRoute() as inner:
             _up(inner, "lo")
+            if added:
+                inner.link("set", index=inner.link_lookup(ifname=INNER_DEVICE)[0], address=INNER_MAC)
 
 
 def configure_inner(net: SandboxNet) -> None:
