@@ -28,6 +28,7 @@ bench: setup
 	.venv/bin/python benchmarks/microvm.py
 	.venv/bin/python benchmarks/network.py
 	.venv/bin/python benchmarks/images.py
+	.venv/bin/python benchmarks/fs.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30
