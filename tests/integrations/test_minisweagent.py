@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,7 +90,7 @@ def test_the_mini_cli_runs_in_a_named_sandbox(daemon: Daemon, tmp_path: Path, mo
         model = {"model_class": "deterministic", "model_name": "deterministic", "outputs": outputs}
         config = tmp_path / "stasis.yaml"
         config.write_text(yaml.safe_dump({"model": model, "environment": {"sandbox": "mini-cli"}}))
-        mini = shutil.which("mini", path=str(Path(os.sys.executable).parent))
+        mini = shutil.which("mini", path=str(Path(sys.executable).parent))
         assert mini is not None, "mini-swe-agent's CLI is installed by `make setup`"
         result = subprocess.run(
             [mini, "-c", "mini.yaml", "-c", str(config), "-y", "--exit-immediately", "-t", "write a file", "-o",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from stasis.integrations.openai_agents import StasisSandboxClient, StasisSandbox
 from tests.conftest import Daemon
 
 set_tracing_disabled(True)  # the SDK would otherwise export traces to OpenAI's servers
-os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
 
 def agent_client(daemon: Daemon) -> StasisSandboxClient:

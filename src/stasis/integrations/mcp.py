@@ -95,15 +95,18 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
     """The server; each tool call opens a client from ``client_factory`` (an AsyncClient to the daemon)."""
     server = MCPServer("stasis", version=__version__, instructions=INSTRUCTIONS)
 
-    async def on(ref: str, action: Callable[[AsyncSandbox], Awaitable[T]]) -> T:
+    async def with_client(action: Callable[[AsyncClient], Awaitable[T]]) -> T:
         async def go() -> T:
             client = client_factory()
             try:
-                return await action(await AsyncSandbox.connect(ref, client=client))
+                return await action(client)
             finally:
                 await client.aclose()
 
         return await _call(go)
+
+    async def on(ref: str, action: Callable[[AsyncSandbox], Awaitable[T]]) -> T:
+        return await with_client(lambda client: _connected(ref, client, action))
 
     @server.tool()
     async def create(name: str | None = None, image: str = "default", network: bool = False,
@@ -111,30 +114,20 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
         """Create a sandbox (from an image, or a template with its start command running). No network
         unless asked."""
 
-        async def go() -> SandboxSummary:
-            client = client_factory()
-            try:
-                options: dict[str, Any] = {"image": image, "network": network}
-                if template:
-                    options["template"] = template
-                return SandboxSummary.of((await AsyncSandbox.create(name, client=client, **options))._info)
-            finally:
-                await client.aclose()
+        async def go(client: AsyncClient) -> SandboxSummary:
+            sandbox = await AsyncSandbox.create(name, client=client, image=image, network=network, template=template)
+            return SandboxSummary.of(sandbox._info)
 
-        return await _call(go)
+        return await with_client(go)
 
     @server.tool(name="list")
     async def list_sandboxes(include_terminated: bool = False) -> list[SandboxSummary]:
         """Every sandbox with its status (running, suspended, ...)."""
 
-        async def go() -> list[SandboxSummary]:
-            client = client_factory()
-            try:
-                return [SandboxSummary.of(i) for i in await AsyncSandbox.list(include_terminated, client=client)]
-            finally:
-                await client.aclose()
+        async def go(client: AsyncClient) -> list[SandboxSummary]:
+            return [SandboxSummary.of(i) for i in await AsyncSandbox.list(include_terminated, client=client)]
 
-        return await _call(go)
+        return await with_client(go)
 
     @server.tool()
     async def run(sandbox: SandboxRef, command: str, timeout: float = 60, max_output: int = 65536,
@@ -225,6 +218,10 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
         return await on(sandbox, lambda sbx: _summary(sbx.terminate()))
 
     return server
+
+
+async def _connected(ref: str, client: AsyncClient, action: Callable[[AsyncSandbox], Awaitable[T]]) -> T:
+    return await action(await AsyncSandbox.connect(ref, client=client))
 
 
 async def _summary(info: Awaitable[SandboxInfo]) -> SandboxSummary:

@@ -54,10 +54,8 @@ class StasisEnvironment:
         self._client = client or Client()
         self._created = not self.config.sandbox
         if self._created:
-            options: dict[str, Any] = {"image": self.config.image, "network": self.config.network}
-            if self.config.template:
-                options["template"] = self.config.template
-            self.sandbox = Sandbox.create(self.config.name, client=self._client, **options)
+            self.sandbox = Sandbox.create(self.config.name, client=self._client, image=self.config.image,
+                                          network=self.config.network, template=self.config.template)  # fmt: skip
             log.info("created sandbox %s for mini-swe-agent", self.sandbox.id)
         else:
             self.sandbox = Sandbox.connect(self.config.sandbox, client=self._client)

@@ -217,10 +217,7 @@ class StasisSandboxClient(BaseSandboxClient[StasisSandboxClientOptions]):
         return self._deserialize_session_state_payload(payload, StasisSandboxSessionState)
 
     async def _new_sandbox(self, name: str | None, image: str, template: str | None, network: bool) -> AsyncSandbox:
-        options: dict[str, Any] = {"image": image, "network": network}
-        if template:
-            options["template"] = template
-        return await AsyncSandbox.create(name, client=self.client, **options)
+        return await AsyncSandbox.create(name, client=self.client, image=image, template=template, network=network)
 
 
 __all__ = [

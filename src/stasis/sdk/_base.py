@@ -53,7 +53,7 @@ class CreateOptions(TypedDict, total=False):
     backend: str
     network: bool | NetworkPolicy  # True: the internet; a policy: only where it allows; absent: no network
     snapshot_id: str  # create from this checkpoint (id or name): its processes and files
-    template: str  # create from this template (stasis.Template): its start command already running
+    template: str | None  # create from this template (stasis.Template): its start command already running
 
 
 class RunOptions(TypedDict, total=False):
