@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stasis import Client, Sandbox, procs
+from stasis import Client, Pool, Sandbox, procs
 from stasis.backends import BACKENDS, register_backend
 from stasis.network import namespaces
 from stasis.paths import Paths, default_home
@@ -125,6 +125,8 @@ class Daemon:
 
 def terminate_all(daemon: Daemon) -> None:
     with daemon.client() as client:
+        for pool in Pool.list(client=client):  # its waiting members are in no list of sandboxes
+            Pool.remove(pool.name, client=client)
         for info in Sandbox.list(client=client):
             Sandbox(info, client).terminate()
 

@@ -38,6 +38,7 @@ class FakeBackend:
     name: ClassVar[str] = "fake"
     kill_points: ClassVar[tuple[str, ...]] = ()
     network_device: ClassVar[str] = "veth"
+    sets_identity: ClassVar[bool] = False
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths

@@ -32,6 +32,12 @@ def validate_name(name: str) -> str:
     return name
 
 
+def validate_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}")
+    return backend
+
+
 def describe_validation_errors(errors: list[Any]) -> str:
     """pydantic's error list as one readable sentence: 'name: invalid sandbox name ...; cpus: ...'."""
     problems = []
@@ -121,9 +127,7 @@ class SandboxSpec(_Strict):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, backend: str) -> str:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; use one of: {', '.join(BACKENDS)}")
-        return backend
+        return validate_backend(backend)
 
 
 TEMPLATE_PREFIX = "template-"  # a template NAME is the MEMORY checkpoint named template-NAME (stasis.Template)
@@ -156,6 +160,55 @@ class SandboxInfo(BaseModel):
     last_resume_seconds: float | None = None
     idle_action: Literal["suspend", "terminate"] | None = None
     idle_action_at: float | None = None
+    from_pool: str | None = Field(None, description="the warm pool it was claimed from")
+    pool: str | None = Field(None, description="the pool it waits in (a member not claimed yet)")
+
+
+POOL_MAX_SIZE = 64
+
+
+class CreatePoolRequest(_Strict):
+    """Sandboxes of one spec started ahead; a matching create claims one instead of booting."""
+
+    name: str
+    size: int = Field(2, ge=1, le=POOL_MAX_SIZE, description="sandboxes kept started and waiting")
+    image: str = "default"
+    backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
+    cpus: float = Field(1.0, ge=0.01, le=64)
+    memory_mb: int = Field(1024, ge=128, le=262144)
+    disk_mb: int = Field(10240, ge=512, le=1 << 20)
+    template: str | None = Field(None, description="members are restored from this template, not booted")
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        return validate_name(name)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        return validate_backend(backend)
+
+    def member_spec(self) -> SandboxSpec:
+        """A waiting member never idles out: it is suspended or removed only once claimed."""
+        return SandboxSpec(image=self.image, backend=self.backend, cpus=self.cpus, memory_mb=self.memory_mb,
+                           disk_mb=self.disk_mb, timeout_secs=None)  # fmt: skip
+
+    def matches(self, request: CreateSandboxRequest) -> bool:
+        """Whether a create asks for what this pool's members are (its idle timeout may differ)."""
+        mine = (self.image, self.backend, self.cpus, self.memory_mb, self.disk_mb, self.template)
+        theirs = (request.image, request.backend, request.cpus, request.memory_mb, request.disk_mb, request.template)
+        return request.snapshot_id is None and request.network is None and mine == theirs
+
+
+class PoolInfo(BaseModel):
+    name: str
+    spec: CreatePoolRequest
+    ready: int = Field(description="members started and waiting to be claimed")
+    starting: int = Field(description="members being started to refill it")
+    claimed: int = Field(0, description="members handed out since the daemon started")
+    last_error: str | None = Field(None, description="why the last refill failed, if it did")
+    members: list[str] = Field(default_factory=list, description="ids of the sandboxes waiting in it")
 
 
 class RunRequest(_Strict):

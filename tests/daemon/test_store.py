@@ -10,7 +10,7 @@ import pytest
 
 from stasis.daemon.store import Store
 from stasis.errors import NameTaken, SandboxNotFound, StateError
-from stasis.models import CheckpointInfo, CheckpointType, SandboxSpec
+from stasis.models import CheckpointInfo, CheckpointType, CreateSandboxRequest, SandboxSpec
 from stasis.models import SandboxStatus as S
 
 pytestmark = pytest.mark.fast
@@ -96,3 +96,36 @@ def test_a_home_from_before_the_daemon_fact_columns_is_migrated(tmp_path: Path) 
                    " NULL, NULL, NULL)", (json.dumps(state),))  # fmt: skip
     info = Store(path).get("w")
     assert (info.image_key, info.from_checkpoint, info.runtime) == ("default-old", "ck-9", {"runsc_version": "v1"})
+
+
+def test_the_list_pages_through_live_sandboxes_without_pool_members(tmp_path: Path) -> None:
+    db = store(tmp_path)
+    for n in range(7):
+        db.insert(f"sb-00000000000{n}", f"box{n}", SandboxSpec(), "default-abc")
+    db.insert("sb-0000000000pm", None, SandboxSpec(), "default-abc", pool="warm")
+    db.transition("sb-000000000003", S.TERMINATING)
+    db.transition("sb-000000000003", S.TERMINATED)
+    seen, after = [], None
+    while page := db.list(include_pooled=False, limit=2, after=after):
+        seen += [info.name for info in page]
+        after = (page[-1].created_at, page[-1].id)
+    assert seen == ["box0", "box1", "box2", "box4", "box5", "box6"]
+    assert "sb-0000000000pm" in {info.id for info in db.list()}  # recovery sees members
+
+
+def test_a_claim_hands_out_each_member_once_with_the_callers_name(tmp_path: Path) -> None:
+    db = store(tmp_path)
+    for n in range(2):
+        db.insert(f"sb-00000000000{n}", None, SandboxSpec(timeout_secs=None), "default-abc", pool="warm")
+        db.transition(f"sb-00000000000{n}", S.RUNNING)
+    db.insert("sb-000000000009", None, SandboxSpec(), "default-old", pool="warm")
+    db.transition("sb-000000000009", S.RUNNING)
+    first = db.claim_member("warm", "default-abc", CreateSandboxRequest(name="mine", timeout_secs=60))
+    assert first is not None and (first.name, first.pool, first.from_pool) == ("mine", None, "warm")
+    assert first.spec.timeout_secs == 60
+    with pytest.raises(NameTaken):
+        db.claim_member("warm", "default-abc", CreateSandboxRequest(name="mine"))
+    second = db.claim_member("warm", "default-abc", CreateSandboxRequest())
+    assert second is not None and second.id != first.id
+    assert db.claim_member("warm", "default-abc", CreateSandboxRequest()) is None  # the other is a stale build
+    assert [m.id for m in db.pool_members("warm")] == ["sb-000000000009"]

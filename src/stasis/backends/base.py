@@ -55,6 +55,8 @@ class Backend(Protocol):
     name: ClassVar[str]
     kill_points: ClassVar[tuple[str, ...]]  # its STASIS_KILL_POINT names (see stasis.faults)
     network_device: ClassVar[Device]  # what a networked sandbox's kernel is given (see stasis.network)
+    # whether its guest agent may set hostname and kernel RNG (a claimed pool member gets its own)
+    sets_identity: ClassVar[bool]
 
     async def initialize(self) -> None:
         """Probe the host once (versions, platform) before the first sandbox."""

@@ -25,6 +25,7 @@ from ..models import (
     CheckpointInfo,
     CommitImageRequest,
     CreateCheckpointRequest,
+    CreatePoolRequest,
     CreateSandboxRequest,
     DaemonInfo,
     DiskUsage,
@@ -32,6 +33,7 @@ from ..models import (
     ExposePortRequest,
     FileEntry,
     ForkRequest,
+    PoolInfo,
     ProcessInfo,
     ProcessOutput,
     RunRequest,
@@ -77,6 +79,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
         await Recovery(service).run()
+        await service.pools.start()
         reaper.start()
         yield
         if mcp_app is not None:
@@ -178,8 +181,32 @@ def create_app(
         return await service.create(request)
 
     @app.get("/v1/sandboxes")
-    async def list_sandboxes(all: bool = False) -> list[SandboxInfo]:
-        return service.list(include_terminated=all)
+    async def list_sandboxes(
+        all: bool = False,
+        limit: Annotated[int | None, Query(ge=1, le=1000, description="at most this many (a page)")] = None,
+        after: Annotated[str | None, Query(description="the id of the last sandbox of the previous page")] = None,
+    ) -> list[SandboxInfo]:
+        cursor = None
+        if after is not None:
+            last = service.store.get(after)
+            cursor = (last.created_at, last.id)
+        return service.list(include_terminated=all, limit=limit, after=cursor)
+
+    @app.post("/v1/pools", status_code=201)
+    async def create_pool(request: CreatePoolRequest) -> PoolInfo:
+        return await service.pools.create(request)
+
+    @app.get("/v1/pools")
+    async def list_pools() -> list[PoolInfo]:
+        return service.pools.list()
+
+    @app.get("/v1/pools/{name}")
+    async def get_pool(name: str) -> PoolInfo:
+        return service.pools.describe(name)
+
+    @app.delete("/v1/pools/{name}")
+    async def remove_pool(name: str) -> PoolInfo:
+        return await service.pools.remove(name)
 
     @app.get("/v1/sandboxes/{ref}")
     async def get(ref: str) -> SandboxInfo:

@@ -29,6 +29,7 @@ class Metrics:
             "stasis_idle_failures", "Idle actions that failed (sandbox kept running)", registry=r
         )
         self.auto_resumes = Counter("stasis_auto_resumes", "Resumes triggered by a request", registry=r)
+        self.pool_claims = Counter("stasis_pool_claims", "Creates answered from a warm pool", registry=r)
 
     def render(self, sandboxes: list[SandboxInfo]) -> bytes:
         counts = Tally(info.status for info in sandboxes)

@@ -25,7 +25,7 @@ from typing import Any
 from .. import faults
 from ..backends import BACKENDS, create_backend
 from ..backends.base import Backend, BoxRef, HostState
-from ..errors import GuestDisconnected, StasisError, StateError, Unsupported
+from ..errors import GuestDisconnected, SandboxNotFound, StasisError, StateError, Unsupported
 from ..guest.client import GuestChannel
 from ..images import ImageStore, runtime
 from ..images.oci import ImageConfig
@@ -44,6 +44,7 @@ from ..paths import Paths
 from .activity import Activity, idle_action
 from .checkpoints import CheckpointFiles
 from .metrics import Metrics
+from .pools import PoolManager
 from .ports import Ports
 from .states import require
 from .store import Store
@@ -80,6 +81,7 @@ class SandboxService:
         self.network = NetworkEngine(paths.runtime.name, self.activity.touch)
         self.ports = Ports(self)
         self._image_configs: dict[str, ImageConfig | None] = {}
+        self.pools = PoolManager(self)
 
     # ------------------------------------------------------------ start-up and shutdown
 
@@ -101,6 +103,7 @@ class SandboxService:
 
     async def close(self) -> None:
         """Stop serving. Sandboxes keep running; the next daemon re-adopts them."""
+        await self.pools.close()
         self.activity.persist(self.store)
         self.watchdog.close()
         await self.ports.close()
@@ -117,10 +120,16 @@ class SandboxService:
     # ------------------------------------------------------------ reading
 
     def get(self, ref: str) -> SandboxInfo:
-        return self._present(self.store.get(ref))
+        info = self.store.get(ref)
+        if info.pool is not None:  # a waiting pool member is nobody's sandbox yet
+            raise SandboxNotFound(f"no sandbox named or with id {ref!r}; `stasis ls` lists them", ref=ref)
+        return self._present(info)
 
-    def list(self, include_terminated: bool = False) -> list[SandboxInfo]:
-        return [self._present(info) for info in self.store.list(include_terminated)]
+    def list(
+        self, include_terminated: bool = False, limit: int | None = None, after: tuple[float, str] | None = None
+    ) -> list[SandboxInfo]:
+        infos = self.store.list(include_terminated, include_pooled=False, limit=limit, after=after)
+        return [self._present(info) for info in infos]
 
     def _present(self, info: SandboxInfo) -> SandboxInfo:
         """The stored record with what only memory knows: last use, the idle deadline, the backend's view."""
@@ -176,7 +185,14 @@ class SandboxService:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def create(self, request: CreateSandboxRequest, *, verify: bool = True) -> SandboxInfo:
+    async def create(
+        self, request: CreateSandboxRequest, *, verify: bool = True, pool: str | None = None
+    ) -> SandboxInfo:
+        """A new sandbox: claimed from a warm pool of its spec if one has a member ready, else started;
+        ``pool`` makes it a waiting member of that pool instead."""
+        if pool is None and (claimed := await self.pools.claim(request)) is not None:
+            self.metrics.pool_claims.inc()
+            return self._present(claimed)
         checkpoint = None
         if request.template is not None and request.snapshot_id is None:
             request = request.model_copy(update={"snapshot_id": template_checkpoint(self, request.template)})
@@ -194,7 +210,7 @@ class SandboxService:
         if checkpoint is not None and verify:
             await asyncio.to_thread(self.checkpoint_files.verify, checkpoint.id, checkpoint.sha256)
         from_checkpoint = checkpoint.id if checkpoint else None
-        info = self.store.insert(new_id("sb-"), request.name, spec, image_key, from_checkpoint)
+        info = self.store.insert(new_id("sb-"), request.name, spec, image_key, from_checkpoint, pool)
         backend = self.backends[spec.backend]
         async with self.lock(info.id):
             box = self._box(info)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import CheckpointNotFound, NameTaken, SandboxNotFound
 from ..fsutil import connect_sqlite
-from ..models import ID_PATTERN, CheckpointInfo, SandboxInfo, SandboxSpec, SandboxStatus
+from ..models import ID_PATTERN, CheckpointInfo, CreateSandboxRequest, SandboxInfo, SandboxSpec, SandboxStatus
 from .states import check_transition, phase
 
 SCHEMA = """
@@ -36,6 +36,11 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_live_name
     ON sandboxes(name) WHERE name IS NOT NULL AND status != 'terminated';
+CREATE TABLE IF NOT EXISTS pools (   -- warm pools; their members are sandboxes whose 'pool' names them
+    name TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS transitions (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     sandbox_id TEXT NOT NULL,
@@ -81,6 +86,11 @@ class Store:
                         f"UPDATE sandboxes SET {column} = json_extract(backend_state, '$.{column}'), "
                         f"backend_state = json_remove(backend_state, '$.{column}')"
                     )
+            for column in ("pool", "from_pool"):  # a waiting pool member's pool; the pool a claimed one came from
+                if column not in columns:
+                    self.db.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} TEXT")
+            self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes(status, created_at, id)")
+            self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_by_pool ON sandboxes(pool) WHERE pool IS NOT NULL")
 
     def close(self) -> None:
         self.db.close()
@@ -100,11 +110,27 @@ class Store:
             raise SandboxNotFound(f"no sandbox named or with id {shown!r}; `stasis ls` lists them", ref=shown)
         return _info(row)
 
-    def list(self, include_terminated: bool = False) -> list[SandboxInfo]:
-        query = "SELECT * FROM sandboxes"
+    def list(
+        self,
+        include_terminated: bool = False,
+        *,
+        include_pooled: bool = True,
+        limit: int | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[SandboxInfo]:
+        """Oldest first; ``include_pooled`` False leaves out waiting pool members (not user sandboxes yet);
+        ``limit`` and ``after`` (the created_at and id of the last one seen) page through them."""
+        where, args = [], []
         if not include_terminated:
-            query += " WHERE status != 'terminated'"
-        return [_info(row) for row in self.db.execute(query + " ORDER BY created_at")]
+            where.append("status != 'terminated'")
+        if not include_pooled:
+            where.append("pool IS NULL")
+        if after is not None:
+            where.append("(created_at, id) > (?, ?)")
+            args += list(after)
+        query = "SELECT * FROM sandboxes" + (" WHERE " + " AND ".join(where) if where else "")
+        query += " ORDER BY created_at, id" + (" LIMIT ?" if limit is not None else "")
+        return [_info(row) for row in self.db.execute(query, (*args, *([limit] if limit is not None else [])))]
 
     def transitions(self, sandbox_id: str) -> list[dict[str, Any]]:
         rows = self.db.execute(
@@ -116,16 +142,23 @@ class Store:
     # ------------------------------------------------------------ writes
 
     def insert(
-        self, sandbox_id: str, name: str | None, spec: SandboxSpec, image_key: str, from_checkpoint: str | None = None
+        self,
+        sandbox_id: str,
+        name: str | None,
+        spec: SandboxSpec,
+        image_key: str,
+        from_checkpoint: str | None = None,
+        pool: str | None = None,
     ) -> SandboxInfo:
         now = time.time()
         try:
             with self.db:
                 self.db.execute("BEGIN IMMEDIATE")
-                columns = "id, name, status, spec, image_key, from_checkpoint, created_at, updated_at, last_activity"
+                columns = "id, name, status, spec, image_key, from_checkpoint, pool, created_at, updated_at, "
+                columns += "last_activity"
                 values = (sandbox_id, name, SandboxStatus.PENDING.value, spec.model_dump_json(), image_key)
-                values += (from_checkpoint, now, now, now)
-                self.db.execute(f"INSERT INTO sandboxes ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+                values += (from_checkpoint, pool, now, now, now)
+                self.db.execute(f"INSERT INTO sandboxes ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
                 self._journal(sandbox_id, None, SandboxStatus.PENDING, "create")
         except sqlite3.IntegrityError as exc:
             raise NameTaken(
@@ -175,6 +208,59 @@ class Store:
             )
             self._journal(sandbox_id, current, current, detail)
         return self.get(sandbox_id)
+
+    # ------------------------------------------------------------ warm pools
+
+    def save_pool(self, name: str, spec_json: str) -> None:
+        try:
+            self.db.execute(
+                "INSERT INTO pools (name, spec, created_at) VALUES (?, ?, ?)", (name, spec_json, time.time())
+            )
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(f"a pool named {name!r} exists; remove it first with `stasis pool rm {name}`") from exc
+
+    def pools(self) -> dict[str, str]:
+        """Each pool's name and its spec (JSON), oldest first."""
+        return {row["name"]: row["spec"] for row in self.db.execute("SELECT * FROM pools ORDER BY created_at")}
+
+    def delete_pool(self, name: str) -> None:
+        self.db.execute("DELETE FROM pools WHERE name = ?", (name,))
+
+    def claim_member(self, pool: str, image_key: str, request: CreateSandboxRequest) -> SandboxInfo | None:
+        """Hand the oldest running member of ``pool`` on ``image_key`` to a user, with the request's name and
+        idle policy, in one transaction: two claims never get the same member. None if none is ready."""
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                row = self.db.execute(
+                    "SELECT id FROM sandboxes WHERE pool = ? AND status = 'running' AND image_key = ? "
+                    "ORDER BY created_at LIMIT 1",
+                    (pool, image_key),
+                ).fetchone()
+                if row is None:
+                    return None
+                now = time.time()
+                self.db.execute(
+                    "UPDATE sandboxes SET pool = NULL, from_pool = ?, name = ?, "
+                    "spec = json_set(spec, '$.timeout_secs', ?, '$.on_idle', ?), "
+                    "created_at = ?, updated_at = ?, last_activity = ? WHERE id = ?",
+                    (pool, request.name, request.timeout_secs, request.on_idle, now, now, now, row["id"]),
+                )
+                self._journal(row["id"], SandboxStatus.RUNNING, SandboxStatus.RUNNING, f"claimed from pool {pool}")
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(
+                f"a sandbox named {request.name!r} already exists; pick another name or remove it with "
+                f"`stasis rm {request.name}`",
+                name=request.name,
+            ) from exc
+        return self.get(row["id"])
+
+    def pool_members(self, pool: str | None = None) -> list[SandboxInfo]:
+        """Waiting members of ``pool`` (of every pool if None), terminated ones left out."""
+        query, args = "SELECT * FROM sandboxes WHERE pool IS NOT NULL AND status != 'terminated'", ()
+        if pool is not None:
+            query, args = query + " AND pool = ?", (pool,)
+        return [_info(row) for row in self.db.execute(query + " ORDER BY created_at", args)]
 
     # ------------------------------------------------------------ exposed ports
 
@@ -273,4 +359,6 @@ def _info(row: sqlite3.Row) -> SandboxInfo:
         runtime=json.loads(row["backend_state"]),
         last_suspend_seconds=row["last_suspend_seconds"],
         last_resume_seconds=row["last_resume_seconds"],
+        from_pool=row["from_pool"],
+        pool=row["pool"],
     )

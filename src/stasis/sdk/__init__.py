@@ -30,6 +30,7 @@ from ..models import (
     CheckpointType,
     ExposedPort,
     FileEntry,
+    PoolInfo,
     ProcessInfo,
     ProcessOutput,
     SandboxInfo,
@@ -42,6 +43,7 @@ from ._base import CommandResult, OutputEvent
 from ._client import AsyncClient, Client
 from ._sync import Sandbox
 from .image import BuildError, Image
+from .pool import Pool, PoolNotReady
 from .template import Template, TemplateNotReady
 
 __all__ = [
@@ -74,6 +76,9 @@ __all__ = [
     "NoSpace",
     "NotFound",
     "OutputEvent",
+    "Pool",
+    "PoolInfo",
+    "PoolNotReady",
     "ProcessInfo",
     "ProcessNotFound",
     "ProcessOutput",

@@ -45,8 +45,16 @@ class AsyncSandbox(b.SandboxBase):
         return cls(await client.call(b.connect_call(id_or_name)), client)
 
     @classmethod
-    async def list(cls, include_terminated: bool = False, client: AsyncClient | None = None) -> list[SandboxInfo]:
-        return await (client or AsyncClient()).call(b.list_call(include_terminated))
+    async def list(
+        cls,
+        include_terminated: bool = False,
+        client: AsyncClient | None = None,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[SandboxInfo]:
+        """Oldest first; ``limit`` makes it a page, ``after`` (the last id of the previous page) the next one."""
+        return await (client or AsyncClient()).call(b.list_call(include_terminated, limit, after))
 
     async def info(self) -> SandboxInfo:
         return await self._client.call(self._info_call())

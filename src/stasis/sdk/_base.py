@@ -244,8 +244,9 @@ def connect_call(id_or_name: str) -> Call:
     return Call("GET", f"/v1/sandboxes/{id_or_name}", _model(SandboxInfo))
 
 
-def list_call(include_terminated: bool) -> Call:
-    return Call("GET", "/v1/sandboxes", _models(SandboxInfo), params={"all": "true"} if include_terminated else None)
+def list_call(include_terminated: bool, limit: int | None = None, after: str | None = None) -> Call:
+    params = {"all": "true" if include_terminated else None, "limit": limit, "after": after}
+    return Call("GET", "/v1/sandboxes", _models(SandboxInfo), params={k: v for k, v in params.items() if v} or None)
 
 
 def list_checkpoints_call() -> Call:

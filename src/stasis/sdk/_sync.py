@@ -45,8 +45,16 @@ class Sandbox(b.SandboxBase):
         return cls(client.call(b.connect_call(id_or_name)), client)
 
     @classmethod
-    def list(cls, include_terminated: bool = False, client: Client | None = None) -> list[SandboxInfo]:
-        return (client or Client()).call(b.list_call(include_terminated))
+    def list(
+        cls,
+        include_terminated: bool = False,
+        client: Client | None = None,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[SandboxInfo]:
+        """Oldest first; ``limit`` makes it a page, ``after`` (the last id of the previous page) the next one."""
+        return (client or Client()).call(b.list_call(include_terminated, limit, after))
 
     def info(self) -> SandboxInfo:
         return self._client.call(self._info_call())

@@ -66,6 +66,7 @@ class GvisorState(BackendState):
 class GvisorBackend:
     name: ClassVar[str] = "gvisor"
     network_device: ClassVar[Device] = "veth"
+    sets_identity: ClassVar[bool] = False
     kill_points: ClassVar[tuple[str, ...]] = (
         "gvisor.start.after_mount", "gvisor.start.after_launch", "gvisor.start_from.after_copy",
         "gvisor.start_from.after_restore", "gvisor.suspend.after_sync", "gvisor.suspend.before_checkpoint",

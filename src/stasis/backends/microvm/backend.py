@@ -69,6 +69,7 @@ class MicrovmState(BackendState):
 class MicrovmBackend:
     name: ClassVar[str] = "microvm"
     network_device: ClassVar[Device] = "tap"
+    sets_identity: ClassVar[bool] = True
     kill_points: ClassVar[tuple[str, ...]] = (
         "microvm.start.after_restore", "microvm.suspend.after_save", "microvm.suspend.after_quit",
         "microvm.suspend.after_rename", "microvm.resume.after_load", "microvm.checkpoint.after_save",
