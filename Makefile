@@ -29,6 +29,9 @@ bench: setup
 	.venv/bin/python benchmarks/network.py
 	.venv/bin/python benchmarks/images.py
 	.venv/bin/python benchmarks/fs.py
+	.venv/bin/python benchmarks/pools.py
+	.venv/bin/python benchmarks/exec.py
+	.venv/bin/python benchmarks/density.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30

@@ -36,6 +36,9 @@ S = SandboxStatus
 PARALLEL_STARTS = 2  # members a pool starts at once: a refill must not starve the sandboxes in use
 RECHECK_SECS = 5.0  # a refill looks again this often even unwoken (a member may have died)
 BACKOFF_SECS = (2.0, 60.0)  # after a failed start: first wait, longest wait
+# A claim's first commands come right after it: a refill that boots at once takes the CPU they need
+# (create → first exec 77 ms with an immediate refill, 2 cores).
+REFILL_DELAY_SECS = 0.5
 
 
 def memory_budget_mb() -> int:
@@ -197,6 +200,7 @@ class PoolManager:
                 self._wake[name].clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake[name].wait(), RECHECK_SECS)
+                    await asyncio.sleep(REFILL_DELAY_SECS)
                 continue
             started = await asyncio.gather(
                 *(self._start_member(name, spec) for _ in range(min(missing, PARALLEL_STARTS))),
