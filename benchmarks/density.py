@@ -197,8 +197,9 @@ def main() -> None:
         table.add_column(column, justify="right")
     for backend, row in memory.items():
         table.add_row(backend, str(row["sandboxes"]), f"{row['host_mb_median']:.1f} MiB", str(row["fit_in_20gib"]))
-    Console(width=120).print(table)
-    write_results("density-memory", memory)
+    if memory:
+        Console(width=120).print(table)
+        write_results("density-memory", memory)
     if args.suspended:
         daemon_scale(args)
 

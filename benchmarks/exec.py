@@ -4,8 +4,9 @@
 
 Rows (medians): a daemon call that never reaches the sandbox (info); a guest call that does almost
 nothing (stat of /root: the daemon, the agent's FIFO pair and a thread of the agent); `run(["true"])`;
-and inside the sandbox, without stasis: `subprocess.run(["true"])`, `os.posix_spawn` + wait, and a thread
-started and joined. The baseline of each stasis row is `subprocess.run(["true"])` on the host.
+and inside the sandbox, without stasis: `subprocess.run(["true"])`, `os.posix_spawn` + wait, a thread
+started and joined, and batches of plain system calls (getppid, stat, open + close), each beside the
+same script on the host. The baseline of the stasis rows is `subprocess.run(["true"])` on the host.
 Writes benchmarks/results/exec-BACKEND.json.
 """
 
@@ -14,6 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 from common import Comparison, report_ratios, serving_daemon, timed
 
@@ -33,12 +37,22 @@ def thread():
     t = threading.Thread(target=lambda: None)
     t.start()
     t.join()
+def batch(action, size=200):
+    def run():
+        for _ in range(size):
+            action()
+    return lambda: run()
+def open_close():
+    os.close(os.open(__file__, os.O_RDONLY))
 rounds = int(sys.argv[1])
 print(json.dumps({
-    "subprocess.run(true), in the sandbox": median(lambda: subprocess.run(["true"]), rounds),
-    "posix_spawn(true) + wait, in the sandbox": median(
+    "subprocess.run(true)": median(lambda: subprocess.run(["true"]), rounds),
+    "posix_spawn(true) + wait": median(
         lambda: os.waitpid(os.posix_spawn("/bin/true", ["true"], dict(os.environ)), 0), rounds),
-    "a thread started and joined, in the sandbox": median(thread, rounds),
+    "a thread started and joined": median(thread, rounds),
+    "200 x getppid()": median(batch(os.getppid), rounds),
+    "200 x stat()": median(batch(lambda: os.stat(__file__)), rounds),
+    "200 x open() + close()": median(batch(open_close), rounds),
 }))
 """
 
@@ -60,8 +74,13 @@ def main() -> None:
                 "run(['true'])": (timed(lambda: sbx.run(["true"]), args.rounds), host, baseline),
             }
             inside = json.loads(sbx.run(["python3", "/root/inside.py", str(args.rounds)]).stdout)
+            with tempfile.TemporaryDirectory(prefix="stasis-bench-exec-") as scratch:
+                script = Path(scratch) / "inside.py"
+                script.write_text(INSIDE)
+                outside = json.loads(subprocess.run([sys.executable, str(script), str(args.rounds)], check=True,
+                                                    capture_output=True, text=True).stdout)  # fmt: skip
             for name, seconds in inside.items():
-                rows[name] = ([seconds], host, baseline)
+                rows[f"{name}, in the sandbox"] = ([seconds], [outside[name]], "the same on the host")
         finally:
             sbx.terminate()
         report_ratios(f"exec, layer by layer ({args.backend})", f"exec-{args.backend}", rows, {"rounds": args.rounds})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -53,9 +54,9 @@ class Daemon:
         paths = {"STASIS_HOME": str(self.paths.home), "STASIS_IMAGE_DIR": str(self.paths.images)}
         return {**env, **self.sticky_env, **paths}
 
-    def start(self, *args: str, **extra_env: str) -> Daemon:
-        """Start (or restart) the daemon; ``args`` (``--tcp``) and ``extra_env`` (e.g. STASIS_KILL_POINT)
-        apply to this run only."""
+    def start(self, *args: str, open_files: int | None = None, **extra_env: str) -> Daemon:
+        """Start (or restart) the daemon; ``args`` (``--tcp``), ``open_files`` (its RLIMIT_NOFILE, soft and
+        hard) and ``extra_env`` (e.g. STASIS_KILL_POINT) apply to this run only."""
         require_default_image()
         env = {**self.env, **extra_env}
         self.paths.home.mkdir(parents=True, exist_ok=True)
@@ -67,6 +68,8 @@ class Daemon:
             stdout=log,
             stderr=log,
             start_new_session=True,
+            preexec_fn=None if open_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                                   (open_files, open_files)),
         )
         log.close()
         self.wait_ready()

@@ -29,10 +29,20 @@ def configure_logging(level: str = "INFO") -> None:
 
 
 def _raise_fd_limit() -> None:
-    """runsc's sentry inherits our file-descriptor limit: give it the host's maximum."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    """runsc's sentry inherits our file-descriptor limit, and each file open in a sandbox and each dentry
+    its cache keeps holds one of its host descriptors: as root up to the kernel's maximum (fs.nr_open),
+    otherwise the hard limit."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    try:
+        most = int(Path("/proc/sys/fs/nr_open").read_text())
+    except (OSError, ValueError):
+        most = hard
+    for limit in (max(most, hard), hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+            return
+        except (OSError, ValueError):  # not root: no raising the hard limit
+            continue
 
 
 def _take_lock(paths: Paths) -> int:

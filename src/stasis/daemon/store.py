@@ -117,12 +117,18 @@ class Store:
         include_pooled: bool = True,
         limit: int | None = None,
         after: tuple[float, str] | None = None,
+        status: SandboxStatus | None = None,
     ) -> list[SandboxInfo]:
         """Oldest first; ``include_pooled`` False leaves out waiting pool members (not user sandboxes yet);
-        ``limit`` and ``after`` (the created_at and id of the last one seen) page through them."""
-        where, args = [], []
+        ``limit`` and ``after`` (the created_at and id of the last one seen) page through them; ``status``
+        keeps only those in it."""
+        where: list[str] = []
+        args: list[Any] = []
         if not include_terminated:
             where.append("status != 'terminated'")
+        if status is not None:
+            where.append("status = ?")
+            args.append(status.value)
         if not include_pooled:
             where.append("pool IS NULL")
         if after is not None:

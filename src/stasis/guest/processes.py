@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 from . import protocol as P
 from .fence import Fence
+from .workers import WORKERS
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -42,9 +43,10 @@ class RequestError(Exception):
 
 
 def start_thread(target: Any, *args: Any) -> None:
-    """A daemon thread; a sandbox out of threads (a fork bomb) gets an error, not a dead agent."""
+    """A thread (reused: see :mod:`.workers`); a sandbox out of threads (a fork bomb) gets an error, not a
+    dead agent."""
     try:
-        threading.Thread(target=target, args=args, daemon=True).start()
+        WORKERS.submit(target, *args)
     except RuntimeError as exc:  # "can't start new thread"
         raise RequestError(P.ErrorKind.OS_ERROR, f"the sandbox is out of threads or processes: {exc}") from exc
 

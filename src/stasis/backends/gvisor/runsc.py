@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from ...errors import BackendError
 
 log = logging.getLogger(__name__)
 
+DELETE_TIMEOUT = 20.0  # `runsc delete` takes ~0.1 s; longer means the sandbox is wedged
 PLATFORM_PREFERENCE = ("systrap", "ptrace")  # never kvm: on these hosts /dev/kvm is PVM and runsc hangs
 
 
@@ -81,11 +84,6 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
     raise BackendError("no runsc platform works on this host: " + "; ".join(reasons))
 
 
-# Dentries the sentry keeps cached (each holds a host descriptor) beyond those in use. runsc's default, a
-# cache of 1000 per mount, thrashes on a source tree: `git status` over ~6k files took 18.9x the host's
-# time, 6.3x with this cache (benchmarks/fs.py).
-DENTRY_CACHE = 16384
-
 # runsc 20240729 refuses `--network=sandbox` in any namespace on kernels where every namespace has
 # /proc/sys/net/core/rmem_default (its test for "the root namespace"): run it where a tmpfs hides that
 # directory, in a mount namespace of its own (mounts made before stay visible, nothing leaks out).
@@ -107,7 +105,6 @@ class Runsc:
             f"--platform={self.platform}",
             *network,
             "--overlay2=none",  # the writable layer is our host overlayfs: files stay out of the image
-            f"--dcache={DENTRY_CACHE}",
             *args,
         ]  # fmt: skip
         if self.network and args and args[0] in ("run", "restore"):
@@ -153,9 +150,28 @@ class Runsc:
         return any(self.root.glob(f"{sandbox_id}_sandbox:*.state"))
 
     async def delete(self, sandbox_id: str) -> None:
-        """Kill and remove the container; fine if it is already gone."""
+        """Kill and remove the container; fine if it is already gone. A wedged sandbox (its sentry out of
+        host descriptors) can hang `runsc delete`: then its processes are killed by pid and it is retried."""
         if not self.has_record(sandbox_id):
             return
-        result = await self._run("delete", "-force", sandbox_id, timeout=60)
+        try:
+            result = await self._run("delete", "-force", sandbox_id, timeout=DELETE_TIMEOUT)
+            if result.returncode == 0 or not self.has_record(sandbox_id):
+                return
+            why = result.output
+        except BackendError as exc:
+            why = str(exc)
+        killed = self.kill(sandbox_id)
+        log.warning("`runsc delete` of %s failed (%s); killed its processes %s", sandbox_id, why, killed)
+        result = await self._run("delete", "-force", sandbox_id, timeout=DELETE_TIMEOUT)
         if result.returncode != 0 and self.has_record(sandbox_id):
             raise BackendError(f"`runsc delete` failed for {sandbox_id}: {result.output}")
+
+    def kill(self, sandbox_id: str) -> list[int]:
+        """SIGKILL every process of this container (its sandbox and gofer name our root and its id)."""
+        root = f"--root={self.root}"
+        found = procs.processes(lambda cmd: cmd.startswith("runsc") and root in cmd and sandbox_id in cmd)
+        for pid, _ in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return [pid for pid, _ in found]
