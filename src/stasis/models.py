@@ -189,16 +189,29 @@ class CreatePoolRequest(_Strict):
     def _known_backend(cls, backend: str) -> str:
         return validate_backend(backend)
 
-    def member_spec(self) -> SandboxSpec:
-        """A waiting member never idles out: it is suspended or removed only once claimed."""
-        return SandboxSpec(image=self.image, backend=self.backend, cpus=self.cpus, memory_mb=self.memory_mb,
-                           disk_mb=self.disk_mb, timeout_secs=None)  # fmt: skip
+    def member_request(self) -> CreateSandboxRequest:
+        """What a member is created with. It never idles out: it is suspended or removed only once claimed.
+        A template's members take the template's resources except those the pool names."""
+        if self.template is None:
+            fields = self.model_dump(include=set(RESOURCES) | {"image"})
+        else:
+            fields = self.model_dump(include=self.model_fields_set & set(RESOURCES))
+        return CreateSandboxRequest(**fields, template=self.template, timeout_secs=None)
 
     def matches(self, request: CreateSandboxRequest) -> bool:
-        """Whether a create asks for what this pool's members are (its idle timeout may differ)."""
-        mine = (self.image, self.backend, self.cpus, self.memory_mb, self.disk_mb, self.template)
-        theirs = (request.image, request.backend, request.cpus, request.memory_mb, request.disk_mb, request.template)
-        return request.snapshot_id is None and request.network is None and mine == theirs
+        """Whether a create asks for what this pool's members are (its name and idle policy may differ).
+        From an image: the same image and resources. From a template: the same template, and the same value
+        of every resource that either names (the others are the template's)."""
+        if request.snapshot_id is not None or request.network is not None or request.template != self.template:
+            return False
+        if self.template is None:
+            return request.image == self.image and all(getattr(request, f) == getattr(self, f) for f in RESOURCES)
+        named = (request.model_fields_set | self.model_fields_set) & set(RESOURCES)
+        both = request.model_fields_set & self.model_fields_set
+        return named <= both and all(getattr(request, f) == getattr(self, f) for f in named)
+
+
+RESOURCES = ("backend", "cpus", "memory_mb", "disk_mb")
 
 
 class PoolInfo(BaseModel):

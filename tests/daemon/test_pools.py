@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from stasis import InvalidRequest, NameTaken, Pool, Sandbox, SandboxNotFound
+from stasis import InvalidRequest, NameTaken, Pool, Sandbox, SandboxNotFound, Template
 from stasis.cli import app
 from tests.conftest import Daemon, sandbox_processes_under, wait_until
 
@@ -126,3 +126,24 @@ def test_the_cli_creates_lists_and_removes_a_pool(own_daemon: Daemon, monkeypatc
     assert runner.invoke(app, ["pool", "rm", "cli-pool"]).exit_code == 0
     assert "no pools" in runner.invoke(app, ["pool", "ls"]).stdout
     assert runsc_ids(own_daemon) == set()
+
+
+def test_a_pool_of_a_template_hands_out_its_running_server(own_daemon: Daemon) -> None:
+    own_daemon.start()
+    serve = "python3 -m http.server 8000 --bind 127.0.0.1"
+    ready = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000), timeout=1)\""
+    get = "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/').status)\""
+    with own_daemon.client() as client:
+        Template.create("served", start_cmd=serve, ready_cmd=ready, memory_mb=MEMORY, client=client)
+        Pool.create("served-pool", template="served", size=2, client=client)
+        members = Pool.wait_ready("served-pool", client=client).members
+        a = Sandbox.create("tpl-a", template="served", client=client)
+        b = Sandbox.create("tpl-b", template="served", client=client)
+        assert {a.id, b.id} == set(members) and a.info().from_pool == "served-pool"
+        assert a.info().spec.memory_mb == MEMORY  # the template's
+        assert a.run(get).stdout == b.run(get).stdout == "200\n"  # restored with its server running
+        assert identity(a)[1] != identity(b)[1]  # forks of one memory image, each its own machine id
+        Pool.remove("served-pool", client=client)
+        for sbx in (a, b):
+            sbx.terminate()
+        Template.delete("served", client=client)

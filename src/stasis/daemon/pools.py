@@ -99,7 +99,7 @@ class PoolManager:
                 f"budget is {budget} MiB and {reserved} MiB of it is taken; make it smaller (--size, --memory), "
                 "remove another pool, or raise STASIS_POOL_MEMORY_MB"
             )
-        self.store.save_pool(request.name, request.model_dump_json())
+        self.store.save_pool(request.name, request.model_dump_json(exclude_unset=True))  # a template's: see matches
         self.specs[request.name] = request
         self._start_refill(request.name)
         log.info("pool %s: %d x %s on %s", request.name, request.size, request.image, request.backend)
@@ -217,8 +217,7 @@ class PoolManager:
             backoff = min(backoff * 2, BACKOFF_SECS[1])
 
     async def _start_member(self, name: str, spec: CreatePoolRequest) -> SandboxInfo:
-        request = CreateSandboxRequest(**spec.member_spec().model_dump(), template=spec.template)
-        return await self.service.create(request, pool=name)
+        return await self.service.create(spec.member_request(), pool=name)
 
     async def _drop_unusable(self, name: str, spec: CreatePoolRequest) -> None:
         """Members that failed, and members of an image build that is no longer the image's."""
