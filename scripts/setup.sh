@@ -11,7 +11,8 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 
 need_apt=()
-for tool in runsc mmdebstrap tmux mkfs.ext4 qemu-system-x86_64 qemu-img busybox ssh rsync nft ip nsenter skopeo umoci; do
+for tool in runsc mmdebstrap tmux mkfs.ext4 qemu-system-x86_64 qemu-img busybox ssh rsync nft ip nsenter skopeo umoci \
+    npm chromium; do
   command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
 done
 ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=("linux-image-cloud-amd64")
@@ -38,6 +39,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # The microVM backend: QEMU, and Debian's cloud kernel (virtio drivers as modules) with busybox for its initramfs.
   $SUDO apt-get install -y -qq --no-install-recommends qemu-system-x86 qemu-utils linux-image-cloud-amd64 \
     busybox-static >/dev/null
+  # The web console: npm fetches its pinned front-end files; the browser tests drive Debian's chromium.
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm chromium >/dev/null
 fi
 say "runsc: $(runsc --version | head -n1)"
 
@@ -67,6 +70,23 @@ if [ -n "$harbor_python" ] && { [ ! -x .venv-harbor/bin/harbor ] || [ pyproject.
   touch "$harbor_stamp"
 elif [ -z "$harbor_python" ]; then
   say "no Python >= 3.12 here: the Harbor adapter's tests will say they cannot run"
+fi
+
+# The console's terminal: xterm.js and its fit addon, pinned, from the npm registry into the package.
+vendor=src/stasis/console/static/vendor
+if [ ! -f "$vendor/.xterm-6.0.0" ]; then
+  say "fetching the console's front-end files (xterm.js) with npm"
+  scratch=$(mktemp -d)
+  (cd "$scratch" && npm pack --silent @xterm/xterm@6.0.0 @xterm/addon-fit@0.11.0 >/dev/null)
+  mkdir -p "$vendor"
+  tar -xzf "$scratch/xterm-xterm-6.0.0.tgz" -C "$scratch"
+  cp "$scratch/package/lib/xterm.js" "$scratch/package/css/xterm.css" "$vendor/"
+  cp "$scratch/package/LICENSE" "$vendor/LICENSE.xterm"
+  rm -rf "$scratch/package"
+  tar -xzf "$scratch/xterm-addon-fit-0.11.0.tgz" -C "$scratch"
+  cp "$scratch/package/lib/addon-fit.js" "$vendor/"
+  rm -rf "$scratch"
+  touch "$vendor/.xterm-6.0.0"
 fi
 
 say "default image"

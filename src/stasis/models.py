@@ -162,6 +162,7 @@ class SandboxInfo(BaseModel):
     idle_action_at: float | None = None
     from_pool: str | None = Field(None, description="the warm pool it was claimed from")
     pool: str | None = Field(None, description="the pool it waits in (a member not claimed yet)")
+    forked_from: str | None = Field(None, description="the sandbox it is a live fork of")
 
 
 POOL_MAX_SIZE = 64

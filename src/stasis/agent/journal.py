@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
-    kind TEXT NOT NULL,             -- model_response | tool_call | tool_result
+    kind TEXT NOT NULL,             -- system | model_response | tool_call | tool_result | resume
     key TEXT NOT NULL,              -- the response's step number, or the tool call's id
     payload TEXT NOT NULL,
     at REAL NOT NULL,

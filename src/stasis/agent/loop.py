@@ -106,6 +106,8 @@ class AgentRunner:
         record = self.journal.run(run_id)
         if record.status != "running":
             return record
+        resumes = sum(e.kind == "resume" for e in self.journal.events(run_id))
+        self.journal.record(run_id, "resume", str(resumes + 1), {})  # where it picked up again (the console shows it)
         log.info("agent run %s resumed", run_id)
         return self._drive(run_id)
 

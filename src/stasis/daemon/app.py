@@ -7,6 +7,7 @@ import hmac
 import json
 import logging
 import os
+import secrets
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,10 +15,12 @@ from typing import Annotated
 
 from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..console import create_console
+from ..console.sessions import Sessions
 from ..errors import ImageNotFound, InvalidRequest, NotFound, StasisError
 from ..fsutil import no_space
 from ..images import ImageInfo
@@ -93,6 +96,21 @@ def create_app(
     app.add_middleware(BodyLimit)
     app.state.service = service
     mcp_app = mcp_http.mount(app, paths)
+    logins = Sessions()  # the console's: it asks for a token in a form, then keeps a cookie session
+    if token:
+        logins.tokens.add(token)
+    app.mount("/ui", create_console(service, ops, paths, logins))
+
+    @app.get("/ui", include_in_schema=False)
+    async def console_root() -> RedirectResponse:
+        return RedirectResponse("/ui/")
+
+    @app.post("/v1/console/tokens", include_in_schema=False)
+    async def console_token() -> dict[str, str]:
+        """A new console login token (for `stasis ui`); it lasts as long as this daemon runs."""
+        new = secrets.token_urlsafe(24)
+        logins.tokens.add(new)
+        return {"token": new}
 
     if token:
 
@@ -100,6 +118,8 @@ def create_app(
         async def require_token(request: Request, call_next):  # type: ignore[no-untyped-def]
             server = request.scope.get("server")
             if server is not None and server[1] is None:  # the unix socket: mode 0600 already guards it
+                return await call_next(request)
+            if request.url.path == "/ui" or request.url.path.startswith("/ui/"):  # the console's own login
                 return await call_next(request)
             sent = request.headers.get("authorization", "")
             if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):

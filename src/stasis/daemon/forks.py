@@ -32,6 +32,7 @@ async def fork(service: SandboxService, ref: str, times: int) -> list[SandboxInf
                         **spec,
                     ),
                     verify=False,  # made a moment ago by this daemon
+                    forked_from=parent.id,
                 )
                 for _ in range(times)
             ),

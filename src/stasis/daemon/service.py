@@ -186,11 +186,16 @@ class SandboxService:
     # ------------------------------------------------------------ lifecycle
 
     async def create(
-        self, request: CreateSandboxRequest, *, verify: bool = True, pool: str | None = None
+        self,
+        request: CreateSandboxRequest,
+        *,
+        verify: bool = True,
+        pool: str | None = None,
+        forked_from: str | None = None,
     ) -> SandboxInfo:
         """A new sandbox: claimed from a warm pool of its spec if one has a member ready, else started;
-        ``pool`` makes it a waiting member of that pool instead."""
-        if pool is None and (claimed := await self.pools.claim(request)) is not None:
+        ``pool`` makes it a waiting member of that pool instead; ``forked_from`` names a fork's parent."""
+        if pool is None and forked_from is None and (claimed := await self.pools.claim(request)) is not None:
             self.metrics.pool_claims.inc()
             return self._present(claimed)
         checkpoint = None
@@ -210,7 +215,7 @@ class SandboxService:
         if checkpoint is not None and verify:
             await asyncio.to_thread(self.checkpoint_files.verify, checkpoint.id, checkpoint.sha256)
         from_checkpoint = checkpoint.id if checkpoint else None
-        info = self.store.insert(new_id("sb-"), request.name, spec, image_key, from_checkpoint, pool)
+        info = self.store.insert(new_id("sb-"), request.name, spec, image_key, from_checkpoint, pool, forked_from)
         backend = self.backends[spec.backend]
         async with self.lock(info.id):
             box = self._box(info)

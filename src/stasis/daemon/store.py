@@ -86,7 +86,8 @@ class Store:
                         f"UPDATE sandboxes SET {column} = json_extract(backend_state, '$.{column}'), "
                         f"backend_state = json_remove(backend_state, '$.{column}')"
                     )
-            for column in ("pool", "from_pool"):  # a waiting pool member's pool; the pool a claimed one came from
+            # a waiting pool member's pool; the pool a claimed one came from; the sandbox a fork copies
+            for column in ("pool", "from_pool", "forked_from"):
                 if column not in columns:
                     self.db.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} TEXT")
             self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes(status, created_at, id)")
@@ -155,16 +156,18 @@ class Store:
         image_key: str,
         from_checkpoint: str | None = None,
         pool: str | None = None,
+        forked_from: str | None = None,
     ) -> SandboxInfo:
         now = time.time()
         try:
             with self.db:
                 self.db.execute("BEGIN IMMEDIATE")
-                columns = "id, name, status, spec, image_key, from_checkpoint, pool, created_at, updated_at, "
-                columns += "last_activity"
+                columns = "id, name, status, spec, image_key, from_checkpoint, pool, forked_from, created_at, "
+                columns += "updated_at, last_activity"
                 values = (sandbox_id, name, SandboxStatus.PENDING.value, spec.model_dump_json(), image_key)
-                values += (from_checkpoint, pool, now, now, now)
-                self.db.execute(f"INSERT INTO sandboxes ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+                values += (from_checkpoint, pool, forked_from, now, now, now)
+                marks = ", ".join("?" * len(values))
+                self.db.execute(f"INSERT INTO sandboxes ({columns}) VALUES ({marks})", values)
                 self._journal(sandbox_id, None, SandboxStatus.PENDING, "create")
         except sqlite3.IntegrityError as exc:
             raise NameTaken(
@@ -367,4 +370,5 @@ def _info(row: sqlite3.Row) -> SandboxInfo:
         last_resume_seconds=row["last_resume_seconds"],
         from_pool=row["from_pool"],
         pool=row["pool"],
+        forked_from=row["forked_from"],
     )

@@ -1,0 +1,147 @@
+// The console's only script: live updates from the daemon's feed, actions, the terminal, uploads.
+// Everything that came from a sandbox is put in the page as text (textContent), never as markup.
+"use strict";
+
+const CSRF = document.querySelector('meta[name="csrf"]')?.content || "";
+
+function flash(text, isError) {
+  const el = document.getElementById("flash");
+  if (!el) return;
+  el.textContent = text;
+  el.className = isError ? "error" : "";
+}
+
+async function post(url, body) {
+  const response = await fetch(url, {
+    method: "POST",
+    headers: {"x-stasis-csrf": CSRF, "content-type": "application/json"},
+    body: JSON.stringify(body || {}),
+  });
+  const answer = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(answer.error || response.statusText);
+  return answer;
+}
+
+async function act(id, action) {
+  if (!confirm(`${action} ${id}?`)) return;
+  flash(`${action} ${id}...`);
+  try {
+    const answer = await post(`/ui/sandboxes/${encodeURIComponent(id)}/${action}`, {type: "memory"});
+    flash(answer.checkpoint ? `checkpoint ${answer.checkpoint} made` :
+          answer.sandboxes ? `forked: ${answer.sandboxes.join(", ")}` : `${action}: done`);
+  } catch (error) {
+    flash(`${action} failed: ${error.message}`, true);
+  }
+}
+
+function cell(row, text) {
+  const td = row.insertCell();
+  td.textContent = text;
+  return td;
+}
+
+function renderRow(row, s) {
+  row.replaceChildren();
+  row.dataset.id = s.id;
+  const link = document.createElement("a");
+  link.href = `/ui/sandboxes/${encodeURIComponent(s.id)}`;
+  link.textContent = s.name;
+  row.insertCell().append(link);
+  const status = cell(row, s.status);
+  status.className = "status";
+  status.dataset.status = s.status;
+  cell(row, s.backend);
+  cell(row, s.image);
+  cell(row, `${s.cpus} / ${s.memory_mb} MiB`);
+  cell(row, s.cpu_percent === null ? "-" : `${s.cpu_percent}%`);
+  cell(row, s.memory_used_mib === null ? "-" : `${s.memory_used_mib} MiB`);
+  cell(row, `${s.idle_secs}s` + (s.idle_action_in !== null ? ` (${s.idle_action} in ${s.idle_action_in}s)` : ""));
+  cell(row, s.network);
+  cell(row, s.ports.length ? s.ports.join(", ") : "-");
+  const actions = row.insertCell();
+  for (const action of ["suspend", "resume", "checkpoint", "fork", "remove"]) {
+    const button = document.createElement("button");
+    button.textContent = action;
+    button.dataset.action = action;
+    button.onclick = () => act(s.id, action);
+    actions.append(button);
+  }
+}
+
+function followSandboxes() {
+  const body = document.querySelector("#sandboxes tbody");
+  const empty = document.querySelector(".empty");
+  const events = new EventSource("/ui/events");
+  events.onmessage = (message) => {
+    const sandboxes = JSON.parse(message.data);
+    body.replaceChildren();
+    for (const s of sandboxes) renderRow(body.insertRow(), s);
+    if (empty) empty.hidden = sandboxes.length > 0;
+  };
+}
+
+function followSandbox(id) {
+  const status = document.getElementById("status");
+  const events = new EventSource("/ui/events");
+  events.onmessage = (message) => {
+    const s = JSON.parse(message.data).find((x) => x.id === id);
+    status.textContent = s ? s.status : "removed";
+    status.dataset.status = status.textContent;
+  };
+  for (const button of document.querySelectorAll(".actions button")) {
+    button.onclick = () => act(id, button.dataset.action);
+  }
+  document.getElementById("open-terminal").onclick = () => openTerminal(id);
+  const upload = document.getElementById("upload");
+  upload.onsubmit = async (event) => {
+    event.preventDefault();
+    const form = new FormData(upload);
+    const response = await fetch(
+      `/ui/sandboxes/${encodeURIComponent(id)}/upload?dir=${encodeURIComponent(upload.dataset.dir)}`,
+      {method: "POST", headers: {"x-stasis-csrf": CSRF}, body: form});
+    const answer = await response.json().catch(() => ({}));
+    if (response.ok) location.reload(); else flash(`upload failed: ${answer.error}`, true);
+  };
+}
+
+function openTerminal(id) {
+  const term = new Terminal({convertEol: false, fontSize: 14});
+  const fit = new FitAddon.FitAddon();
+  term.loadAddon(fit);
+  const box = document.getElementById("terminal");
+  box.replaceChildren();
+  term.open(box);
+  fit.fit();
+  window.stasisTerminal = term;  // the browser tests read its screen
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const socket = new WebSocket(
+    `${scheme}://${location.host}/ui/sandboxes/${encodeURIComponent(id)}/pty?cols=${term.cols}&rows=${term.rows}`);
+  socket.binaryType = "arraybuffer";
+  const encoder = new TextEncoder();
+  socket.onmessage = (message) => {
+    if (typeof message.data !== "string") term.write(new Uint8Array(message.data));
+  };
+  socket.onclose = (event) => term.write(`\r\n[terminal closed${event.reason ? ": " + event.reason : ""}]\r\n`);
+  term.onData((data) => socket.readyState === WebSocket.OPEN && socket.send(encoder.encode(data)));
+  term.onResize(({cols, rows}) => socket.readyState === WebSocket.OPEN &&
+    socket.send(JSON.stringify({type: "resize", cols, rows})));
+  window.addEventListener("resize", () => fit.fit());
+  term.focus();
+}
+
+function wireTree() {
+  for (const button of document.querySelectorAll("button[data-restore]")) {
+    button.onclick = async () => {
+      if (!confirm(`restore checkpoint ${button.dataset.restore} into a new sandbox?`)) return;
+      try {
+        const answer = await post(`/ui/checkpoints/${encodeURIComponent(button.dataset.restore)}/restore`);
+        location.href = `/ui/sandboxes/${encodeURIComponent(answer.sandbox)}`;
+      } catch (error) {
+        flash(`restore failed: ${error.message}`, true);
+      }
+    };
+  }
+  for (const button of document.querySelectorAll("button[data-action]")) {
+    button.onclick = async () => { await act(button.dataset.target, button.dataset.action); location.reload(); };
+  }
+}

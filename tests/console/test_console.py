@@ -1,0 +1,279 @@
+"""The web console in a real browser: Debian's chromium driven by Playwright, against a real daemon on
+TCP with a token. Screenshots go to build/test-artifacts/console/ (or $STASIS_TEST_ARTIFACTS)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from stasis import Sandbox
+from stasis.agent import AgentRunner, Journal, OpenAIModel
+from stasis.agent.scripted import ScriptedModel, call, final, serve_scripted, tools
+from tests.conftest import Daemon, new_home, terminate_all
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="make setup installs playwright")
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+TOKEN = "console-test-token"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SCREEN = """(() => {
+    const buffer = window.stasisTerminal.buffer.active, lines = [];
+    for (let i = 0; i < buffer.length; i++) lines.push(buffer.getLine(i).translateToString(true));
+    return lines;
+})()"""  # the terminal's text, line by line
+ARTIFACTS = Path(os.environ.get("STASIS_TEST_ARTIFACTS") or Path(__file__).parents[2] / "build" / "test-artifacts")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def console_daemon() -> Iterator[Daemon]:
+    d = Daemon(new_home("console"))
+    d.tcp = f"127.0.0.1:{free_port()}"  # type: ignore[attr-defined]
+    d.sticky_env["STASIS_TOKEN"] = TOKEN
+    d.start("--tcp", d.tcp)  # type: ignore[attr-defined]
+    yield d
+    terminate_all(d)
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("chromium is missing: `make setup` installs it (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def base(console_daemon: Daemon) -> str:
+    return f"http://{console_daemon.tcp}"  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def page(browser: Browser, base: str, request: pytest.FixtureRequest) -> Iterator[Page]:
+    context = browser.new_context(base_url=base)
+    p = context.new_page()
+    p.on("dialog", lambda dialog: dialog.accept())  # the console confirms every action
+    yield p
+    shoot(p, request.node.name + "-end")
+    context.close()
+
+
+def shoot(page: Page, name: str) -> None:
+    (ARTIFACTS / "console").mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "console" / f"{name}.png"), full_page=True)
+
+
+def log_in(page: Page) -> None:
+    page.goto("/ui/")
+    expect(page).to_have_url(re.compile(r".*/ui/login$"))
+    page.fill("#token", TOKEN)
+    page.click("button[type=submit]")
+    expect(page.locator("h1")).to_have_text("Sandboxes")
+
+
+def test_a_wrong_or_missing_token_shows_the_login_page_and_never_data(
+    page: Page, base: str, console_daemon: Daemon
+) -> None:
+    with console_daemon.client() as client:
+        secret = Sandbox.create("secret-box", memory_mb=256, client=client)
+    page.goto("/ui/")
+    expect(page.locator("#token")).to_be_visible()
+    page.fill("#token", "not-the-token")
+    page.click("button[type=submit]")
+    expect(page.locator(".error")).to_contain_text("not this daemon's token")
+    assert "secret-box" not in page.content()
+    shoot(page, "wrong-token")
+    for path in ("/ui/sandboxes/secret-box", "/ui/checkpoints", "/ui/runs"):
+        page.goto(path)
+        expect(page.locator("#token")).to_be_visible()
+        assert "secret-box" not in page.content()
+    with httpx.Client(base_url=base) as http:  # no session: no data, no action
+        assert http.get("/ui/events").status_code == 401
+        assert http.post(f"/ui/sandboxes/{secret.id}/remove").status_code == 401
+        logged_in = http.post("/ui/login", data={"token": TOKEN})  # a session, but no CSRF header
+        assert logged_in.status_code == 303
+        assert http.post(f"/ui/sandboxes/{secret.id}/remove").status_code == 401
+        assert "stasis_console" in http.cookies and TOKEN not in logged_in.headers.get("location", "")
+    with pytest.raises(InvalidStatus, match="403"):  # closed before it is accepted
+        connect(f"ws://{base.removeprefix('http://')}/ui/sandboxes/{secret.id}/pty").close()
+    with console_daemon.client() as client:
+        assert Sandbox.connect("secret-box", client=client).info().status.value == "running"
+        Sandbox.connect("secret-box", client=client).terminate()
+
+
+def test_a_sandbox_appears_live_and_suspends_from_the_console(page: Page, console_daemon: Daemon) -> None:
+    log_in(page)
+    with console_daemon.client() as client:
+        sbx = Sandbox.create("live-box", memory_mb=256, client=client)
+        row = page.locator("#sandboxes tr", has_text="live-box")
+        expect(row).to_be_visible(timeout=15_000)  # pushed by the feed: the page was not reloaded
+        expect(row.locator(".status")).to_have_text("running")
+        shoot(page, "sandbox-listed")
+        page.evaluate("window.notReloaded = true")
+        row.locator("button[data-action=suspend]").click()
+        expect(row.locator(".status")).to_have_text("suspended", timeout=30_000)
+        assert page.evaluate("window.notReloaded") is True
+        assert sbx.info().status.value == "suspended"
+        shoot(page, "sandbox-suspended")
+        sbx.terminate()
+        expect(page.locator("#sandboxes tr", has_text="live-box")).to_have_count(0, timeout=15_000)
+
+
+def test_the_terminal_runs_echo_hi(page: Page, console_daemon: Daemon) -> None:
+    with console_daemon.client() as client:
+        sbx = Sandbox.create("term-box", memory_mb=256, client=client)
+    log_in(page)
+    page.goto(f"/ui/sandboxes/{sbx.id}")
+    page.click("#open-terminal")
+    page.wait_for_function("window.stasisTerminal !== undefined")
+    page.locator("#terminal").click()
+    page.wait_for_timeout(1500)  # the shell's prompt
+    page.keyboard.type("echo hi\n")
+    page.wait_for_function(f"{SCREEN}.some(line => line.trim() === 'hi')", timeout=20_000)
+    shoot(page, "terminal")
+    with console_daemon.client() as client:
+        Sandbox.connect(sbx.id, client=client).terminate()
+
+
+def test_an_agent_run_shows_its_steps_and_tool_calls(page: Page, console_daemon: Daemon) -> None:
+    scripted = ScriptedModel()
+    scripted.script = [
+        tools(call("write_file", path="/root/hello.py", content="print('hi from the agent')\n")),
+        tools(call("run", command="python3 /root/hello.py")),
+        final("hello.py prints a greeting"),
+    ]
+    with console_daemon.client() as client, serve_scripted(scripted) as url:
+        sbx = Sandbox.create("agent-box", memory_mb=256, client=client)
+        journal = Journal(console_daemon.paths.agent_journal)
+        model = OpenAIModel("scripted", base_url=url, api_key="test")
+        record = AgentRunner(journal, model, client).start(sbx.id, "write and run hello.py")
+        journal.close()
+        assert record.status == "completed"
+        log_in(page)
+        page.click("a[href='/ui/runs']")
+        page.click(f"a[href='/ui/runs/{record.id}']")
+        calls = page.locator(".call")
+        expect(calls).to_have_count(2)
+        expect(calls.nth(0).locator(".tool")).to_have_text("write_file")
+        expect(calls.nth(0).locator(".arguments")).to_contain_text("/root/hello.py")
+        expect(calls.nth(1).locator(".tool")).to_have_text("run")
+        expect(calls.nth(1).locator(".result")).to_contain_text("hi from the agent")
+        expect(page.locator(".facts")).to_contain_text("hello.py prints a greeting")
+        shoot(page, "agent-run")
+        sbx.terminate()
+
+
+def test_the_checkpoint_tree_shows_a_forks_parent(page: Page, console_daemon: Daemon) -> None:
+    with console_daemon.client() as client:
+        parent = Sandbox.create("tree-parent", memory_mb=256, client=client)
+        checkpoint = parent.checkpoint("filesystem", name="tree-ckpt")
+        (child,) = parent.copy(times=1)
+        log_in(page)
+        page.goto("/ui/checkpoints")
+        parent_item = page.locator("li", has=page.locator(f".node[data-id='{parent.id}']")).first
+        expect(parent_item.locator(f"ul .node[data-id='{child.id}']")).to_be_visible()
+        expect(parent_item.locator(f"ul .node[data-id='{checkpoint.id}']")).to_contain_text("tree-ckpt")
+        shoot(page, "checkpoint-tree")
+        page.click(f"button[data-restore='{checkpoint.id}']")  # a new sandbox from that node
+        expect(page).to_have_url(re.compile(r".*/ui/sandboxes/sb-[0-9a-z]{12}$"))
+        restored = page.url.rsplit("/", 1)[1]
+        assert Sandbox.connect(restored, client=client).info().from_checkpoint == checkpoint.id
+        Sandbox.connect(restored, client=client).terminate()
+        child.terminate()
+        parent.terminate()
+        Sandbox.delete_checkpoint(checkpoint.id, client=client)
+
+
+def test_names_from_a_sandbox_are_shown_as_text(page: Page, console_daemon: Daemon) -> None:
+    alerts: list[str] = []
+    page.on("dialog", lambda dialog: alerts.append(dialog.message))
+    with console_daemon.client() as client:
+        sbx = Sandbox.create("escape-box", memory_mb=256, client=client)
+        sbx.write_file("/root/<script>", b"<img src=x onerror=alert(1)>")
+        log_in(page)
+        page.goto(f"/ui/sandboxes/{sbx.id}?path=/root")
+        entry = page.locator("a.entry", has_text="<script>")
+        expect(entry).to_have_text("<script>")
+        assert "&lt;script&gt;" in page.content()
+        entry.click()
+        expect(page.locator("pre.file")).to_have_text("<img src=x onerror=alert(1)>")
+        page.wait_for_timeout(500)
+        assert alerts == []
+        shoot(page, "escaped")
+        sbx.terminate()
+
+
+def test_stasis_ui_serves_the_console_of_a_socket_only_daemon(browser: Browser, daemon: Daemon) -> None:
+    env = {**os.environ, **daemon.env}
+    ui = subprocess.Popen([sys.executable, "-m", "stasis", "ui", "--no-browser"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert ui.stdout is not None and ui.stderr is not None
+        url = ui.stdout.readline().strip()
+        token = re.search(r"token (\S+)", ui.stderr.readline()).group(1)  # type: ignore[union-attr]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/ui/", url)
+        with httpx.Client() as http:  # the proxy passes the console and nothing else of the API
+            assert http.get(url.removesuffix("/ui/") + "/v1/sandboxes").status_code == 404
+            assert http.get(url).status_code == 303  # to the login page
+        with daemon.client() as client:
+            sbx = Sandbox.create("ui-box", memory_mb=256, client=client)
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(url + "login#token=" + token)  # what `stasis ui` opens: it logs in, then drops the fragment
+        expect(page.locator("#sandboxes tr", has_text="ui-box")).to_be_visible(timeout=15_000)
+        assert token not in page.url
+        page.click("text=ui-box")
+        page.click("#open-terminal")
+        page.wait_for_function("window.stasisTerminal !== undefined")
+        page.locator("#terminal").click()
+        page.wait_for_timeout(1500)
+        page.keyboard.type("echo through-the-proxy\n")
+        page.wait_for_function(f"{SCREEN}.some(line => line.trim() === 'through-the-proxy')", timeout=20_000)
+        shoot(page, "stasis-ui")
+        context.close()
+        with daemon.client() as client:
+            Sandbox.connect(sbx.id, client=client).terminate()
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
+
+
+def test_files_are_browsed_uploaded_and_downloaded(page: Page, console_daemon: Daemon, tmp_path: Path) -> None:
+    with console_daemon.client() as client:
+        sbx = Sandbox.create("files-box", memory_mb=256, client=client)
+        sbx.make_dir("/root/project")
+        sbx.write_file("/root/project/notes.txt", b"first line\n")
+        log_in(page)
+        page.goto(f"/ui/sandboxes/{sbx.id}")
+        page.click("a.entry:text-is('project')")
+        expect(page.locator("h2", has_text="Files")).to_contain_text("/root/project")
+        local = tmp_path / "upload.bin"
+        local.write_bytes(bytes(range(256)))
+        page.set_input_files("#upload input[type=file]", str(local))
+        page.click("#upload button")
+        expect(page.locator("a.entry:text-is('upload.bin')")).to_be_visible()
+        assert sbx.read_file("/root/project/upload.bin") == bytes(range(256))
+        with page.expect_download() as download:
+            page.locator("tr", has_text="notes.txt").locator("a", has_text="download").click()
+        assert Path(download.value.path()).read_bytes() == b"first line\n"
+        shoot(page, "files")
+        sbx.terminate()
