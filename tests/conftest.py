@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -68,8 +68,7 @@ class Daemon:
             stdout=log,
             stderr=log,
             start_new_session=True,
-            preexec_fn=None if open_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
-                                                                                   (open_files, open_files)),
+            preexec_fn=None if open_files is None else limit_open_files(open_files),
         )
         log.close()
         self.wait_ready()
@@ -124,6 +123,11 @@ class Daemon:
         (an orphan, as far as it can tell), and Popen then reads 0."""
         assert self.proc is not None
         return self.proc.returncode == -9 or "reached: SIGKILL" in self.log_of_this_run()
+
+
+def limit_open_files(limit: int) -> Callable[[], None]:
+    """For a child before exec: RLIMIT_NOFILE at ``limit``, soft and hard (it cannot raise it again)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 
 def terminate_all(daemon: Daemon) -> None:
