@@ -10,15 +10,27 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 
+# Each tool stasis calls, and the Debian package that brings it. Only what is missing is installed:
+# a host whose node comes from elsewhere (NodeSource's bundles npm) cannot take Debian's npm package.
+declare -A package_of=(
+  [runsc]=runsc [mmdebstrap]=mmdebstrap [tmux]=tmux [mkfs.ext4]=e2fsprogs [newuidmap]=uidmap
+  [ssh]=openssh-client [rsync]=rsync [nft]=nftables [ip]=iproute2 [nsenter]=util-linux
+  [skopeo]=skopeo [umoci]=umoci
+  # the microVM backend: QEMU, and busybox for the initramfs of Debian's cloud kernel (virtio as modules)
+  [qemu-system-x86_64]=qemu-system-x86 [qemu-img]=qemu-utils [busybox]=busybox-static
+  # the web console: npm fetches its pinned front-end files; the browser tests drive Debian's chromium
+  [npm]=npm [chromium]=chromium
+)
 need_apt=()
-for tool in runsc mmdebstrap tmux mkfs.ext4 qemu-system-x86_64 qemu-img busybox ssh rsync nft ip nsenter skopeo umoci \
-    npm chromium; do
-  command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
+for tool in "${!package_of[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || need_apt+=("${package_of[$tool]}")
 done
-ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=("linux-image-cloud-amd64")
+dpkg -s ca-certificates >/dev/null 2>&1 || need_apt+=(ca-certificates)
+ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=(linux-image-cloud-amd64)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
-  say "installing system packages (missing: ${need_apt[*]})"
+  say "installing system packages: ${need_apt[*]}"
   # runsc from bookworm-backports has --platform=systrap and faster checkpoints; add that suite,
   # reusing the mirror this host already uses.
   if grep -qs 'bookworm' /etc/os-release && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
@@ -30,17 +42,16 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
   fi
   $SUDO apt-get update -qq
-  if ! command -v runsc >/dev/null 2>&1; then
-    $SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports runsc >/dev/null 2>&1 \
-      || $SUDO apt-get install -y -qq --no-install-recommends runsc >/dev/null
-  fi
-  $SUDO apt-get install -y -qq --no-install-recommends mmdebstrap tmux e2fsprogs uidmap ca-certificates \
-    openssh-client rsync nftables iproute2 util-linux skopeo umoci >/dev/null
-  # The microVM backend: QEMU, and Debian's cloud kernel (virtio drivers as modules) with busybox for its initramfs.
-  $SUDO apt-get install -y -qq --no-install-recommends qemu-system-x86 qemu-utils linux-image-cloud-amd64 \
-    busybox-static >/dev/null
-  # The web console: npm fetches its pinned front-end files; the browser tests drive Debian's chromium.
-  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm chromium >/dev/null
+  rest=()
+  for package in "${need_apt[@]}"; do
+    if [ "$package" = runsc ]; then
+      $SUDO apt-get install -y -qq --no-install-recommends -t bookworm-backports runsc >/dev/null 2>&1 \
+        || $SUDO apt-get install -y -qq --no-install-recommends runsc >/dev/null
+    else
+      rest+=("$package")
+    fi
+  done
+  [ ${#rest[@]} -eq 0 ] || $SUDO apt-get install -y -qq --no-install-recommends "${rest[@]}" >/dev/null
 fi
 say "runsc: $(runsc --version | head -n1)"
 
