@@ -35,25 +35,11 @@ from common import Comparison, report_ratios, serving_daemon, timed, write_resul
 from rich.console import Console
 from rich.table import Table
 
-from stasis import Client, Sandbox, procs
+from stasis import Client, Sandbox
+from stasis.daemon.host_usage import host_usage
 from stasis.paths import Paths, default_home
 
 GIB20_MB = 20 * 1024
-
-
-def pss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def host_memory_mb(sandbox_id: str) -> float:
-    """PSS of every host process whose command line names the sandbox (its runsc or QEMU processes)."""
-    return sum(pss_mb(pid) for pid, _ in procs.processes(lambda cmd: sandbox_id in cmd))
 
 
 def idle_memory(client: Client, backend: str, count: int) -> list[float]:
@@ -64,7 +50,7 @@ def idle_memory(client: Client, backend: str, count: int) -> list[float]:
         for sbx in boxes:
             sbx.run(["true"])
         time.sleep(5)
-        return [host_memory_mb(sbx.id) for sbx in boxes]
+        return [host_usage(sbx.id)[1] for sbx in boxes]
     finally:
         with ThreadPoolExecutor(4) as workers:
             list(workers.map(lambda s: s.terminate(), boxes))

@@ -232,10 +232,12 @@ async def run(
     try:
         out, err = await asyncio.wait_for(asyncio.gather(*reads), timeout)
         code = await asyncio.wait_for(exited, timeout)
-    except TimeoutError:
+    except BaseException:
+        # Timed out, or the caller was cancelled: the command must not go on behind its back (a `runsc
+        # restore` finishing after its create was rolled back would leave a sandbox nobody owns).
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
-        await exited
+        await asyncio.shield(exited)
         raise
     finally:
         for pipe in (proc.stdout, proc.stderr):

@@ -220,6 +220,9 @@ def test_names_from_a_sandbox_are_shown_as_text(page: Page, console_daemon: Daem
         assert alerts == []
         shoot(page, "escaped")
         sbx.terminate()
+    missing = page.goto("/ui/sandboxes/no-such-box")  # said in a page, not a server error
+    assert missing is not None and missing.status == 404
+    expect(page.locator("p.error")).to_contain_text("no-such-box")
 
 
 def test_stasis_ui_serves_the_console_of_a_socket_only_daemon(browser: Browser, daemon: Daemon) -> None:

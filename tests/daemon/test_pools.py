@@ -4,6 +4,8 @@ pool frees everything."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from typer.testing import CliRunner
 
@@ -143,7 +145,26 @@ def test_a_pool_of_a_template_hands_out_its_running_server(own_daemon: Daemon) -
         assert a.info().spec.memory_mb == MEMORY  # the template's
         assert a.run(get).stdout == b.run(get).stdout == "200\n"  # restored with its server running
         assert identity(a)[1] != identity(b)[1]  # forks of one memory image, each its own machine id
-        Pool.remove("served-pool", client=client)
-        for sbx in (a, b):
+        Pool.wait_ready("served-pool", client=client)
+        c = Sandbox.create("tpl-c", template="served", client=client)
+        wait_until(lambda: Pool.get("served-pool", client=client).starting > 0, timeout=30)
+        Pool.remove("served-pool", client=client)  # while it restores c's replacement
+        assert {a.id, b.id, c.id} == runsc_ids(own_daemon), "a start cut short left a sandbox behind"
+        for sbx in (a, b, c):
             sbx.terminate()
+        assert sandbox_processes_under(own_daemon.paths.home) == []
         Template.delete("served", client=client)
+
+
+def test_a_claimed_sandboxs_idle_clock_starts_at_the_claim(own_daemon: Daemon) -> None:
+    own_daemon.start()
+    with own_daemon.client() as client:
+        Pool.create("idle", size=1, memory_mb=MEMORY, client=client)
+        Pool.wait_ready("idle", client=client)
+        time.sleep(3)  # the member waited longer than the claim's idle timeout
+        sbx = Sandbox.create("idle-claim", memory_mb=MEMORY, timeout_secs=2, client=client)
+        time.sleep(1)
+        assert sbx.info().status.value == "running"
+        wait_until(lambda: sbx.info().status.value == "suspended", timeout=15)  # then it does idle out
+        Pool.remove("idle", client=client)
+        sbx.terminate()

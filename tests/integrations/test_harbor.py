@@ -71,7 +71,8 @@ def harbor(daemon: Daemon, *argv: str, cwd: Path) -> subprocess.CompletedProcess
 
 
 def test_harbor_run_with_the_oracle_agent_passes_a_task_built_from_its_dockerfile(
-    images_daemon: Daemon, tmp_path: Path  # noqa: F811
+    images_daemon: Daemon,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     task = make_task(tmp_path / "answer")
     result = harbor(images_daemon, str(HARBOR_PYTHON.parent / "harbor"), "run", "-p", str(task), "-a", "oracle",

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import posixpath
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,8 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from ..agent.journal import Journal
+from ..daemon.forks import fork
+from ..daemon.terminal import serve_terminal
 from ..errors import RunNotFound, StasisError
 from ..models import CheckpointType, CreateCheckpointRequest, CreateSandboxRequest
 from ..paths import Paths
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 ACTIONS = ("suspend", "resume", "checkpoint", "fork", "remove")
+VIEW_BYTES = 1 << 20  # of a file shown in the page; the download has all of it
 
 
 def create_console(service: SandboxService, ops: GuestOperations, paths: Paths, sessions: Sessions) -> FastAPI:
@@ -39,6 +43,12 @@ def create_console(service: SandboxService, ops: GuestOperations, paths: Paths, 
     templates = Jinja2Templates(directory=HERE / "templates")  # autoescaped: names and paths come from sandboxes
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     feed = Feed(service)
+
+    @app.exception_handler(StasisError)
+    async def stasis_error(request: Request, exc: StasisError) -> HTMLResponse:
+        """A page about a sandbox that is gone, a file that is not there: said in the page, not a 500."""
+        context = {"csrf": "", "message": exc.message}
+        return templates.TemplateResponse(request, "error.html", context, status_code=exc.status_code)
 
     def session_of(request: Request | WebSocket) -> Session | None:
         return sessions.get(request.cookies.get(COOKIE))
@@ -132,19 +142,21 @@ def create_console(service: SandboxService, ops: GuestOperations, paths: Paths, 
     async def runs(request: Request) -> Response:
         if (session := session_of(request)) is None:
             return to_login()
-        return page(request, "runs.html", session, runs=sorted(_journal(paths).runs(), key=lambda r: -r.created_at))
+        with _journal(paths) as journal:
+            found = sorted(journal.runs(), key=lambda r: -r.created_at)
+        return page(request, "runs.html", session, runs=found)
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse, response_model=None)
     async def run(request: Request, run_id: str) -> Response:
         if (session := session_of(request)) is None:
             return to_login()
-        journal = _journal(paths)
-        try:
-            record = journal.run(run_id)
-        except RunNotFound:
-            return page(request, "runs.html", session, runs=[], error=f"no agent run {run_id!r}")
-        steps = steps_of(journal.events(run_id))
-        return page(request, "run.html", session, run=record, steps=steps, notes=journal.run_notes(run_id))
+        with _journal(paths) as journal:
+            try:
+                record = journal.run(run_id)
+            except RunNotFound:
+                return page(request, "runs.html", session, runs=[], error=f"no agent run {run_id!r}")
+            steps, notes = steps_of(journal.events(run_id)), journal.run_notes(run_id)
+        return page(request, "run.html", session, run=record, steps=steps, notes=notes)
 
     # ------------------------------------------------------------ actions
 
@@ -175,8 +187,6 @@ def create_console(service: SandboxService, ops: GuestOperations, paths: Paths, 
                 checkpoint = await service.checkpoint(ref, CreateCheckpointRequest(type=kind))
                 return JSONResponse({"checkpoint": checkpoint.id})
             elif action == "fork":
-                from ..daemon.forks import fork
-
                 children = await fork(service, ref, 1)
                 return JSONResponse({"sandboxes": [c.id for c in children]})
             else:
@@ -217,8 +227,6 @@ def create_console(service: SandboxService, ops: GuestOperations, paths: Paths, 
         if session_of(websocket) is None:
             await websocket.close(code=4401, reason="log in first")
             return
-        from ..daemon.terminal import serve_terminal
-
         await websocket.accept()
         try:
             await serve_terminal(service, websocket, ref, cols, rows, ["/bin/sh", "-l"])
@@ -230,8 +238,14 @@ def create_console(service: SandboxService, ops: GuestOperations, paths: Paths, 
     return app
 
 
-def _journal(paths: Paths) -> Journal:
-    return Journal(paths.agent_journal)
+@contextlib.contextmanager
+def _journal(paths: Paths) -> Iterator[Journal]:
+    """The harness's journal (written by `stasis agent`), open only while a page reads it."""
+    journal = Journal(paths.agent_journal)
+    try:
+        yield journal
+    finally:
+        journal.close()
 
 
 def steps_of(events: list[Any]) -> list[dict[str, Any]]:

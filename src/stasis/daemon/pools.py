@@ -164,6 +164,7 @@ class PoolManager:
                     with contextlib.suppress(Exception):
                         await self.service.terminate(member.id)
                     continue
+                self.service.activity.touch(member.id)  # its idle clock starts at the claim, not at its boot
                 log.info("claimed %s from pool %s", member.id, name)
                 return member
         return None

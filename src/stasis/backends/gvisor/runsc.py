@@ -153,6 +153,7 @@ class Runsc:
         """Kill and remove the container; fine if it is already gone. A wedged sandbox (its sentry out of
         host descriptors) can hang `runsc delete`: then its processes are killed by pid and it is retried."""
         if not self.has_record(sandbox_id):
+            self.kill(sandbox_id)  # a start cut short before runsc wrote its record may have left processes
             return
         try:
             result = await self._run("delete", "-force", sandbox_id, timeout=DELETE_TIMEOUT)
