@@ -19,7 +19,8 @@
     │   ├── DaemonRunning                        another daemon serves this STASIS_HOME
     │   └── CheckpointCorrupt                    its bytes changed since it was sealed
     ├── BackendError                         500  runsc/QEMU failed; the message has its output
-    │   └── StartupError
+    │   ├── StartupError
+    │   └── StoreUnreachable                     the remote store (S3) did not answer or refused
     ├── GuestError                           502  the agent inside the sandbox failed
     │   ├── GuestDisconnected (ConnectionError)
     │   └── GuestTimeout (TimeoutError)
@@ -123,6 +124,10 @@ class BackendError(StasisError):
 
 class StartupError(BackendError):
     pass
+
+
+class StoreUnreachable(BackendError):
+    status_code = 502
 
 
 class GuestError(StasisError):

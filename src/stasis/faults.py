@@ -40,6 +40,9 @@ POINTS = (
     "network.attach.after_firewall",
     "network.detach.after_close",
     "image.commit.before_rename",
+    "remote.push.after_chunks",
+    "remote.push.after_manifest",
+    "remote.pull.after_take",
 )  # the daemon's own; each backend lists its windows in its ``kill_points``
 
 

@@ -367,6 +367,26 @@ class CheckpointInfo(BaseModel):
     metadata: dict[str, Any]
 
 
+class RemoteRequest(_Strict):
+    ref: str = Field(min_length=1, max_length=200, description="a sandbox's or checkpoint's name or id")
+    kind: Literal["sandbox", "checkpoint"] | None = Field(None, description="which, when a name could be either")
+
+
+class TransferResult(BaseModel):
+    """What a push to or a pull from the remote store did."""
+
+    kind: Literal["sandbox", "checkpoint"]
+    id: str
+    name: str | None
+    url: str = Field(description="its manifest in the remote store")
+    chunks: int = Field(description="distinct non-zero pieces the artifact is made of")
+    bytes: int = Field(description="their size, uncompressed")
+    moved_chunks: int = Field(description="pieces sent (push) or fetched from the store (pull): the rest were there")
+    moved_bytes: int = Field(description="bytes on the wire, compressed")
+    seconds: float
+    owner: str | None = Field(None, description="for a sandbox: the node that owns it now (None: the store)")
+
+
 class ForkRequest(_Strict):
     times: int = Field(1, ge=1, le=64)
 
@@ -375,6 +395,10 @@ class DiskUsage(BaseModel):
     sandboxes_bytes: int
     checkpoints_bytes: int
     images_bytes: int
+    remote_cache_bytes: int = 0
+    remote_cache_chunks: int = 0
+    remote_cache_limit_bytes: int = 0
+    remote: str | None = None
     sandboxes: dict[str, int]
     checkpoints: dict[str, int]
     shared_note: str

@@ -27,6 +27,7 @@ RESUME_POINTS = points("resume.", "gvisor.resume.")
 TERMINATE_POINTS = points("terminate.", "gvisor.destroy.")
 CHECKPOINT_POINTS = points("checkpoint.", "gvisor.checkpoint.")
 FORK_POINTS = points("fork.")
+REMOTE_POINTS = points("remote.")
 RESTORE_POINTS = points("gvisor.start_from.")
 MICROVM_SUSPEND_POINTS = points("suspend.", "microvm.suspend.")
 MICROVM_RESUME_POINTS = points("resume.", "microvm.resume.")
@@ -39,7 +40,7 @@ IMAGE_POINTS = points("image.")  # tested in tests/images/test_build.py
 def test_every_kill_point_in_the_code_is_listed_and_tested() -> None:
     source = Path(faults.__file__).parent
     # Point names appear as literals, passed to faults.point() directly or through a helper.
-    prefixes = "create|gvisor|microvm|suspend|resume|checkpoint|fork|terminate|agent|network|image"
+    prefixes = "create|gvisor|microvm|suspend|resume|checkpoint|fork|terminate|agent|network|image|remote"
     literal = rf'"((?:{prefixes})\.[a-z_]+(?:\.[a-z_]+)*)"'
     used = {m for f in source.rglob("*.py") if f.name != "faults.py" for m in re.findall(literal, f.read_text())}
     used -= {"checkpoint.img", "suspend.partial", "agent.db", "agent.py", "agent.sock", "image.json"}  # files
@@ -47,6 +48,7 @@ def test_every_kill_point_in_the_code_is_listed_and_tested() -> None:
     tested = CREATE_POINTS + SUSPEND_POINTS + RESUME_POINTS + TERMINATE_POINTS + CHECKPOINT_POINTS + FORK_POINTS
     tested += RESTORE_POINTS + MICROVM_SUSPEND_POINTS + MICROVM_RESUME_POINTS + MICROVM_CREATE_POINTS
     tested += MICROVM_CHECKPOINT_POINTS + NETWORK_POINTS + IMAGE_POINTS
+    tested += REMOTE_POINTS  # killed in tests/remote/test_remote_crash.py
     assert set(tested) == set(ALL_POINTS)
     assert len(ALL_POINTS) >= 30
 

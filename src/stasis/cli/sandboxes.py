@@ -233,8 +233,12 @@ def suspend(name: Name) -> None:
 
 @app.command()
 def resume(name: Name) -> None:
-    """Resume a suspended sandbox exactly where it was."""
-    _transition(name, "resume", Sandbox.resume)
+    """Resume a suspended sandbox exactly where it was; with a remote store, also one suspended on another
+    node and pushed there (it is taken over and fetched first)."""
+    with err.status(f"resuming {name}..."):
+        info = SandboxInfo.model_validate(client().json("POST", f"/v1/sandboxes/{name}/resume"))
+    seconds = info.last_resume_seconds
+    out.print(f"resumed [bold]{name}[/bold]{f' in {seconds:.3f}s' if seconds else ''}")
 
 
 @app.command()
@@ -312,5 +316,12 @@ def df(as_json: Json = False) -> None:
     table.add_row("sandboxes", str(len(usage.sandboxes)), f"{usage.sandboxes_bytes / 1e6:.1f} MB")
     table.add_row("checkpoints", str(len(usage.checkpoints)), f"{usage.checkpoints_bytes / 1e6:.1f} MB")
     table.add_row("images", "", f"{usage.images_bytes / 1e6:.1f} MB")
+    if usage.remote:
+        limit = f" of {usage.remote_cache_limit_bytes / 1e6:.0f} MB" if usage.remote_cache_limit_bytes else ""
+        cached = f"{usage.remote_cache_bytes / 1e6:.1f} MB{limit}"
+        table.add_row("remote cache", str(usage.remote_cache_chunks), cached)
     out.print(table)
     out.print(f"[dim]{usage.shared_note}[/dim]")
+    if usage.remote:
+        out.print(f"[dim]remote store: {usage.remote} (pieces fetched from it are cached here, least recently "
+                  "used out first: STASIS_REMOTE_CACHE_MB)[/dim]")  # fmt: skip

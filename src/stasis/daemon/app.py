@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..console import create_console
 from ..console.sessions import Sessions
-from ..errors import ImageNotFound, InvalidRequest, NotFound, StasisError
+from ..errors import ImageNotFound, InvalidRequest, NotFound, StasisError, Unsupported
 from ..fsutil import no_space
 from ..images import ImageInfo
 from ..models import (
@@ -39,6 +39,7 @@ from ..models import (
     PoolInfo,
     ProcessInfo,
     ProcessOutput,
+    RemoteRequest,
     RunRequest,
     RunResult,
     SandboxInfo,
@@ -47,6 +48,7 @@ from ..models import (
     SshKeysRequest,
     StartProcessRequest,
     StdinRequest,
+    TransferResult,
     describe_validation_errors,
 )
 from ..netpolicy import NetworkPolicy
@@ -58,6 +60,7 @@ from .limits import BodyLimit
 from .operations import GuestOperations
 from .portforward import serve_port_connection
 from .recovery import Recovery
+from .remote import RemoteService
 from .service import SandboxService
 from .terminal import serve_terminal
 from .usage import disk_usage as measure_disk
@@ -263,6 +266,21 @@ def create_app(
     @app.delete("/v1/checkpoints/{ref}")
     async def delete_checkpoint(ref: str) -> CheckpointInfo:
         return service.delete_checkpoint(ref)
+
+    def remote() -> RemoteService:
+        if service.remote is None:
+            raise Unsupported("no remote store is configured; start the daemon with STASIS_REMOTE=s3://bucket/prefix")
+        return service.remote
+
+    @app.post("/v1/remote/push")
+    async def push(request: RemoteRequest) -> TransferResult:
+        """Send a checkpoint, or a sandbox (suspended first), to the remote store; a sandbox leaves this node."""
+        return await remote().push(request.ref, request.kind)
+
+    @app.post("/v1/remote/pull")
+    async def pull(request: RemoteRequest) -> TransferResult:
+        """Fetch a checkpoint, or take a sandbox over (suspended), from the remote store."""
+        return await remote().pull(request.ref, request.kind)
 
     @app.get("/v1/df")
     async def disk_usage() -> DiskUsage:

@@ -82,6 +82,8 @@ class Recovery:
             self.store.delete_checkpoint(checkpoint_id)
         for name in self.service.checkpoint_files.sweep(keep=self.store.all_checkpoint_ids()):
             log.warning("removed checkpoint directory %s that no checkpoint owns", name)
+        if self.service.remote is not None:
+            await self.service.remote.settle()  # before the sandboxes: one the store took over is not kept here
         await asyncio.gather(*(self._recover_bounded(info) for info in self.store.list()))
         try:
             await self._sweep()

@@ -25,7 +25,15 @@ from typing import Any
 from .. import faults
 from ..backends import BACKENDS, create_backend
 from ..backends.base import Backend, BoxRef, HostState
-from ..errors import GuestDisconnected, SandboxNotFound, StasisError, StateError, Unsupported
+from ..errors import (
+    CheckpointNotFound,
+    GuestDisconnected,
+    NotFound,
+    SandboxNotFound,
+    StasisError,
+    StateError,
+    Unsupported,
+)
 from ..guest.client import GuestChannel
 from ..images import ImageStore, runtime
 from ..images.oci import ImageConfig
@@ -41,11 +49,13 @@ from ..models import (
 from ..netpolicy import NetworkPolicy
 from ..network.engine import NetworkEngine
 from ..paths import Paths
+from ..remote.config import RemoteConfig
 from .activity import Activity, idle_action
 from .checkpoints import CheckpointFiles
 from .metrics import Metrics
 from .pools import PoolManager
 from .ports import Ports
+from .remote import RemoteService
 from .states import require
 from .store import Store
 from .templates import template_checkpoint
@@ -82,6 +92,8 @@ class SandboxService:
         self.ports = Ports(self)
         self._image_configs: dict[str, ImageConfig | None] = {}
         self.pools = PoolManager(self)
+        remote = RemoteConfig.from_env()
+        self.remote = RemoteService(self, remote) if remote else None
 
     # ------------------------------------------------------------ start-up and shutdown
 
@@ -202,7 +214,7 @@ class SandboxService:
         if request.template is not None and request.snapshot_id is None:
             request = request.model_copy(update={"snapshot_id": template_checkpoint(self, request.template)})
         if request.snapshot_id is not None:
-            checkpoint = self.store.get_checkpoint(request.snapshot_id)
+            checkpoint = await self._checkpoint_here_or_pulled(request.snapshot_id)
             spec = spec_from_checkpoint(checkpoint, request)
         else:
             spec = SandboxSpec.model_validate(request.model_dump(exclude={"name", "snapshot_id", "template"}))
@@ -241,6 +253,20 @@ class SandboxService:
             self.metrics.create_seconds.observe(time.monotonic() - started)
             log.info("created %s (%s) in %.3fs", info.id, info.name, time.monotonic() - started)
             return self._present(info)
+
+    async def _checkpoint_here_or_pulled(self, ref: str) -> CheckpointInfo:
+        try:
+            return self.store.get_checkpoint(ref)
+        except NotFound:
+            if self.remote is None:
+                raise
+            try:
+                await self.remote.pull_checkpoint(ref)
+            except NotFound:
+                raise CheckpointNotFound(
+                    f"no checkpoint named or with id {ref[:80]!r} here or in the remote store {self.remote.config.url}"
+                ) from None
+            return self.store.get_checkpoint(ref)
 
     async def discard(self, info: SandboxInfo, box: BoxRef, reason: str) -> None:
         """Roll back a create: nothing stays on the host, the record says why."""
@@ -340,7 +366,7 @@ class SandboxService:
             self.store.transition(info.id, S.FAILED, error=f"suspend failed and the sandbox stopped: {exc}")
 
     async def resume(self, ref: str) -> SandboxInfo:
-        info = self.store.get(ref)
+        info = await self._here_or_pulled(ref)
         async with self.lock(info.id):
             info = self.store.get(info.id)
             if info.status == S.RUNNING:
@@ -379,6 +405,32 @@ class SandboxService:
             self.metrics.resume_seconds.observe(elapsed)
             log.info("resumed %s in %.3fs", info.id, elapsed)
             return self._present(info)
+
+    async def _here_or_pulled(self, ref: str) -> SandboxInfo:
+        """The sandbox to resume: this node's, or (a remote store configured) taken over from the store;
+        one that moved to another node is refused, naming that node."""
+        try:
+            info = self.store.get(ref)
+        except SandboxNotFound:
+            if self.remote is None:
+                raise
+            try:
+                await self.remote.pull_sandbox(ref)
+            except NotFound:
+                raise SandboxNotFound(
+                    f"no sandbox named or with id {ref[:80]!r} here or in the remote store {self.remote.config.url}",
+                    ref=ref[:80],
+                ) from None
+            return self.store.get(ref)
+        if info.status == S.TERMINATED and (info.error or "").startswith("moved to") and self.remote is not None:
+            await self.remote.pull_sandbox(info.id)  # it left this node: back only if the store has it
+            return self.store.get(info.id)
+        if self.remote is not None and self.remote.unsettled(info.id):
+            raise StateError(
+                f"sandbox {info.name or info.id} was being pushed when the daemon stopped, and the remote store could "
+                "not be reached since to learn whether it took it; `stasis push` it again once the store is reachable"
+            )
+        return info
 
     async def terminate(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
         """Remove the sandbox and its files. It always works: an operation stuck on it (a runsc call

@@ -58,6 +58,11 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     internal INTEGER NOT NULL DEFAULT 0,
     info TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pushes (  -- a sandbox being handed to the remote store: settled after a restart
+    sandbox_id TEXT PRIMARY KEY,
+    push_id TEXT NOT NULL,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS ports (   -- exposed ports: the daemon listens for them again after a restart
     sandbox_id TEXT NOT NULL,
     port INTEGER NOT NULL,
@@ -175,6 +180,27 @@ class Store:
                 name=name,
             ) from exc
         return self.get(sandbox_id)
+
+    def arrive(self, info: SandboxInfo, detail: str) -> SandboxInfo:
+        """A suspended sandbox pulled from another node: its record as it was there, suspended here. An old
+        record of the same id (it left this node once and comes back) is replaced."""
+        values = (info.id, info.name, SandboxStatus.SUSPENDED.value, info.spec.model_dump_json(),
+                  json.dumps(info.runtime), info.created_at, time.time(), time.time(), info.image_key,
+                  info.from_checkpoint, info.last_suspend_seconds, info.forked_from)  # fmt: skip
+        columns = "id, name, status, spec, backend_state, created_at, updated_at, last_activity, image_key, "
+        columns += "from_checkpoint, last_suspend_seconds, forked_from"
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                self.db.execute("DELETE FROM sandboxes WHERE id = ?", (info.id,))
+                self.db.execute(f"INSERT INTO sandboxes ({columns}) VALUES ({', '.join('?' * len(values))})", values)
+                self._journal(info.id, None, SandboxStatus.SUSPENDED, detail)
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(
+                f"a sandbox named {info.name!r} already exists on this node; remove or rename it, then pull again",
+                name=info.name,
+            ) from exc
+        return self.get(info.id)
 
     def transition(
         self,
@@ -296,6 +322,29 @@ class Store:
         self.db.execute("UPDATE sandboxes SET last_activity = ? WHERE id = ?", (when, sandbox_id))
 
     # ------------------------------------------------------------ checkpoints
+
+    def begin_push(self, sandbox_id: str, push_id: str) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO pushes VALUES (?, ?, ?)", (sandbox_id, push_id, time.time()))
+
+    def end_push(self, sandbox_id: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM pushes WHERE sandbox_id = ?", (sandbox_id,))
+
+    def pushes(self) -> dict[str, str]:
+        """Pushes cut off before they settled: sandbox id → push id."""
+        return {row["sandbox_id"]: row["push_id"] for row in self.db.execute("SELECT * FROM pushes")}
+
+    def insert_ready_checkpoint(self, info: CheckpointInfo) -> None:
+        """A checkpoint whose files are whole already (pulled from the remote store)."""
+        try:
+            with self.db:
+                self.db.execute(
+                    "INSERT INTO checkpoints (id, name, status, internal, info) VALUES (?, ?, 'ready', 0, ?)",
+                    (info.id, info.name, info.model_dump_json()),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(f"a different checkpoint named {info.name!r} is on this node already") from exc
 
     def insert_checkpoint(self, info: CheckpointInfo, internal: bool = False) -> None:
         try:

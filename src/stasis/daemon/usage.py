@@ -42,7 +42,13 @@ def disk_usage(service: SandboxService) -> DiskUsage:
     directory = service.paths.sandboxes
     sandboxes = {p.name: tree_bytes(p) for p in directory.iterdir()} if directory.exists() else {}
     checkpoints = {c.id: c.size_bytes for c in service.store.list_checkpoints(include_internal=True)}
+    remote = service.remote
+    cache_bytes, cache_chunks = remote.cache.usage() if remote else (0, 0)
     return DiskUsage(
+        remote=remote.config.url if remote else None,
+        remote_cache_bytes=cache_bytes,
+        remote_cache_chunks=cache_chunks,
+        remote_cache_limit_bytes=remote.config.cache_limit_bytes if remote else 0,
         sandboxes_bytes=sum(sandboxes.values()),
         checkpoints_bytes=sum(checkpoints.values()),
         images_bytes=sum(i.size_bytes for i in service.images.list()),

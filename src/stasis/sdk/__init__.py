@@ -23,6 +23,7 @@ from ..errors import (
     StartupError,
     StasisError,
     StateError,
+    StoreUnreachable,
     Unsupported,
 )
 from ..models import (
@@ -36,6 +37,7 @@ from ..models import (
     SandboxInfo,
     SandboxSpec,
     SandboxStatus,
+    TransferResult,
 )
 from ..netpolicy import NetworkPolicy
 from ._async import AsyncSandbox
@@ -90,7 +92,9 @@ __all__ = [
     "StartupError",
     "StasisError",
     "StateError",
+    "StoreUnreachable",
     "Template",
     "TemplateNotReady",
+    "TransferResult",
     "Unsupported",
 ]

@@ -33,6 +33,7 @@ from ..models import (
     SshHostKey,
     SshKeysRequest,
     StartProcessRequest,
+    TransferResult,
     build,
 )
 from ..netpolicy import NetworkPolicy, as_policy
@@ -251,6 +252,11 @@ def list_call(include_terminated: bool, limit: int | None = None, after: str | N
 
 def list_checkpoints_call() -> Call:
     return Call("GET", "/v1/checkpoints", _models(CheckpointInfo))
+
+
+def remote_call(action: str, ref: str, kind: str | None) -> Call:
+    """Push to or pull from the daemon's remote store (``kind``: "sandbox", "checkpoint" or either)."""
+    return Call("POST", f"/v1/remote/{action}", _model(TransferResult), json={"ref": ref, "kind": kind})
 
 
 def checkpoint_call(method: str, checkpoint_id: str) -> Call:

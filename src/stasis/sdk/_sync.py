@@ -17,6 +17,7 @@ from ..models import (
     ProcessOutput,
     RunRequest,
     SandboxInfo,
+    TransferResult,
 )
 from ..netpolicy import NetworkPolicy
 from . import _base as b
@@ -65,6 +66,26 @@ class Sandbox(b.SandboxBase):
 
     def resume(self) -> SandboxInfo:
         return self._client.call(self._lifecycle_call("resume"))
+
+    def push(self) -> TransferResult:
+        """Suspend it (if it runs) and hand it to the daemon's remote store: it leaves this node, and any
+        node of the store resumes it (``Sandbox.pull`` or a resume by name there)."""
+        return self._client.call(b.remote_call("push", self.id, "sandbox"))
+
+    @classmethod
+    def pull(cls, ref: str, client: Client | None = None) -> TransferResult:
+        """Take a sandbox over from the remote store, suspended (a resume by name does this too)."""
+        return (client or Client()).call(b.remote_call("pull", ref, "sandbox"))
+
+    @classmethod
+    def push_checkpoint(cls, ref: str, client: Client | None = None) -> TransferResult:
+        """Copy a checkpoint to the remote store, for any node to restore."""
+        return (client or Client()).call(b.remote_call("push", ref, "checkpoint"))
+
+    @classmethod
+    def pull_checkpoint(cls, ref: str, client: Client | None = None) -> TransferResult:
+        """Copy a checkpoint from the remote store to this node (a create from it does this too)."""
+        return (client or Client()).call(b.remote_call("pull", ref, "checkpoint"))
 
     def terminate(self) -> SandboxInfo:
         return self._client.call(self._terminate_call())

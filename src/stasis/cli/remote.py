@@ -1,0 +1,52 @@
+"""`stasis push` and `stasis pull`: sandboxes and checkpoints through the daemon's remote store."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..models import TransferResult
+from ._common import Json, app, client, err, out
+
+Kind = Annotated[str | None, typer.Option("--kind", help="sandbox | checkpoint, when a name could be either.")]
+
+
+def _report(result: TransferResult, verb: str, as_json: bool) -> None:
+    if as_json:
+        print(result.model_dump_json(indent=2))
+        return
+    moved = f"{result.moved_chunks} of {result.chunks} pieces, {result.moved_bytes / 1e6:.1f} MB on the wire"
+    out.print(f"{verb} {result.kind} [bold]{result.name or result.id}[/bold] ({result.bytes / 1e6:.1f} MB): "
+              f"{moved}, {result.seconds:.1f}s")  # fmt: skip
+    out.print(f"[dim]{result.url}[/dim]")
+
+
+@app.command()
+def push(
+    ref: Annotated[str, typer.Argument(help="A sandbox or a checkpoint: name or id.")],
+    kind: Kind = None,
+    as_json: Json = False,
+) -> None:
+    """Send a sandbox (suspended first; it leaves this node) or a checkpoint (copied) to the remote store."""
+    with err.status(f"pushing {ref}..."):
+        result = TransferResult.model_validate(
+            client().json("POST", "/v1/remote/push", json={"ref": ref, "kind": kind})
+        )
+    _report(result, "pushed", as_json)
+    if result.kind == "sandbox" and not as_json:
+        out.print("any node of the store resumes it: [bold]stasis resume[/bold] " + (result.name or result.id))
+
+
+@app.command()
+def pull(
+    ref: Annotated[str, typer.Argument(help="A sandbox or a checkpoint in the remote store: name or id.")],
+    kind: Kind = None,
+    as_json: Json = False,
+) -> None:
+    """Take a sandbox over from the remote store (suspended, not resumed) or copy a checkpoint here."""
+    with err.status(f"pulling {ref}..."):
+        result = TransferResult.model_validate(
+            client().json("POST", "/v1/remote/pull", json={"ref": ref, "kind": kind})
+        )
+    _report(result, "pulled", as_json)

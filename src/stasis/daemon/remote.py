@@ -1,0 +1,348 @@
+"""Checkpoints and suspended sandboxes to and from the remote store, so that another node restores
+or resumes them.
+
+Keys under the store's prefix::
+
+    chunks/ab/<sha256>             a piece of some artifact (lz4), named by the hash of its bytes
+    checkpoints/<id>.json          a checkpoint's manifest: immutable once written
+    sandboxes/<id>.json            a sandbox's manifest, and who owns it: ``owner`` is a node, or None
+                                   while the sandbox waits in the store; ``generation`` counts hand-overs
+    bases/<uuid>.json              a microVM base disk (qcow2 overlays name it), pulled where missing
+    names/{sandboxes,checkpoints}/<name>   the id a name stands for
+
+A manifest is written last, after every piece it names: a cut-off push is never visible. Ownership is
+a compare-and-swap on the sandbox manifest (S3 conditional writes, If-Match on its ETag), so of two
+nodes racing to take a sandbox exactly one wins. A node only pushes a sandbox it owns, and removes its
+own copy only after the store has taken it over; a push cut off by a daemon kill is settled on restart
+(see :meth:`RemoteService.settle`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import faults, procs
+from ..errors import BackendError, Conflict, InvalidRequest, NotFound, StasisError, StoreUnreachable, Unsupported
+from ..models import NAME_PATTERN, CheckpointInfo, SandboxInfo, SandboxStatus, TransferResult
+from ..remote.cache import ChunkCache
+from ..remote.chunks import Chunks, Transfer
+from ..remote.config import RemoteConfig, node_name
+from ..remote.objects import ObjectStore
+
+if TYPE_CHECKING:
+    from .service import SandboxService
+
+log = logging.getLogger(__name__)
+
+S = SandboxStatus
+FORMAT = 1
+QCOW2 = "disk.qcow2"  # a microVM's disk, over a base disk it names by path
+
+
+class RemoteService:
+    def __init__(self, service: SandboxService, config: RemoteConfig) -> None:
+        self.service = service
+        self.config = config
+        self.node = node_name(service.paths.home)
+        self.objects = ObjectStore(config)
+        self.cache = ChunkCache(service.paths.home / "remote-cache", config.cache_limit_bytes)
+        self.chunks = Chunks(self.objects, self.cache)
+        self.bases = service.paths.images / "microvm" / "remote-bases"
+
+    # ------------------------------------------------------------ checkpoints
+
+    async def push_checkpoint(self, ref: str) -> TransferResult:
+        checkpoint = self.service.store.get_checkpoint(ref)
+        key = f"checkpoints/{checkpoint.id}.json"
+        source = self.service.checkpoint_files.path(checkpoint.id)
+        section, transfer = await asyncio.to_thread(self.chunks.upload_tree, source)
+        base = await self._push_base(source)
+        manifest = self._manifest("checkpoint", checkpoint.id, checkpoint.name, checkpoint.backend, checkpoint.image,
+                                  checkpoint.spec.image, checkpoint.runtime, checkpoint.model_dump(mode="json"),
+                                  section, base)  # fmt: skip
+        existing = await asyncio.to_thread(self.objects.read_document, key)
+        if existing is None:
+            await asyncio.to_thread(self.objects.write_document, key, manifest, replacing=None)
+        elif existing[0]["record"].get("sha256") != checkpoint.sha256:
+            raise Conflict(f"{self.objects.url(key)} holds a different checkpoint of the same id; not overwritten")
+        if checkpoint.name:
+            await asyncio.to_thread(self.objects.put, f"names/checkpoints/{checkpoint.name}", checkpoint.id.encode())
+        log.info("pushed checkpoint %s: %s", checkpoint.id, transfer.as_dict())
+        return self._result("checkpoint", checkpoint.id, checkpoint.name, key, transfer)
+
+    async def pull_checkpoint(self, ref: str) -> TransferResult:
+        """Fetch a checkpoint into this node (a copy: it stays in the store for others)."""
+        checkpoint_id = await self._resolve("checkpoints", ref)
+        key = f"checkpoints/{checkpoint_id}.json"
+        found = await asyncio.to_thread(self.objects.read_document, key)
+        if found is None:
+            raise NotFound(f"no checkpoint {ref!r} in the remote store {self.config.url}")
+        manifest = found[0]
+        checkpoint = CheckpointInfo.model_validate(manifest["record"])
+        try:
+            local = self.service.store.get_checkpoint(checkpoint.id)
+            return self._result("checkpoint", local.id, local.name, key, Transfer())  # here already
+        except NotFound:
+            pass
+        self._check_runnable(manifest)
+        files = self.service.checkpoint_files
+        files.root.mkdir(parents=True, exist_ok=True)
+        dest = files.path(checkpoint.id)
+        shutil.rmtree(dest, ignore_errors=True)  # a pull cut off after the rename, before the record
+        transfer = await self._download(manifest, dest)
+        try:
+            await asyncio.to_thread(files.verify, checkpoint.id, checkpoint.sha256)
+            self.service.store.insert_ready_checkpoint(checkpoint)
+        except BaseException:
+            files.remove(checkpoint.id)
+            raise
+        log.info("pulled checkpoint %s: %s", checkpoint.id, transfer.as_dict())
+        return self._result("checkpoint", checkpoint.id, checkpoint.name, key, transfer)
+
+    # ------------------------------------------------------------ sandboxes
+
+    async def push_sandbox(self, ref: str) -> TransferResult:
+        """Suspend it (if it runs), send it, hand it to the store, remove it here."""
+        service = self.service
+        info = service.store.get(ref)
+        if info.pool is not None:
+            raise InvalidRequest(f"{info.id} waits in pool {info.pool!r}; only a claimed sandbox can move")
+        if info.status == S.RUNNING:
+            info = await service.suspend(info.id)
+        key = f"sandboxes/{info.id}.json"
+        async with service.lock(info.id):
+            info = service.store.get(info.id)
+            if info.status != S.SUSPENDED:
+                raise Conflict(f"sandbox {info.name or info.id} is {info.status.value}; only a suspended one can move")
+            existing = await asyncio.to_thread(self.objects.read_document, key)
+            if existing is not None and existing[0].get("owner") not in (self.node, None):
+                raise Conflict(f"the store says sandbox {info.id} is owned by node {existing[0]['owner']!r}")
+            box = service.box_or_bare(info)
+            section, transfer = await asyncio.to_thread(self.chunks.upload_tree, box.directory)
+            base = await self._push_base(box.directory)
+            record = info.model_dump(mode="json")
+            manifest = self._manifest("sandbox", info.id, info.name, info.spec.backend, info.image_key or "",
+                                      info.spec.image, info.runtime, record, section, base)  # fmt: skip
+            faults.point("remote.push.after_chunks")
+            push_id = secrets.token_hex(8)
+            generation = existing[0].get("generation", 0) + 1 if existing else 1
+            manifest.update(owner=None, generation=generation, push_id=push_id)
+            if info.name:  # the name's pointer first: the manifest may be the last thing this daemon writes
+                await asyncio.to_thread(self.objects.put, f"names/sandboxes/{info.name}", info.id.encode())
+            service.store.begin_push(info.id, push_id)  # intent: a restart settles it against the store
+            try:
+                await asyncio.to_thread(
+                    self.objects.write_document, key, manifest, replacing=existing[1] if existing else None
+                )
+            except BaseException:
+                service.store.end_push(info.id)
+                raise
+            faults.point("remote.push.after_manifest")
+            await self._leave(info, f"moved to {self.objects.url(key)}")
+        log.info("pushed sandbox %s (generation %d): %s", info.id, generation, transfer.as_dict())
+        return self._result("sandbox", info.id, info.name, key, transfer, owner=None)
+
+    async def pull_sandbox(self, ref: str) -> TransferResult:
+        """Take the sandbox over from the store (exactly one node wins) and fetch it, suspended."""
+        sandbox_id = await self._resolve("sandboxes", ref)
+        key = f"sandboxes/{sandbox_id}.json"
+        found = await asyncio.to_thread(self.objects.read_document, key)
+        if found is None:
+            raise NotFound(f"no sandbox {ref!r} in the remote store {self.config.url}")
+        manifest, etag = found
+        owner = manifest.get("owner")
+        if owner not in (None, self.node):
+            raise Conflict(
+                f"sandbox {manifest.get('name') or sandbox_id} moved to node {owner!r}; it runs there now "
+                f"(push it from there to move it again)"
+            )
+        self._check_runnable(manifest)
+        if owner is None:  # take it: of nodes racing here exactly one write succeeds
+            taken = {**manifest, "owner": self.node, "generation": manifest["generation"] + 1, "taken_at": time.time()}
+            try:
+                await asyncio.to_thread(self.objects.write_document, key, taken, replacing=etag)
+            except Conflict:
+                raise Conflict(
+                    f"another node took sandbox {manifest.get('name') or sandbox_id} from the store just now"
+                ) from None
+            faults.point("remote.pull.after_take")
+        info = SandboxInfo.model_validate(manifest["record"])
+        dest = self.service.paths.sandboxes / info.id
+        if dest.exists():
+            shutil.rmtree(dest)  # a pull cut off after the rename: we own it, fetch it whole again
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        transfer = await self._download(manifest, dest)
+        self.service.store.arrive(info, f"pulled from {self.objects.url(key)} (generation {manifest['generation']})")
+        log.info("pulled sandbox %s: %s", info.id, transfer.as_dict())
+        return self._result("sandbox", info.id, info.name, key, transfer, owner=self.node)
+
+    async def push(self, ref: str, kind: str | None) -> TransferResult:
+        if kind == "checkpoint":
+            return await self.push_checkpoint(ref)
+        if kind == "sandbox":
+            return await self.push_sandbox(ref)
+        try:
+            self.service.store.get(ref)
+        except NotFound:
+            return await self.push_checkpoint(ref)
+        return await self.push_sandbox(ref)
+
+    async def pull(self, ref: str, kind: str | None) -> TransferResult:
+        if kind == "checkpoint":
+            return await self.pull_checkpoint(ref)
+        if kind == "sandbox":
+            return await self.pull_sandbox(ref)
+        try:
+            return await self.pull_sandbox(ref)
+        except NotFound:
+            return await self.pull_checkpoint(ref)
+
+    # ------------------------------------------------------------ after a restart
+
+    async def settle(self) -> None:
+        """Pushes a daemon kill cut off: if the store took the sandbox over, finish removing it here;
+        if not, it stays here, suspended. While the store cannot be reached nothing is decided."""
+        for sandbox_id, push_id in self.service.store.pushes().items():
+            try:
+                found = await asyncio.to_thread(self.objects.read_document, f"sandboxes/{sandbox_id}.json")
+            except StoreUnreachable as exc:
+                log.warning("push of %s not settled (the store is unreachable: %s)", sandbox_id, exc)
+                continue
+            if found is not None and found[0].get("push_id") == push_id:
+                info = self.service.store.get(sandbox_id)
+                await self._leave(info, f"moved to {self.objects.url(f'sandboxes/{sandbox_id}.json')}")
+                log.info("settled push of %s: the store has it", sandbox_id)
+            else:
+                self.service.store.end_push(sandbox_id)
+                log.info("settled push of %s: it never reached the store; it stays here", sandbox_id)
+
+    def unsettled(self, sandbox_id: str) -> bool:
+        return sandbox_id in self.service.store.pushes()
+
+    # ------------------------------------------------------------ helpers
+
+    async def _leave(self, info: SandboxInfo, why: str) -> None:
+        """The store owns it now: remove this node's copy (a restart finishes this if cut off)."""
+        service = self.service
+        if info.status != S.TERMINATED:
+            if info.status != S.TERMINATING:
+                service.store.transition(info.id, S.TERMINATING, why)
+            await service.backend_of(info).destroy(service.box_or_bare(info))
+            await service.ports.forget(info.id)
+            await service.network.detach(info.id)
+            service.store.transition(info.id, S.TERMINATED, why, error=why)
+        service.store.end_push(info.id)
+        service.activity.forget(info.id)
+
+    async def _resolve(self, kind: str, ref: str) -> str:
+        if not NAME_PATTERN.fullmatch(ref) or ".." in ref:  # it becomes part of an object key
+            raise InvalidRequest(f"{ref[:80]!r} is not a sandbox or checkpoint name or id")
+        try:
+            return (await asyncio.to_thread(self.objects.get, f"names/{kind}/{ref}")).decode()
+        except NotFound:
+            return ref
+
+    def _check_runnable(self, manifest: dict[str, Any]) -> None:
+        """Refuse before taking anything: the backend must be here, and the exact image build."""
+        service = self.service
+        backend = manifest["backend"]
+        if backend not in service.backends:
+            why = service.unavailable.get(backend, "unknown backend")
+            raise Unsupported(f"{manifest['kind']} {manifest['id']} needs the {backend} backend: {why}")
+        image = manifest["image"]
+        try:
+            service.images.rootfs_by_key(image["key"])
+        except StasisError:
+            raise InvalidRequest(
+                f"{manifest['kind']} {manifest.get('name') or manifest['id']} runs on image {image['ref']!r}, build "
+                f"{image['key'][:16]}, which this node does not have; import or build that same image here "
+                "(`stasis image import` / `stasis image build`), then pull again"
+            ) from None
+
+    def _manifest(
+        self, kind: str, artifact_id: str, name: str | None, backend: str, image_key: str, image_ref: str,
+        runtime: dict[str, Any], record: dict[str, Any], files: dict[str, Any], base: str | None,
+    ) -> dict[str, Any]:  # fmt: skip
+        return {
+            "format": FORMAT, "kind": kind, "id": artifact_id, "name": name, "backend": backend, "runtime": runtime,
+            "image": {"ref": image_ref, "key": image_key}, "record": record, "files": files, "base": base,
+            "pushed_by": self.node, "pushed_at": time.time(),
+        }  # fmt: skip
+
+    async def _download(self, manifest: dict[str, Any], dest: Path) -> Transfer:
+        base = await self._pull_base(manifest["base"]) if manifest.get("base") else None
+        transfer = await asyncio.to_thread(self.chunks.download_tree, manifest["files"], dest)
+        if base is not None:
+            await _rebase(dest / QCOW2, base)
+        return transfer
+
+    async def _push_base(self, directory: Path) -> str | None:
+        """A microVM disk's base, by its file system UUID; sent once for every node."""
+        disk = directory / QCOW2
+        if not disk.exists():
+            return None
+        backing = await _backing_file(disk)
+        uuid = ext4_uuid(backing)
+        key = f"bases/{uuid}.json"
+        if await asyncio.to_thread(self.objects.exists, key):
+            return uuid
+        with tempfile.TemporaryDirectory(dir=backing.parent, prefix=".push-") as staging:
+            os.link(backing, Path(staging) / "base.ext4")
+            section, transfer = await asyncio.to_thread(self.chunks.upload_tree, Path(staging))
+        await asyncio.to_thread(self.objects.put, key, json.dumps({"uuid": uuid, "files": section}).encode())
+        log.info("pushed microVM base %s: %s", uuid, transfer.as_dict())
+        return uuid
+
+    async def _pull_base(self, uuid: str) -> Path:
+        """This node's copy of a base disk: one it built with the same UUID, or the store's."""
+        microvm = self.service.paths.images / "microvm"
+        for candidate in [*microvm.glob("base*.ext4"), self.bases / uuid / "base.ext4"]:
+            if candidate.is_file() and ext4_uuid(candidate) == uuid:
+                return candidate
+        document = json.loads(await asyncio.to_thread(self.objects.get, f"bases/{uuid}.json"))
+        self.bases.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.chunks.download_tree, document["files"], self.bases / uuid)
+        return self.bases / uuid / "base.ext4"
+
+    def _result(
+        self, kind: str, artifact_id: str, name: str | None, key: str, transfer: Transfer, owner: str | None = None
+    ) -> TransferResult:
+        return TransferResult(kind=kind, id=artifact_id, name=name, url=self.objects.url(key), owner=owner,
+                              **{k: v for k, v in transfer.as_dict().items()})  # fmt: skip
+
+
+def ext4_uuid(path: Path) -> str:
+    """The file system UUID in an ext4 superblock (bytes 0x68-0x78 of the superblock at 1024)."""
+    with path.open("rb") as f:
+        f.seek(1024 + 0x68)
+        return f.read(16).hex()
+
+
+async def _backing_file(disk: Path) -> Path:
+    result = await procs.run(["qemu-img", "info", "--output=json", "-U", str(disk)], timeout=60)
+    if result.returncode != 0:
+        raise BackendError(f"qemu-img could not read {disk}: {result.output}")
+    described = json.loads(result.stdout)
+    backing = described.get("full-backing-filename") or described.get("backing-filename")
+    if not backing:
+        raise BackendError(f"{disk} names no base disk")
+    return Path(backing)
+
+
+async def _rebase(disk: Path, base: Path) -> None:
+    """Point the overlay at this node's copy of its base (same bytes, maybe another path)."""
+    if await _backing_file(disk) == base:
+        return
+    argv = ["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk)]
+    result = await procs.run(argv, timeout=60)
+    if result.returncode != 0:
+        raise BackendError(f"qemu-img could not point {disk} at {base}: {result.output}")
