@@ -32,6 +32,7 @@ bench: setup
 	.venv/bin/python benchmarks/pools.py
 	.venv/bin/python benchmarks/exec.py
 	.venv/bin/python benchmarks/density.py
+	.venv/bin/python benchmarks/remote.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30
