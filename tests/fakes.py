@@ -176,6 +176,9 @@ class FakeBackend:
         await self.stop(box)
         await asyncio.to_thread(shutil.rmtree, box.directory, True)
 
+    def relocate(self, directory: Path) -> None:
+        pass
+
     async def sweep(self, known_ids: set[str]) -> list[str]:
         reaped = []
         for pid, cmdline in fake_agents(self.paths.sandboxes):

@@ -4,6 +4,7 @@ store: each daemon, with its own STASIS_HOME, stands in for another node."""
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ def s3(request: pytest.FixtureRequest) -> Iterator[S3]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     port = server.get_host_and_port()[1]
-    prefix = request.node.name[:40].replace("[", "-").replace("]", "")
+    prefix = request.node.name[:40].replace("[", "-").replace("]", "") + "-" + secrets.token_hex(3)
     env = {
         "STASIS_REMOTE": f"s3://{BUCKET}/{prefix}",
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",

@@ -5,13 +5,16 @@ racing to take a sandbox exactly one wins."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from stasis import CheckpointCorrupt, Conflict, Sandbox, SandboxNotFound, StasisError
+from stasis.paths import Paths
 from tests.conftest import Daemon, wait_until
 from tests.remote.conftest import BUCKET, S3
 
@@ -42,6 +45,17 @@ def start_holder(sbx: Sandbox) -> int:
     return proc.pid
 
 
+def own_images(daemon: Daemon) -> Path:
+    """A copy (hard links) of the shared image directory in the daemon's home, without the microVM base
+    disks made from the images, or the templates (which name them)."""
+    images = daemon.paths.home / "images"
+    subprocess.run(["cp", "-al", str(daemon.paths.images), str(images)], check=True)
+    for made in (images / "microvm").glob("base*.ext4"):
+        made.unlink()
+    shutil.rmtree(images / "microvm" / "templates", ignore_errors=True)
+    return images
+
+
 def cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "stasis", *args], env=daemon.env, capture_output=True, text=True, timeout=600
@@ -50,7 +64,11 @@ def cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("backend", ["gvisor", "microvm"])
 def test_a_sandbox_suspended_on_one_node_resumes_on_another(nodes: tuple[Daemon, Daemon], backend: str) -> None:
-    a, b = (node.start() for node in nodes)
+    a, b = nodes
+    if backend == "microvm":  # node B has the image and boot files but no base disk: it comes from the store
+        b.paths = Paths(b.paths.home, own_images(b))
+    a.start()
+    b.start()
     with a.client() as client_a, b.client() as client_b:
         sbx = Sandbox.create("mover", backend=backend, memory_mb=512, client=client_a)
         sbx.write_file("/root/notes.txt", b"written on node A")
@@ -73,6 +91,12 @@ def test_a_sandbox_suspended_on_one_node_resumes_on_another(nodes: tuple[Daemon,
         rounds_after, digest_after = holder_state(moved)
         assert digest_after == digest, "its memory came along"
         assert rounds_after > rounds_before, "it went on counting, not from the start"
+        if backend == "microvm":  # its disk's base is node B's copy, fetched from the store
+            fetched = list((b.paths.images / "microvm" / "remote-bases").glob("*/base.ext4"))
+            assert len(fetched) == 1
+            info = subprocess.run(["qemu-img", "info", "-U", str(b.paths.sandboxes / sbx.id / "disk.qcow2")],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+            assert f"backing file: {fetched[0]}" in info.stdout
 
         with pytest.raises(Conflict, match="node-b"):  # node A refuses, and says where it went
             Sandbox.connect(sbx.id, client=client_a).resume()

@@ -4,9 +4,11 @@ that runs again finishes the job without sending what already arrived."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from stasis import Sandbox, SandboxNotFound, StoreUnreachable
+from stasis import Client, Conflict, Sandbox, SandboxNotFound, StasisError, StoreUnreachable
 from tests.conftest import Daemon
 from tests.remote.conftest import S3
 from tests.remote.test_remote import holder_state, start_holder
@@ -37,6 +39,14 @@ def check_whole(daemon: Daemon, name: str, pid: int, digest: str) -> None:
         assert holder_state(sbx)[1] == digest
 
 
+def killed_during(daemon: Daemon, action: Callable[[Client], object]) -> None:
+    """Run ``action`` on a daemon started with a kill point; it dies there; start it again."""
+    with daemon.client() as client, pytest.raises(StasisError):  # the connection drops mid-request
+        action(client)
+    assert daemon.killed_at_its_kill_point()
+    daemon.start()
+
+
 def test_a_push_to_a_stopped_store_fails_and_the_sandbox_stays(nodes: tuple[Daemon, Daemon], s3: S3) -> None:
     a = nodes[0].start()
     _, pid, digest = prepared(a, "stays")
@@ -53,10 +63,7 @@ def test_a_daemon_killed_after_sending_the_pieces_keeps_the_sandbox_and_a_retry_
     a, b = nodes
     a.start(STASIS_KILL_POINT="remote.push.after_chunks")
     _, pid, digest = prepared(a, "half-sent")
-    with a.client() as client, pytest.raises(Exception):  # noqa: B017 - the daemon dies mid-request
-        Sandbox.connect("half-sent", client=client).push()
-    assert a.killed_at_its_kill_point()
-    a.start()
+    killed_during(a, lambda client: Sandbox.connect("half-sent", client=client).push())
     with a.client() as client:
         assert Sandbox.connect("half-sent", client=client).info().status.value == "suspended"
         result = Sandbox.connect("half-sent", client=client).push()
@@ -71,10 +78,7 @@ def test_a_daemon_killed_after_the_hand_over_finishes_removing_its_copy_on_resta
     a, b = nodes
     a.start(STASIS_KILL_POINT="remote.push.after_manifest")
     sbx, pid, digest = prepared(a, "handed")
-    with a.client() as client, pytest.raises(Exception):  # noqa: B017
-        Sandbox.connect("handed", client=client).push()
-    assert a.killed_at_its_kill_point()
-    a.start()
+    killed_during(a, lambda client: Sandbox.connect("handed", client=client).push())
     with a.client() as client:
         assert Sandbox.list(client=client) == []  # the store had taken it: its copy here is gone
     assert not (a.paths.sandboxes / sbx.id).exists()
@@ -91,10 +95,7 @@ def test_a_node_killed_after_taking_a_sandbox_fetches_it_whole_on_the_next_pull(
     with a.client() as client:
         Sandbox.connect("taken", client=client).push()
     b.start(STASIS_KILL_POINT="remote.pull.after_take")
-    with b.client() as client, pytest.raises(Exception):  # noqa: B017
-        Sandbox.pull("taken", client=client)
-    assert b.killed_at_its_kill_point()
-    b.start()
+    killed_during(b, lambda client: Sandbox.pull("taken", client=client))
     check_whole(b, "taken", pid, digest)  # the resume pulls again: node B owns it, it fetches it whole
-    with a.client() as client, pytest.raises(Exception, match="node-b"):
+    with a.client() as client, pytest.raises(Conflict, match="node-b"):
         Sandbox.pull("taken", client=client)

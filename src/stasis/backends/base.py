@@ -123,3 +123,8 @@ class Backend(Protocol):
     async def sweep(self, known_ids: set[str]) -> list[str]:
         """Stop what runs on the host for sandboxes the daemon does not know; return their ids."""
         ...
+
+    def relocate(self, directory: Path) -> None:
+        """Files of a sandbox or checkpoint made on another node, just fetched into ``directory``: make
+        what they name of the host (boot files) this node's own copies."""
+        ...

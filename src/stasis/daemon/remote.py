@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import faults, procs
-from ..errors import BackendError, Conflict, InvalidRequest, NotFound, StasisError, StoreUnreachable, Unsupported
+from ..errors import (
+    BackendError,
+    CheckpointNotFound,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    SandboxNotFound,
+    StasisError,
+    StoreUnreachable,
+    Unsupported,
+)
 from ..models import NAME_PATTERN, CheckpointInfo, SandboxInfo, SandboxStatus, TransferResult
 from ..remote.cache import ChunkCache
 from ..remote.chunks import Chunks, Transfer
@@ -45,6 +55,7 @@ log = logging.getLogger(__name__)
 
 S = SandboxStatus
 FORMAT = 1
+FOLDERS = {"sandbox": "sandboxes", "checkpoint": "checkpoints"}
 QCOW2 = "disk.qcow2"  # a microVM's disk, over a base disk it names by path
 
 
@@ -81,12 +92,7 @@ class RemoteService:
 
     async def pull_checkpoint(self, ref: str) -> TransferResult:
         """Fetch a checkpoint into this node (a copy: it stays in the store for others)."""
-        checkpoint_id = await self._resolve("checkpoints", ref)
-        key = f"checkpoints/{checkpoint_id}.json"
-        found = await asyncio.to_thread(self.objects.read_document, key)
-        if found is None:
-            raise NotFound(f"no checkpoint {ref!r} in the remote store {self.config.url}")
-        manifest = found[0]
+        key, (manifest, _) = await self._find("checkpoint", ref)
         checkpoint = CheckpointInfo.model_validate(manifest["record"])
         try:
             local = self.service.store.get_checkpoint(checkpoint.id)
@@ -153,12 +159,8 @@ class RemoteService:
 
     async def pull_sandbox(self, ref: str) -> TransferResult:
         """Take the sandbox over from the store (exactly one node wins) and fetch it, suspended."""
-        sandbox_id = await self._resolve("sandboxes", ref)
-        key = f"sandboxes/{sandbox_id}.json"
-        found = await asyncio.to_thread(self.objects.read_document, key)
-        if found is None:
-            raise NotFound(f"no sandbox {ref!r} in the remote store {self.config.url}")
-        manifest, etag = found
+        key, (manifest, etag) = await self._find("sandbox", ref)
+        sandbox_id = manifest["id"]
         owner = manifest.get("owner")
         if owner not in (None, self.node):
             raise Conflict(
@@ -243,13 +245,20 @@ class RemoteService:
         service.store.end_push(info.id)
         service.activity.forget(info.id)
 
-    async def _resolve(self, kind: str, ref: str) -> str:
+    async def _find(self, kind: str, ref: str) -> tuple[str, tuple[dict[str, Any], str]]:
+        """(its manifest's key, (the manifest, its ETag)) of the sandbox or checkpoint a name or id stands for."""
         if not NAME_PATTERN.fullmatch(ref) or ".." in ref:  # it becomes part of an object key
             raise InvalidRequest(f"{ref[:80]!r} is not a sandbox or checkpoint name or id")
         try:
-            return (await asyncio.to_thread(self.objects.get, f"names/{kind}/{ref}")).decode()
+            artifact_id = (await asyncio.to_thread(self.objects.get, f"names/{FOLDERS[kind]}/{ref}")).decode()
         except NotFound:
-            return ref
+            artifact_id = ref
+        key = f"{FOLDERS[kind]}/{artifact_id}.json"
+        found = await asyncio.to_thread(self.objects.read_document, key)
+        if found is None:
+            missing = SandboxNotFound if kind == "sandbox" else CheckpointNotFound
+            raise missing(f"no {kind} named or with id {ref!r} here or in the remote store {self.config.url}")
+        return key, found
 
     def _check_runnable(self, manifest: dict[str, Any]) -> None:
         """Refuse before taking anything: the backend must be here, and the exact image build."""
@@ -283,6 +292,7 @@ class RemoteService:
         transfer = await asyncio.to_thread(self.chunks.download_tree, manifest["files"], dest)
         if base is not None:
             await _rebase(dest / QCOW2, base)
+        self.service.backends[manifest["backend"]].relocate(dest)
         return transfer
 
     async def _push_base(self, directory: Path) -> str | None:

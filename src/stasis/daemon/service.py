@@ -26,7 +26,6 @@ from .. import faults
 from ..backends import BACKENDS, create_backend
 from ..backends.base import Backend, BoxRef, HostState
 from ..errors import (
-    CheckpointNotFound,
     GuestDisconnected,
     NotFound,
     SandboxNotFound,
@@ -260,12 +259,7 @@ class SandboxService:
         except NotFound:
             if self.remote is None:
                 raise
-            try:
-                await self.remote.pull_checkpoint(ref)
-            except NotFound:
-                raise CheckpointNotFound(
-                    f"no checkpoint named or with id {ref[:80]!r} here or in the remote store {self.remote.config.url}"
-                ) from None
+            await self.remote.pull_checkpoint(ref)
             return self.store.get_checkpoint(ref)
 
     async def discard(self, info: SandboxInfo, box: BoxRef, reason: str) -> None:
@@ -414,13 +408,7 @@ class SandboxService:
         except SandboxNotFound:
             if self.remote is None:
                 raise
-            try:
-                await self.remote.pull_sandbox(ref)
-            except NotFound:
-                raise SandboxNotFound(
-                    f"no sandbox named or with id {ref[:80]!r} here or in the remote store {self.remote.config.url}",
-                    ref=ref[:80],
-                ) from None
+            await self.remote.pull_sandbox(ref)
             return self.store.get(ref)
         if info.status == S.TERMINATED and (info.error or "").startswith("moved to") and self.remote is not None:
             await self.remote.pull_sandbox(info.id)  # it left this node: back only if the store has it

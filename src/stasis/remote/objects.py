@@ -44,25 +44,13 @@ class ObjectStore:
     # ------------------------------------------------------------ whole objects
 
     def exists(self, name: str) -> bool:
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self.key(name))
-            return True
-        except ClientError as exc:
-            if _code(exc) in MISSING:
-                return False
-            raise self._failed("look up", name, exc) from exc
-        except BotoCoreError as exc:
-            raise self._failed("look up", name, exc) from exc
+        return self._fetch(name, body=False) is not None
 
     def get(self, name: str) -> bytes:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
-        except ClientError as exc:
-            if _code(exc) in MISSING:
-                raise NotFound(f"{self.url(name)} is not in the remote store") from None
-            raise self._failed("read", name, exc) from exc
-        except BotoCoreError as exc:
-            raise self._failed("read", name, exc) from exc
+        found = self._fetch(name)
+        if found is None:
+            raise NotFound(f"{self.url(name)} is not in the remote store")
+        return found[0]
 
     def put(self, name: str, data: bytes) -> None:
         try:
@@ -80,9 +68,16 @@ class ObjectStore:
 
     def read_document(self, name: str) -> tuple[dict[str, Any], str] | None:
         """The JSON document and its ETag, or None if there is none."""
+        found = self._fetch(name)
+        return None if found is None else (json.loads(found[0]), found[1])
+
+    def _fetch(self, name: str, body: bool = True) -> tuple[bytes, str] | None:
+        """(its bytes, its ETag), or None if the store has no such object; ``body=False`` only asks."""
         try:
+            if not body:
+                return b"", self.client.head_object(Bucket=self.bucket, Key=self.key(name))["ETag"]
             answer = self.client.get_object(Bucket=self.bucket, Key=self.key(name))
-            return json.loads(answer["Body"].read()), answer["ETag"]
+            return answer["Body"].read(), answer["ETag"]
         except ClientError as exc:
             if _code(exc) in MISSING:
                 return None

@@ -389,6 +389,9 @@ class GvisorBackend:
         faults.point("gvisor.destroy.after_stop")
         await asyncio.to_thread(remove_tree, box.directory)
 
+    def relocate(self, directory: Path) -> None:
+        """Nothing to do: the bundle is written again at every start and restore from this node's paths."""
+
     async def sweep(self, known_ids: set[str]) -> list[str]:
         reaped = [sid for sid in await self.runsc.list_ids() if sid not in known_ids]
         for sandbox_id in reaped:

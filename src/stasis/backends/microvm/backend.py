@@ -397,6 +397,19 @@ class MicrovmBackend:
         if box.directory.exists():
             await asyncio.to_thread(shutil.rmtree, box.directory)
 
+    def relocate(self, directory: Path) -> None:
+        """A saved machine names its kernel and initramfs by path: point them at this node's copies of the
+        same boot build (a restore checks the rest: QEMU build, kernel present)."""
+        path = directory / "vm.json"
+        if not path.exists() or self.boot is None:
+            return
+        stored = json.loads(path.read_text())
+        machine = stored["machine"]
+        for field, mine in (("kernel", self.boot.kernel), ("initramfs", self.boot.initramfs)):
+            if Path(machine[field]).parent.name == mine.parent.name:  # boot-RELEASE-KEY: the same build
+                machine[field] = str(mine)
+        atomic_write(path, json.dumps(stored, indent=1).encode())
+
     async def sweep(self, known_ids: set[str]) -> list[str]:
         running = {path.name for path in self.vm_runtime.iterdir()} if self.vm_runtime.exists() else set()
         reaped = sorted(i for i in running if i not in known_ids)  # includes templates a killed daemon was building
