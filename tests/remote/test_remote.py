@@ -5,6 +5,7 @@ racing to take a sandbox exactly one wins."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -201,3 +202,18 @@ def test_without_a_remote_store_push_says_how_to_configure_one(own_daemon: Daemo
     own_daemon.start()
     result = cli(own_daemon, "push", "anything")
     assert result.returncode != 0 and "STASIS_REMOTE=s3://" in result.stderr
+
+
+def test_a_manifest_naming_a_path_instead_of_an_id_is_refused(nodes: tuple[Daemon, Daemon], s3: S3) -> None:
+    a, b = (node.start() for node in nodes)
+    with a.client() as client_a, b.client() as client_b:
+        sbx = Sandbox.create("honest", memory_mb=512, client=client_a)
+        checkpoint = sbx.checkpoint("filesystem", name="honest-files")
+        pushed = Sandbox.push_checkpoint("honest-files", client=client_a)
+        key = pushed.url.split("/", 3)[3]
+        manifest = json.loads(s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read())
+        manifest["record"]["id"] = "../../../../tmp/escaped"
+        s3.client().put_object(Bucket=BUCKET, Key=key, Body=json.dumps(manifest).encode())
+        with pytest.raises(CheckpointCorrupt, match="not an id stasis makes"):
+            Sandbox.pull_checkpoint(checkpoint.id, client=client_b)
+        assert not Path("/tmp/escaped").exists() and Sandbox.list_checkpoints(client=client_b) == []

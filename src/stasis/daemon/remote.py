@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -33,16 +34,18 @@ from typing import TYPE_CHECKING, Any
 from .. import faults, procs
 from ..errors import (
     BackendError,
+    CheckpointCorrupt,
     CheckpointNotFound,
     Conflict,
     InvalidRequest,
+    NameTaken,
     NotFound,
     SandboxNotFound,
     StasisError,
     StoreUnreachable,
     Unsupported,
 )
-from ..models import NAME_PATTERN, CheckpointInfo, SandboxInfo, SandboxStatus, TransferResult
+from ..models import ID_PATTERN, NAME_PATTERN, CheckpointInfo, SandboxInfo, SandboxStatus, TransferResult
 from ..remote.cache import ChunkCache
 from ..remote.chunks import Chunks, Transfer
 from ..remote.config import RemoteConfig, node_name
@@ -55,6 +58,8 @@ log = logging.getLogger(__name__)
 
 S = SandboxStatus
 FORMAT = 1
+CHECKPOINT_ID = re.compile(r"ck-[0-9a-z]{12}")
+BASE_UUID = re.compile(r"[0-9a-f]{32}")
 FOLDERS = {"sandbox": "sandboxes", "checkpoint": "checkpoints"}
 QCOW2 = "disk.qcow2"  # a microVM's disk, over a base disk it names by path
 
@@ -94,6 +99,7 @@ class RemoteService:
         """Fetch a checkpoint into this node (a copy: it stays in the store for others)."""
         key, (manifest, _) = await self._find("checkpoint", ref)
         checkpoint = CheckpointInfo.model_validate(manifest["record"])
+        _check_id(checkpoint.id, CHECKPOINT_ID, key)
         try:
             local = self.service.store.get_checkpoint(checkpoint.id)
             return self._result("checkpoint", local.id, local.name, key, Transfer())  # here already
@@ -168,6 +174,18 @@ class RemoteService:
                 f"(push it from there to move it again)"
             )
         self._check_runnable(manifest)
+        info = SandboxInfo.model_validate(manifest["record"])
+        _check_id(info.id, ID_PATTERN, key)
+        if info.name and owner is None:
+            try:
+                here = self.service.store.get(info.name)
+            except NotFound:
+                here = None
+            if here is not None and here.id != info.id:
+                raise NameTaken(
+                    f"a different sandbox named {info.name!r} is on this node; remove or rename it, then pull again",
+                    name=info.name,
+                )
         if owner is None:  # take it: of nodes racing here exactly one write succeeds
             taken = {**manifest, "owner": self.node, "generation": manifest["generation"] + 1, "taken_at": time.time()}
             try:
@@ -177,7 +195,6 @@ class RemoteService:
                     f"another node took sandbox {manifest.get('name') or sandbox_id} from the store just now"
                 ) from None
             faults.point("remote.pull.after_take")
-        info = SandboxInfo.model_validate(manifest["record"])
         dest = self.service.paths.sandboxes / info.id
         if dest.exists():
             shutil.rmtree(dest)  # a pull cut off after the rename: we own it, fetch it whole again
@@ -314,6 +331,7 @@ class RemoteService:
 
     async def _pull_base(self, uuid: str) -> Path:
         """This node's copy of a base disk: one it built with the same UUID, or the store's."""
+        _check_id(uuid, BASE_UUID, "a manifest's base")
         microvm = self.service.paths.images / "microvm"
         for candidate in [*microvm.glob("base*.ext4"), self.bases / uuid / "base.ext4"]:
             if candidate.is_file() and ext4_uuid(candidate) == uuid:
@@ -328,6 +346,12 @@ class RemoteService:
     ) -> TransferResult:
         return TransferResult(kind=kind, id=artifact_id, name=name, url=self.objects.url(key), owner=owner,
                               **{k: v for k, v in transfer.as_dict().items()})  # fmt: skip
+
+
+def _check_id(artifact_id: str, pattern: re.Pattern[str], key: str) -> None:
+    """An id from the store names a directory here: only one of ours."""
+    if not pattern.fullmatch(artifact_id):
+        raise CheckpointCorrupt(f"{key} names {artifact_id[:80]!r}, which is not an id stasis makes; refused")
 
 
 def ext4_uuid(path: Path) -> str:
