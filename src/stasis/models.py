@@ -387,6 +387,20 @@ class TransferResult(BaseModel):
     owner: str | None = Field(None, description="for a sandbox: the node that owns it now (None: the store)")
 
 
+class RemoteEntry(BaseModel):
+    """A sandbox or checkpoint in the remote store."""
+
+    kind: Literal["sandbox", "checkpoint"]
+    id: str
+    name: str | None
+    backend: str
+    image: str
+    owner: str | None = Field(None, description="a sandbox's node; None while it waits in the store")
+    generation: int | None = Field(None, description="how many times a sandbox changed hands")
+    pushed_by: str
+    pushed_at: float
+
+
 class ForkRequest(_Strict):
     times: int = Field(1, ge=1, le=64)
 

@@ -82,6 +82,8 @@ def test_a_sandbox_suspended_on_one_node_resumes_on_another(nodes: tuple[Daemon,
         assert Sandbox.list(client=client_a) == []  # it left node A
         assert not (a.paths.sandboxes / sbx.id).exists()
 
+        listed = json.loads(cli(b, "remote", "--json").stdout)
+        assert [(e["name"], e["owner"], e["pushed_by"]) for e in listed] == [("mover", None, "node-a")]
         resumed = cli(b, "resume", "mover")  # node B finds it in the store, takes it over and resumes it
         assert resumed.returncode == 0, resumed.stderr
         moved = Sandbox.connect("mover", client=client_b)
@@ -99,6 +101,7 @@ def test_a_sandbox_suspended_on_one_node_resumes_on_another(nodes: tuple[Daemon,
                                   capture_output=True, text=True, check=True)  # fmt: skip
             assert f"backing file: {fetched[0]}" in info.stdout
 
+        assert [e["owner"] for e in json.loads(cli(a, "remote", "--json").stdout)] == ["node-b"]
         with pytest.raises(Conflict, match="node-b"):  # node A refuses, and says where it went
             Sandbox.connect(sbx.id, client=client_a).resume()
         refused = cli(a, "resume", "mover")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
-from ..models import TransferResult
-from ._common import Json, app, client, err, out
+from ..models import RemoteEntry, TransferResult
+from ._common import Json, ago, app, client, err, out
 
 Kind = Annotated[str | None, typer.Option("--kind", help="sandbox | checkpoint, when a name could be either.")]
 
@@ -50,3 +52,19 @@ def pull(
             client().json("POST", "/v1/remote/pull", json={"ref": ref, "kind": kind})
         )
     _report(result, "pulled", as_json)
+
+
+@app.command(name="remote")
+def remote_listing(as_json: Json = False) -> None:
+    """What the remote store holds: sandboxes (and the node that owns each) and checkpoints."""
+    entries = [RemoteEntry.model_validate(e) for e in client().json("GET", "/v1/remote")]
+    if as_json:
+        print(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("KIND", "NAME", "ID", "BACKEND", "IMAGE", "OWNER", "PUSHED"):
+        table.add_column(column)
+    for e in entries:
+        owner = (e.owner or "[green]the store[/green]") if e.kind == "sandbox" else ""
+        table.add_row(e.kind, e.name or "", e.id, e.backend, e.image, owner, f"{ago(e.pushed_at)} by {e.pushed_by}")
+    out.print(table)

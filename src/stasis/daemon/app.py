@@ -39,6 +39,7 @@ from ..models import (
     PoolInfo,
     ProcessInfo,
     ProcessOutput,
+    RemoteEntry,
     RemoteRequest,
     RunRequest,
     RunResult,
@@ -271,6 +272,11 @@ def create_app(
         if service.remote is None:
             raise Unsupported("no remote store is configured; start the daemon with STASIS_REMOTE=s3://bucket/prefix")
         return service.remote
+
+    @app.get("/v1/remote")
+    async def remote_listing() -> list[RemoteEntry]:
+        """What the remote store holds: sandboxes (with their owner node) and checkpoints."""
+        return await remote().listing()
 
     @app.post("/v1/remote/push")
     async def push(request: RemoteRequest) -> TransferResult:

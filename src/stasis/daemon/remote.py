@@ -45,7 +45,15 @@ from ..errors import (
     StoreUnreachable,
     Unsupported,
 )
-from ..models import ID_PATTERN, NAME_PATTERN, CheckpointInfo, SandboxInfo, SandboxStatus, TransferResult
+from ..models import (
+    ID_PATTERN,
+    NAME_PATTERN,
+    CheckpointInfo,
+    RemoteEntry,
+    SandboxInfo,
+    SandboxStatus,
+    TransferResult,
+)
 from ..remote.cache import ChunkCache
 from ..remote.chunks import Chunks, Transfer
 from ..remote.config import RemoteConfig, node_name
@@ -224,6 +232,19 @@ class RemoteService:
             return await self.pull_sandbox(ref)
         except NotFound:
             return await self.pull_checkpoint(ref)
+
+    async def listing(self) -> list[RemoteEntry]:
+        """What the store holds: every sandbox (and who owns it) and checkpoint, oldest push first."""
+        entries = []
+        for folder in FOLDERS.values():
+            for name in await asyncio.to_thread(self.objects.list, folder + "/"):
+                found = await asyncio.to_thread(self.objects.read_document, name)
+                if found is None:
+                    continue  # removed since it was listed
+                m = found[0]
+                entry = {k: m.get(k) for k in ("kind", "id", "name", "backend", "owner", "generation", "pushed_by")}
+                entries.append(RemoteEntry(**entry, image=m["image"]["ref"], pushed_at=m["pushed_at"]))
+        return sorted(entries, key=lambda e: e.pushed_at)
 
     # ------------------------------------------------------------ after a restart
 

@@ -64,6 +64,14 @@ class ObjectStore:
         except (ClientError, BotoCoreError) as exc:
             raise self._failed("delete", name, exc) from exc
 
+    def list(self, folder: str) -> list[str]:
+        """Names of the objects under ``folder`` (relative to the prefix)."""
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.key(folder))
+            return [item["Key"][len(self.config.prefix) :] for page in pages for item in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._failed("list", folder, exc) from exc
+
     # ------------------------------------------------------------ documents with conditional writes
 
     def read_document(self, name: str) -> tuple[dict[str, Any], str] | None:
