@@ -197,6 +197,9 @@ def test_two_nodes_racing_to_take_a_sandbox_exactly_one_wins(nodes: tuple[Daemon
         winner, loser = (client_a, client_b) if won == ["a"] else (client_b, client_a)
         assert Sandbox.connect("contested", client=winner).resume().status.value == "running"
         assert Sandbox.connect("contested", client=winner).read_file("/root/mark") == b"x"
+        again = Sandbox.pull("contested", client=winner)  # it is here already: nothing fetched, nothing lost
+        assert again.moved_chunks == 0 and again.owner == ("node-a" if won == ["a"] else "node-b")
+        assert Sandbox.connect("contested", client=winner).read_file("/root/mark") == b"x"
         with pytest.raises(SandboxNotFound):
             Sandbox.connect("contested", client=loser)
 

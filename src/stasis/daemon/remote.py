@@ -184,6 +184,14 @@ class RemoteService:
         self._check_runnable(manifest)
         info = SandboxInfo.model_validate(manifest["record"])
         _check_id(info.id, ID_PATTERN, key)
+        if self.unsettled(info.id):
+            await self.settle()  # a push of ours the daemon did not see through: finish it first
+        local = self._local(info.id)
+        if local is not None and local.status != S.TERMINATED:
+            if owner == self.node:
+                return self._result("sandbox", info.id, info.name, key, Transfer(), owner=self.node)  # here already
+            raise Conflict(f"sandbox {info.id} is both here ({local.status.value}) and waiting in the store; "
+                           "remove one of them")  # fmt: skip
         if info.name and owner is None:
             try:
                 here = self.service.store.get(info.name)
@@ -282,6 +290,12 @@ class RemoteService:
             service.store.transition(info.id, S.TERMINATED, why, error=why)
         service.store.end_push(info.id)
         service.activity.forget(info.id)
+
+    def _local(self, sandbox_id: str) -> SandboxInfo | None:
+        try:
+            return self.service.store.get(sandbox_id)
+        except NotFound:
+            return None
 
     async def _find(self, kind: str, ref: str) -> tuple[str, tuple[dict[str, Any], str]]:
         """(its manifest's key, (the manifest, its ETag)) of the sandbox or checkpoint a name or id stands for."""
