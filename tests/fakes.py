@@ -176,6 +176,9 @@ class FakeBackend:
         await self.stop(box)
         await asyncio.to_thread(shutil.rmtree, box.directory, True)
 
+    async def quiesce(self, box: BoxRef) -> None:
+        pass
+
     def relocate(self, directory: Path) -> None:
         pass
 

@@ -124,6 +124,10 @@ class Backend(Protocol):
         """Stop what runs on the host for sandboxes the daemon does not know; return their ids."""
         ...
 
+    async def quiesce(self, box: BoxRef) -> None:
+        """Before a stopped sandbox's files are copied off the host: wait until nothing writes them any more."""
+        ...
+
     def relocate(self, directory: Path) -> None:
         """Files of a sandbox or checkpoint made on another node, just fetched into ``directory``: make
         what they name of the host (boot files) this node's own copies."""

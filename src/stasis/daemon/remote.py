@@ -147,6 +147,7 @@ class RemoteService:
             if existing is not None and existing[0].get("owner") not in (self.node, None):
                 raise Conflict(f"the store says sandbox {info.id} is owned by node {existing[0]['owner']!r}")
             box = service.box_or_bare(info)
+            await service.backend_of(info).quiesce(box)
             section, transfer = await asyncio.to_thread(self.chunks.upload_tree, box.directory)
             base = await self._push_base(box.directory)
             record = info.model_dump(mode="json")

@@ -40,7 +40,7 @@ class ChunkCache:
         partial.write_bytes(data)  # no fsync: a cache lost in a crash is only fetched again
         partial.rename(path)
         with self._lock:
-            self._size = (self._size if self._size is not None else self._scan()[0] - len(data)) + len(data)
+            self._size = self._scan()[0] if self._size is None else self._size + len(data)
             if self._size > self.limit:
                 self._evict()
 

@@ -88,7 +88,7 @@ class Chunks:
         small, blobs = _walk(root)
         with ThreadPoolExecutor(self.workers) as pool:
             window = threading.BoundedSemaphore(self.workers * 2)  # pieces in memory at once
-            seen: dict[str, Future[str]] = {}
+            seen: set[str] = set()  # pieces this push has seen: a repeated one is sent once
             lock = threading.Lock()
 
             def send(data: bytes) -> Future[str]:
@@ -108,12 +108,12 @@ class Chunks:
         transfer.seconds = time.monotonic() - started
         return section, transfer
 
-    def _send(self, data: bytes, transfer: Transfer, seen: dict[str, Future[str]], lock: threading.Lock) -> str:
+    def _send(self, data: bytes, transfer: Transfer, seen: set[str], lock: threading.Lock) -> str:
         sha = hashlib.sha256(data).hexdigest()
         with lock:
             if sha in seen:
                 return sha
-            seen[sha] = Future()
+            seen.add(sha)
         if self.objects.exists(chunk_key(sha)):
             transfer.add(len(data), None)
         else:

@@ -58,12 +58,6 @@ class ObjectStore:
         except (ClientError, BotoCoreError) as exc:
             raise self._failed("write", name, exc) from exc
 
-    def delete(self, name: str) -> None:
-        try:
-            self.client.delete_object(Bucket=self.bucket, Key=self.key(name))
-        except (ClientError, BotoCoreError) as exc:
-            raise self._failed("delete", name, exc) from exc
-
     def list(self, folder: str) -> list[str]:
         """Names of the objects under ``folder`` (relative to the prefix)."""
         try:

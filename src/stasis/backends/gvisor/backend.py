@@ -389,6 +389,9 @@ class GvisorBackend:
         faults.point("gvisor.destroy.after_stop")
         await asyncio.to_thread(remove_tree, box.directory)
 
+    async def quiesce(self, box: BoxRef) -> None:
+        await disk.released(self._paths(box)["disk_image"])
+
     def relocate(self, directory: Path) -> None:
         """Nothing to do: the bundle is written again at every start and restore from this node's paths."""
 

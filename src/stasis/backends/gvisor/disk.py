@@ -11,9 +11,12 @@ sandboxes hold none): `mount -o loop` sets it to clear itself.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 from ... import procs
@@ -68,6 +71,25 @@ async def attach(image: Path, target: Path) -> None:
 
 def detach(target: Path) -> None:
     mounts.unmount(target)
+
+
+def in_use(image: Path) -> bool:
+    """Whether a loop device still backs onto the disk file."""
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().strip().removesuffix(" (deleted)") == str(image):
+                return True
+    return False
+
+
+async def released(image: Path, timeout: float = 30.0) -> None:
+    """Wait until no loop device holds the disk: an unmount that found it busy detached it lazily, and
+    until that file system is really gone it may still write to the file (its journal, its superblock)."""
+    deadline = time.monotonic() + timeout
+    while in_use(image):
+        if time.monotonic() > deadline:
+            raise BackendError(f"the disk {image} is still held by a loop device after {timeout:.0f}s; try again")
+        await asyncio.sleep(0.05)
 
 
 def fresh_dir(path: Path, mode: int) -> None:

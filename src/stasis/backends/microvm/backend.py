@@ -397,6 +397,9 @@ class MicrovmBackend:
         if box.directory.exists():
             await asyncio.to_thread(shutil.rmtree, box.directory)
 
+    async def quiesce(self, box: BoxRef) -> None:
+        """Nothing to wait for: a suspend ends when QEMU has quit and the image is sealed."""
+
     def relocate(self, directory: Path) -> None:
         """A saved machine names its kernel and initramfs by path: point them at this node's copies of the
         same boot build (a restore checks the rest: QEMU build, kernel present)."""
