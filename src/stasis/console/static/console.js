@@ -91,7 +91,9 @@ function followSandbox(id) {
   for (const button of document.querySelectorAll(".actions button")) {
     button.onclick = () => act(id, button.dataset.action);
   }
-  document.getElementById("open-terminal").onclick = () => openTerminal(id);
+  const terminal = document.getElementById("open-terminal");
+  terminal.onclick = () => openTerminal(id);
+  terminal.disabled = false;  // disabled in the page until now: a click before the scripts ran did nothing
   const upload = document.getElementById("upload");
   upload.onsubmit = async (event) => {
     event.preventDefault();
