@@ -341,6 +341,10 @@ class GvisorBackend:
         await runsc.delete(box.id)
         faults.point("gvisor.suspend.after_delete")
         self._unmount(box)
+        try:  # a busy unmount detached lazily: suspended means its disk is closed
+            await disk.released(self._paths(box)["disk_image"], timeout=10)
+        except BackendError as exc:
+            log.warning("suspended %s, but %s", box.id, exc)
 
     async def resume(self, box: BoxRef) -> GuestChannel:
         image = self._image(box)
