@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import faults, procs
+from .. import faults
+from ..backends.microvm.files import backing_file, rebase
 from ..errors import (
-    BackendError,
     CheckpointCorrupt,
     CheckpointNotFound,
     Conflict,
@@ -344,7 +344,7 @@ class RemoteService:
         base = await self._pull_base(manifest["base"]) if manifest.get("base") else None
         transfer = await asyncio.to_thread(self.chunks.download_tree, manifest["files"], dest)
         if base is not None:
-            await _rebase(dest / QCOW2, base)
+            await rebase(dest / QCOW2, base)
         self.service.backends[manifest["backend"]].relocate(dest)
         return transfer
 
@@ -353,7 +353,7 @@ class RemoteService:
         disk = directory / QCOW2
         if not disk.exists():
             return None
-        backing = await _backing_file(disk)
+        backing = await backing_file(disk)
         uuid = ext4_uuid(backing)
         key = f"bases/{uuid}.json"
         if await asyncio.to_thread(self.objects.exists, key):
@@ -395,24 +395,3 @@ def ext4_uuid(path: Path) -> str:
     with path.open("rb") as f:
         f.seek(1024 + 0x68)
         return f.read(16).hex()
-
-
-async def _backing_file(disk: Path) -> Path:
-    result = await procs.run(["qemu-img", "info", "--output=json", "-U", str(disk)], timeout=60)
-    if result.returncode != 0:
-        raise BackendError(f"qemu-img could not read {disk}: {result.output}")
-    described = json.loads(result.stdout)
-    backing = described.get("full-backing-filename") or described.get("backing-filename")
-    if not backing:
-        raise BackendError(f"{disk} names no base disk")
-    return Path(backing)
-
-
-async def _rebase(disk: Path, base: Path) -> None:
-    """Point the overlay at this node's copy of its base (same bytes, maybe another path)."""
-    if await _backing_file(disk) == base:
-        return
-    argv = ["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk)]
-    result = await procs.run(argv, timeout=60)
-    if result.returncode != 0:
-        raise BackendError(f"qemu-img could not point {disk} at {base}: {result.output}")

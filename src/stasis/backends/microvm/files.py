@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ... import procs
 from ...errors import BackendError, InvalidRequest
@@ -17,11 +18,34 @@ async def create_overlay(base: Path, disk: Path, size_mb: int) -> None:
         raise BackendError(f"qemu-img could not create {disk}: {result.output}")
 
 
-async def disk_size_mb(disk: Path) -> int:
+async def _info(disk: Path) -> dict[str, Any]:
     result = await procs.run(["qemu-img", "info", "--output=json", "-U", str(disk)], timeout=60)
     if result.returncode != 0:
         raise BackendError(f"qemu-img could not read {disk}: {result.output}")
-    return int(json.loads(result.stdout)["virtual-size"]) >> 20
+    return json.loads(result.stdout)
+
+
+async def disk_size_mb(disk: Path) -> int:
+    return int((await _info(disk))["virtual-size"]) >> 20
+
+
+async def backing_file(disk: Path) -> Path:
+    """The base disk a qcow2 overlay names (by path)."""
+    described = await _info(disk)
+    backing = described.get("full-backing-filename") or described.get("backing-filename")
+    if not backing:
+        raise BackendError(f"{disk} names no base disk")
+    return Path(backing)
+
+
+async def rebase(disk: Path, base: Path) -> None:
+    """Point the overlay at another copy of its base (the same bytes, maybe another path): header only."""
+    if await backing_file(disk) == base:
+        return
+    argv = ["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk)]
+    result = await procs.run(argv, timeout=60)
+    if result.returncode != 0:
+        raise BackendError(f"qemu-img could not point {disk} at {base}: {result.output}")
 
 
 async def grow_disk(disk: Path, size_mb: int) -> None:
