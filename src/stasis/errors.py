@@ -27,12 +27,28 @@
     └── DaemonUnavailable (ConnectionError)  503  the SDK could not reach or start the daemon
 
 Over HTTP an error travels as ``{"type": ..., "message": ..., "details": {...}}`` with
-the status code above; the SDK turns it back into the class named by ``type``.
+the status code above; the SDK turns it back into the class named by ``type``. What a client sent
+can come back in a message (a name that is not there): ``to_payload`` clips every long run of it,
+so a response never echoes more than ``ECHO_KEEP`` characters of one value.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
+
+ECHO_KEEP = 80
+LONG_RUN = re.compile(r"\S{121,}")
+MESSAGE_LIMIT = 4000
+
+
+def clip(text: str) -> str:
+    """``text`` with each run of over 120 non-blank characters cut to ``ECHO_KEEP`` (saying how much was
+    left out), and at most ``MESSAGE_LIMIT`` characters in all."""
+    text = LONG_RUN.sub(lambda m: f"{m.group()[:ECHO_KEEP]}…[{len(m.group()) - ECHO_KEEP} more characters]", text)
+    if len(text) > MESSAGE_LIMIT:
+        text = f"{text[:MESSAGE_LIMIT]}…[{len(text) - MESSAGE_LIMIT} more characters]"
+    return text
 
 
 class StasisError(Exception):
@@ -47,7 +63,8 @@ class StasisError(Exception):
         return self.message
 
     def to_payload(self) -> dict[str, Any]:
-        return {"type": type(self).__name__, "message": self.message, "details": self.details}
+        details = {k: clip(v) if isinstance(v, str) else v for k, v in self.details.items()}
+        return {"type": type(self).__name__, "message": clip(self.message), "details": details}
 
 
 class InvalidRequest(StasisError, ValueError):

@@ -6,7 +6,7 @@ import re
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .errors import InvalidRequest
@@ -51,9 +51,20 @@ def describe_validation_errors(errors: list[Any]) -> str:
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def valid_utf8(text: str) -> bool:
+    """JSON allows a lone surrogate (``"\\ud800"``); nothing can encode it for a sandbox."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def validate_command(cmd: list[str]) -> list[str]:
     if any("\0" in part for part in cmd):
         raise ValueError("the command must not contain NUL bytes")
+    if not all(valid_utf8(part) for part in cmd):
+        raise ValueError("the command must be valid UTF-8 (it has a lone surrogate, such as \\ud800)")
     return cmd
 
 
@@ -63,6 +74,8 @@ def validate_env(env: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"invalid environment variable name {key[:80]!r}: use letters, digits and '_'")
         if "\0" in value:
             raise ValueError(f"environment variable {key!r} must not contain NUL bytes")
+        if not valid_utf8(value):
+            raise ValueError(f"environment variable {key!r} must be valid UTF-8 (it has a lone surrogate)")
     return env
 
 
@@ -103,6 +116,23 @@ class SandboxStatus(StrEnum):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        if not _all_utf8(data):
+            raise ValueError("a string in the request is not valid UTF-8 (it has a lone surrogate, such as \\ud800)")
+        return data
+
+
+def _all_utf8(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.isascii() or valid_utf8(value)
+    if isinstance(value, dict):
+        return all(_all_utf8(k) and _all_utf8(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_all_utf8(v) for v in value)
+    return True
 
 
 class SandboxSpec(_Strict):

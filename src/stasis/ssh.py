@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import select
 import shlex
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from websockets.exceptions import ConnectionClosed
 
+from .errors import InvalidRequest
 from .fsutil import atomic_write
 from .paths import Paths
 from .wsclient import open_websocket
@@ -106,8 +108,17 @@ def user_public_keys(home: Path | None = None) -> list[str]:
     return keys
 
 
+HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+={0,2}")
+KNOWN_HOST = re.compile(r"stasis-[A-Za-z0-9_.-]+")
+
+
 def remember_host_key(paths: Paths, host: str, public_key: str) -> None:
-    """Make ``public_key`` the one known host key of ``host`` in stasis's known_hosts file."""
+    """Make ``public_key`` the one known host key of ``host`` in stasis's known_hosts file.
+
+    The file is stasis's alone: a line that is not one plain host and its key (a marker such as
+    ``@revoked`` or ``@cert-authority``, a pattern) is dropped, whoever wrote it."""
+    if not HOST_KEY.fullmatch(public_key) or not KNOWN_HOST.fullmatch(host):
+        raise InvalidRequest(f"refusing to trust {public_key[:60]!r} as the host key of {host[:60]!r}")
     path = known_hosts_file(paths)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     line = f"{host} {public_key}\n"
@@ -116,9 +127,16 @@ def remember_host_key(paths: Paths, host: str, public_key: str) -> None:
         lines = []
         with contextlib.suppress(FileNotFoundError):
             lines = path.read_text().splitlines(keepends=True)
-        new = [entry for entry in lines if entry.split(" ", 1)[0] != host] + [line]
+        new = [entry for entry in lines if _plain_entry(entry) and entry.split(" ", 1)[0] != host] + [line]
         if sorted(new) != sorted(lines):
             atomic_write(path, "".join(new).encode(), mode=0o600)
+
+
+def _plain_entry(line: str) -> bool:
+    fields = line.split()
+    if len(fields) != 3:
+        return False
+    return KNOWN_HOST.fullmatch(fields[0]) is not None and HOST_KEY.fullmatch(" ".join(fields[1:])) is not None
 
 
 def proxy(paths: Paths, ref: str) -> str | None:

@@ -209,3 +209,29 @@ def test_an_image_without_an_ssh_server_is_told_what_to_install(client: Client, 
         assert refused.returncode == 255 and "openssh-server" in refused.stderr, refused.stderr
     finally:
         sbx.terminate()
+
+
+def test_a_sandbox_cannot_make_ssh_distrust_another_one(client: Client, user: SshClient) -> None:
+    """Host keys are the daemon's record: what a sandbox writes in its files never reaches known_hosts."""
+    a = Sandbox.create("ssh-attacker", memory_mb=256, client=client)
+    b = Sandbox.create("ssh-victim", memory_mb=256, client=client)
+    try:
+        assert user.ssh("stasis-ssh-victim", "true").returncode == 0
+        victim_key = b.ssh_host_key()
+        planted = f"@revoked * {victim_key}\n@cert-authority * {victim_key}\n"
+        for folder in (f"/etc/stasis/ssh/{a.id}", "/run/stasis-ssh"):  # where keys were kept, and are written now
+            a.write_file(f"{folder}/ssh_host_ed25519_key.pub", f"{a.ssh_host_key()}\n{planted}".encode())
+        known_hosts = Path(user.env["STASIS_HOME"]) / "ssh" / "known_hosts"  # ssh_module.known_hosts_file's
+        with known_hosts.open("a") as f:  # as an older stasis let a sandbox inject it
+            f.write(planted)
+        assert "\n" not in a.ssh_host_key() and "@" not in a.ssh_host_key()
+        into_a = user.ssh("stasis-ssh-attacker", "echo in-a")
+        assert into_a.returncode == 0 and into_a.stdout.strip() == "in-a", into_a.stderr
+        into_b = user.ssh("stasis-ssh-victim", "echo in-b")
+        assert into_b.returncode == 0 and into_b.stdout.strip() == "in-b", into_b.stderr
+        assert "@" not in known_hosts.read_text()
+        a.run("head -c 100 /dev/urandom > /run/stasis-ssh/ssh_host_ed25519_key")  # the next session writes it anew
+        assert user.ssh("stasis-ssh-attacker", "true").returncode == 0
+    finally:
+        a.terminate()
+        b.terminate()

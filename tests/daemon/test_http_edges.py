@@ -117,3 +117,80 @@ def test_df_counts_a_sandboxs_own_bytes() -> None:
         assert usage["checkpoints"] == {} and "read-only" in usage["shared_note"]
 
     with_app(scenario)
+
+
+LONG = "x" * 60_000
+
+
+def test_no_answer_echoes_more_than_200_bytes_of_what_was_sent() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        await http.post("/v1/sandboxes", json={"name": "echo", "backend": "fake"})
+        routes = [
+            ("GET", f"/v1/sandboxes/{LONG}"), ("GET", f"/v1/checkpoints/{LONG}"), ("GET", f"/v1/images/{LONG}"),
+            ("GET", f"/v1/pools/{LONG}"), ("GET", f"/v1/nothing/{LONG}"),
+            ("GET", f"/v1/sandboxes/echo/processes/{LONG}"), ("GET", f"/v1/sandboxes/echo/exec/{LONG}"),
+            ("GET", f"/v1/sandboxes/echo/files?path=/{LONG}"), ("DELETE", f"/v1/images/{LONG}"),
+        ]  # fmt: skip
+        for method, route in routes:
+            answer = await http.request(method, route)
+            assert 400 <= answer.status_code < 500, (route[:60], answer.status_code, answer.text[:300])
+            assert "x" * 201 not in answer.text, route[:60]
+        created = await http.post("/v1/sandboxes", json={"image": "i" * 20_000, "backend": "fake"})
+        assert created.status_code == 400 and "i" * 201 not in created.text
+
+    with_app(scenario)
+
+
+SURROGATES = [
+    ("/v1/sandboxes/s/exec", b'{"cmd": ["echo", "\\ud800"]}'),
+    ("/v1/sandboxes/s/exec", b'{"cmd": ["env"], "env": {"A": "\\udfff"}}'),
+    ("/v1/sandboxes/s/processes", b'{"cmd": ["true"], "id": "web\\ud800"}'),
+    ("/v1/sandboxes/s/processes", b'{"cmd": ["sh", "-c", "\\ud83d"]}'),
+    ("/v1/sandboxes", b'{"name": "a\\ud800", "backend": "fake"}'),
+]
+
+
+@pytest.mark.parametrize(("route", "body"), SURROGATES)
+def test_a_lone_surrogate_anywhere_is_a_400_in_the_usual_shape(route: str, body: bytes) -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        await http.post("/v1/sandboxes", json={"name": "s", "backend": "fake"})
+        answer = await http.post(route, content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["type"] == "InvalidRequest"
+
+    with_app(scenario)
+
+
+def test_a_waiting_pool_member_is_nobodys_sandbox_until_claimed() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        made = await http.post("/v1/pools", json={"name": "warm", "size": 1, "backend": "fake", "memory_mb": 256})
+        assert made.status_code == 201, made.text
+        service = http._transport.app.state.service  # type: ignore[attr-defined]
+        for _ in range(200):
+            members = [i for i in service.store.list() if i.pool == "warm" and i.status.value == "running"]
+            if members:
+                break
+            await asyncio.sleep(0.05)
+        member = members[0].id
+        planted = f"/tmp/stasis-planted-{member}"  # the fake backend's agent runs on this host
+        tries = [
+            ("POST", f"/v1/sandboxes/{member}/exec", {"cmd": ["touch", planted]}),
+            ("POST", f"/v1/sandboxes/{member}/processes", {"cmd": ["sleep", "600"]}),
+            ("POST", f"/v1/sandboxes/{member}/suspend", None), ("POST", f"/v1/sandboxes/{member}/resume", None),
+            ("POST", f"/v1/sandboxes/{member}/checkpoints", {"type": "filesystem"}),
+            ("POST", f"/v1/sandboxes/{member}/fork", {"times": 1}),
+            ("PUT", f"/v1/sandboxes/{member}/files?path={planted}", None),
+            ("GET", f"/v1/sandboxes/{member}/files?path=/etc/hostname", None),
+            ("POST", f"/v1/sandboxes/{member}/ports", {"port": 8000}),
+            ("DELETE", f"/v1/sandboxes/{member}", None),
+        ]  # fmt: skip
+        for method, route, body in tries:
+            answer = await http.request(method, route, json=body)
+            assert answer.status_code == 404, (route, answer.status_code, answer.text)
+        claimed = (await http.post("/v1/sandboxes", json={"name": "mine", "backend": "fake", "memory_mb": 256})).json()
+        assert claimed["id"] == member and claimed["status"] == "running"
+        check = await http.post("/v1/sandboxes/mine/exec", json={"cmd": ["test", "-e", planted]})
+        assert check.json()["exit_code"] == 1  # nothing was planted before the claim
+        await http.delete("/v1/pools/warm")
+
+    with_app(scenario)

@@ -98,6 +98,11 @@ def test_port_tokens_and_what_reaches_the_app() -> None:
     rebuilt, tokens, from_query = _strip_token(head, "stasis_token_1")
     assert rebuilt == b"GET /p?a=1 HTTP/1.1\r\nHost: x\r\n\r\n"
     assert tokens == [token, "t2"] and from_query
-    cookie = b"GET / HTTP/1.1\r\nCookie: a=b; stasis_token_1=t3\r\nAuthorization: Bearer app\r\n\r\n"
+    # the app's own cookies go through; stasis's never do (this port's, another port's, the console's)
+    cookie = (b"GET / HTTP/1.1\r\nCookie: a=b; stasis_token_1=t3; stasis_token_2=t4; stasis_console=s; c=d\r\n"
+              b"Authorization: Bearer app\r\n\r\n")  # fmt: skip
     rebuilt, tokens, from_query = _strip_token(cookie, "stasis_token_1")
-    assert rebuilt == cookie and tokens == ["t3", "app"] and not from_query
+    assert rebuilt == b"GET / HTTP/1.1\r\nCookie: a=b; c=d\r\nAuthorization: Bearer app\r\n\r\n"
+    assert tokens == ["t3", "app"] and not from_query
+    only_ours = b"GET / HTTP/1.1\r\nCookie: stasis_token_1=t3\r\n\r\n"
+    assert _strip_token(only_ours, "stasis_token_1")[0] == b"GET / HTTP/1.1\r\n\r\n"

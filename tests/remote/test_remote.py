@@ -169,6 +169,12 @@ def test_a_tampered_piece_is_refused_and_nothing_is_restored(nodes: tuple[Daemon
         with pytest.raises(CheckpointCorrupt):
             Sandbox.create("from-tampered", snapshot_id="victim-files", client=client_b)
         assert Sandbox.list(client=client_b) == []
+        # What the pull's message says to do repairs it: the push re-sends the damaged piece (only it).
+        repaired = Sandbox.push_checkpoint("victim-files", client=client_a)
+        assert 0 < repaired.moved_chunks <= 2
+        Sandbox.pull_checkpoint("victim-files", client=client_b)
+        copy = Sandbox.create("from-repaired", snapshot_id="victim-files", client=client_b)
+        assert copy.run("sha256sum /root/data.bin").stdout == sbx.run("sha256sum /root/data.bin").stdout
 
 
 def test_two_nodes_racing_to_take_a_sandbox_exactly_one_wins(nodes: tuple[Daemon, Daemon]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import posixpath
@@ -23,7 +24,7 @@ from ..errors import RunNotFound, StasisError
 from ..models import CheckpointType, CreateCheckpointRequest, CreateSandboxRequest
 from ..paths import Paths
 from .live import Feed, describe
-from .sessions import COOKIE, LIFETIME_SECS, Session, Sessions
+from .sessions import COOKIE, LIFETIME_SECS, Session, Sessions, same_origin
 from .tree import lineage
 
 if TYPE_CHECKING:
@@ -223,9 +224,13 @@ def create_console(service: SandboxService, ops: GuestOperations, paths: Paths, 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-store"})
 
     @app.websocket("/sandboxes/{ref}/pty")
-    async def pty(websocket: WebSocket, ref: str, cols: int = 80, rows: int = 24) -> None:
-        if session_of(websocket) is None:
-            await websocket.close(code=4401, reason="log in first")
+    async def pty(websocket: WebSocket, ref: str, cols: int = 80, rows: int = 24, csrf: str = "") -> None:
+        # A WebSocket is not bound by the same-origin policy and the session cookie goes to every port of
+        # the host (a sandbox's exposed port too): the page must prove it is the console's own (its CSRF
+        # token, which no other origin can read) and the browser must say it opened it from here.
+        session = session_of(websocket)
+        if session is None or not hmac.compare_digest(csrf, session.csrf) or not same_origin(websocket):
+            await websocket.close(code=4401, reason="log in first (the console's own page opens the terminal)")
             return
         await websocket.accept()
         try:

@@ -23,6 +23,7 @@ from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed
 
 from ..paths import Paths
+from .sessions import same_origin
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length"}
 
@@ -53,6 +54,9 @@ def proxy_app(paths: Paths) -> Starlette:
         return response
 
     async def terminal(websocket: WebSocket) -> None:
+        if not same_origin(websocket):  # the daemon sees the proxy's request, not the browser's: check here
+            await websocket.close(code=4401)
+            return
         path = websocket.url.path + (f"?{websocket.url.query}" if websocket.url.query else "")
         cookie = websocket.headers.get("cookie", "")
         try:

@@ -80,6 +80,7 @@ def create_app(
     service = service or SandboxService(paths)
     ops = GuestOperations(service)
     reaper = IdleReaper(service)
+    host_keys = ssh.HostKeys(paths.home / "ssh-host-keys")
     mcp_app: mcp_http.LazyMcpApp | None = None
 
     @asynccontextmanager
@@ -348,7 +349,7 @@ def create_app(
         if not await accepted(websocket):
             return
         try:
-            await ssh.serve_session(service, websocket, ref)
+            await ssh.serve_session(service, host_keys, websocket, ref)
         except StasisError as exc:
             await websocket.close(code=4400, reason=exc.message[:120])
         except WebSocketDisconnect:
@@ -385,7 +386,7 @@ def create_app(
 
     @app.get("/v1/sandboxes/{ref}/ssh/host-key")
     async def ssh_host_key(ref: str) -> SshHostKey:
-        return SshHostKey(public_key=await ssh.host_key(service, ref))
+        return SshHostKey(public_key=await ssh.host_key(service, host_keys, ref))
 
     @app.post("/v1/sandboxes/{ref}/ssh/keys", status_code=204)
     async def ssh_authorize(ref: str, request: SshKeysRequest) -> Response:

@@ -23,6 +23,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from .. import hostpath
 from ..errors import CheckpointCorrupt
 from ..fsutil import fsync_dir, fsync_tree, tree_bytes
 
@@ -90,10 +91,10 @@ class CheckpointFiles:
         self.root = root
 
     def writing(self, checkpoint_id: str) -> Path:
-        return self.root / f".writing-{checkpoint_id}"
+        return self.root / f".writing-{self.path(checkpoint_id).name}"
 
     def path(self, checkpoint_id: str) -> Path:
-        return self.root / checkpoint_id
+        return hostpath.child(self.root, checkpoint_id, "checkpoint id", hostpath.CHECKPOINT_ID)
 
     def begin(self, checkpoint_id: str) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 async def fork(service: SandboxService, ref: str, times: int) -> list[SandboxInfo]:
     """A MEMORY checkpoint of this instant (internal: never listed, removed right after), restored ``times``
     times. All children or none: if one fails, the others are removed."""
-    parent = service.store.get(ref)
+    parent = service.lookup(ref)
     request = CreateCheckpointRequest(type=CheckpointType.MEMORY, metadata={"fork_of": parent.id})
     checkpoint = await service.checkpoint(ref, request, internal=True)
     faults.point("fork.after_checkpoint")

@@ -52,6 +52,9 @@ def _entry(stat: P.FileStat) -> FileEntry:
 DIR_TRANSFERS = "/var/lib/stasis/transfers"  # tar files of upload_dir/download_dir while they move
 
 
+EXEC_REPLY_GRACE = 15.0  # seconds past a command's timeout for its reply (killing it, its output)
+
+
 class GuestOperations:
     def __init__(self, service: SandboxService) -> None:
         self.service = service
@@ -69,8 +72,11 @@ class GuestOperations:
             **self._defaults(ref, request.env, request.cwd, request.user),
         )  # fmt: skip
         try:
+            # A command with a timeout answers within it (the agent kills it then): past that and a grace,
+            # the daemon gives up, and the request, if it had not started, expires in the channel.
+            wait = None if request.timeout is None else request.timeout + EXEC_REPLY_GRACE
             async with self.service.guest(ref) as channel:
-                result = await channel.call(op, timeout=None)
+                result = await channel.call(op, timeout=wait)
         except GuestDisconnected as exc:
             if self.service.store.get(ref).status in (S.SUSPENDING, S.SUSPENDED):
                 raise StateError(

@@ -162,7 +162,7 @@ class PoolManager:
                 except Exception as exc:  # it died waiting: never hand out a broken one
                     log.warning("claimed pool member %s is broken (%s); removing it", member.id, exc)
                     with contextlib.suppress(Exception):
-                        await self.service.terminate(member.id)
+                        await self.service.terminate(member.id, pooled=True)
                     continue
                 self.service.activity.touch(member.id)  # its idle clock starts at the claim, not at its boot
                 log.info("claimed %s from pool %s", member.id, name)
@@ -179,7 +179,7 @@ class PoolManager:
             identity.hostname = member.name or member.id
             identity.entropy = base64.b64encode(os.urandom(64)).decode()
             identity.time = time.time()
-        async with self.service.guest(member.id) as channel:
+        async with self.service.guest(member.id, pooled=True) as channel:
             await channel.call(identity, timeout=10)
 
     # ------------------------------------------------------------ refilling
@@ -233,6 +233,6 @@ class PoolManager:
 
     async def _remove(self, member: SandboxInfo) -> None:
         try:
-            await self.service.terminate(member.id)
+            await self.service.terminate(member.id, pooled=True)
         except Exception:
             log.exception("could not remove pool member %s", member.id)

@@ -27,6 +27,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -34,7 +35,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ..errors import StasisError
 from ..fsutil import atomic_write
 from ..models import ExposedPort, ExposePortRequest
-from ..network.relay import relay
+from ..network.http1 import forward_requests
 from .guest_tcp import open_guest_tcp
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TOKEN_PARAM = "stasis_token"
+STASIS_COOKIES = ("stasis_token_", "stasis_console")
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT = 30.0
 CONNECT_RETRY = 3.0  # seconds: a server that is just starting (or whose sandbox just resumed)
@@ -134,7 +136,7 @@ class Ports:
     # ------------------------------------------------------------ the API
 
     async def expose(self, ref: str, request: ExposePortRequest) -> ExposedPort:
-        info = self.service.store.get(ref)
+        info = self.service.lookup(ref)
         key = (info.id, request.port)
         server = self._servers.get(key)
         if server is None:
@@ -154,12 +156,12 @@ class Ports:
         return ExposedPort(sandbox_id=sandbox_id, port=port, url=url, public=False, listen=listen, expires_at=expires)
 
     def list(self, ref: str, ttl_secs: int = 86400) -> list[ExposedPort]:
-        info = self.service.store.get(ref)
+        info = self.service.lookup(ref)
         return [self._describe(info.id, port, public, listen, ttl_secs)
                 for _, port, public, listen in self.service.store.list_ports(info.id)]  # fmt: skip
 
     async def unexpose(self, ref: str, port: int) -> None:
-        info = self.service.store.get(ref)
+        info = self.service.lookup(ref)
         self._close((info.id, port))
         self.service.store.delete_ports(info.id, port)
 
@@ -217,14 +219,34 @@ class Ports:
             writer.write(_response("502 Bad Gateway", f"nothing answers on port {port} of sandbox {sandbox_id}: {exc}"))
             writer.close()
             return
-        upstream[1].write(head)
-        if from_query:  # the browser keeps the token for the page's other requests
-            with contextlib.suppress(asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-                reply = await upstream[0].readuntil(b"\r\n\r\n")
-                set_cookie = f"set-cookie: {cookie}={tokens[0]}; Path=/; HttpOnly; SameSite=Lax\r\n".encode()
-                first_line_end = reply.index(b"\r\n") + 2
-                writer.write(reply[:first_line_end] + set_cookie + reply[first_line_end:])
-        await relay((reader, writer), upstream, lambda: self.service.activity.touch(sandbox_id))
+        touch = lambda: self.service.activity.touch(sandbox_id)  # noqa: E731
+        rewrite = lambda later: _strip_token(later, cookie)[0]  # noqa: E731
+        set_cookie = f"{cookie}={tokens[0]}" if from_query else None
+        try:
+            await asyncio.gather(forward_requests(reader, upstream[1], head, rewrite, touch),
+                                 _responses(upstream[0], writer, set_cookie, touch))  # fmt: skip
+        finally:
+            for side in (writer, upstream[1]):
+                side.close()
+
+
+async def _responses(
+    upstream: asyncio.StreamReader, writer: asyncio.StreamWriter, set_cookie: str | None, touch: Callable[[], None]
+) -> None:
+    """The app's answers, as they come; the first gets our cookie when the token came in the URL (the
+    browser keeps it for the page's other requests)."""
+    with contextlib.suppress(asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
+        if set_cookie is not None:
+            reply = await upstream.readuntil(b"\r\n\r\n")
+            first_line_end = reply.index(b"\r\n") + 2
+            header = f"set-cookie: {set_cookie}; Path=/; HttpOnly; SameSite=Lax\r\n".encode()
+            writer.write(reply[:first_line_end] + header + reply[first_line_end:])
+        while data := await upstream.read(1 << 18):
+            touch()
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
 
 
 def _strip_token(head: bytes, cookie: str) -> tuple[bytes, list[str], bool]:
@@ -249,7 +271,14 @@ def _strip_token(head: bytes, cookie: str) -> tuple[bytes, list[str], bool]:
         if key == "authorization" and value.startswith("Bearer "):
             tokens.append(value.removeprefix("Bearer "))
         if key == "cookie":
-            tokens += [v for k, _, v in (part.strip().partition("=") for part in value.split(";")) if k == cookie]
+            # every stasis cookie stays here: this port's token, other ports' (a browser sends all of a host's
+            # cookies to each of its ports) and the console's session
+            pairs = [part.strip().partition("=") for part in value.split(";") if part.strip()]
+            tokens += [v for k, _, v in pairs if k == cookie]
+            kept = "; ".join(f"{k}={v}" for k, _, v in pairs if not k.startswith(STASIS_COOKIES))
+            if kept:
+                headers.append(f"{name}: {kept}".encode("latin-1"))
+            continue
         headers.append(line)
     rebuilt = [f"{method} {target} {version}".encode("latin-1"), *headers]
     return b"\r\n".join(rebuilt) + b"\r\n\r\n", tokens, from_query

@@ -108,7 +108,7 @@ class Recovery:
         if plan is Plan.DISCARD:
             await service.discard(info, box, detail)
         elif plan is Plan.TERMINATE:
-            await service.terminate(info.id)
+            await service.terminate(info.id, pooled=True)
         elif plan is Plan.ADOPT:
             await service.adopt(info, box, detail)
         elif plan is Plan.SALVAGE:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import faults
+from .. import faults, hostpath
 from ..backends.microvm.files import backing_file, rebase
 from ..errors import (
     CheckpointCorrupt,
@@ -212,7 +212,7 @@ class RemoteService:
                     f"another node took sandbox {manifest.get('name') or sandbox_id} from the store just now"
                 ) from None
             faults.point("remote.pull.after_take")
-        dest = self.service.paths.sandboxes / info.id
+        dest = hostpath.child(self.service.paths.sandboxes, info.id, "sandbox id", hostpath.SANDBOX_ID)
         if dest.exists():
             shutil.rmtree(dest)  # a pull cut off after the rename: we own it, fetch it whole again
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -369,13 +369,14 @@ class RemoteService:
         """This node's copy of a base disk: one it built with the same UUID, or the store's."""
         _check_id(uuid, BASE_UUID, "a manifest's base")
         microvm = self.service.paths.images / "microvm"
-        for candidate in [*microvm.glob("base*.ext4"), self.bases / uuid / "base.ext4"]:
+        fetched = hostpath.child(self.bases, uuid, "base disk uuid", BASE_UUID) / "base.ext4"
+        for candidate in [*microvm.glob("base*.ext4"), fetched]:
             if candidate.is_file() and ext4_uuid(candidate) == uuid:
                 return candidate
         document = json.loads(await asyncio.to_thread(self.objects.get, f"bases/{uuid}.json"))
         self.bases.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.chunks.download_tree, document["files"], self.bases / uuid)
-        return self.bases / uuid / "base.ext4"
+        await asyncio.to_thread(self.chunks.download_tree, document["files"], fetched.parent)
+        return fetched
 
     def _result(
         self, kind: str, artifact_id: str, name: str | None, key: str, transfer: Transfer, owner: str | None = None

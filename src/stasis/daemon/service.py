@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from .. import faults
+from .. import faults, hostpath
 from ..backends import BACKENDS, create_backend
 from ..backends.base import Backend, BoxRef, HostState
 from ..errors import (
@@ -131,10 +131,15 @@ class SandboxService:
     # ------------------------------------------------------------ reading
 
     def get(self, ref: str) -> SandboxInfo:
+        return self._present(self.lookup(ref))
+
+    def lookup(self, ref: str, *, pooled: bool = False) -> SandboxInfo:
+        """The stored record of ``ref`` as a client may name it: a waiting pool member is nobody's sandbox
+        yet (no exec, suspend or file in it before it is claimed); only the pools pass ``pooled``."""
         info = self.store.get(ref)
-        if info.pool is not None:  # a waiting pool member is nobody's sandbox yet
-            raise SandboxNotFound(f"no sandbox named or with id {ref!r}; `stasis ls` lists them", ref=ref)
-        return self._present(info)
+        if info.pool is not None and not pooled:
+            raise SandboxNotFound(f"no sandbox named or with id {ref[:80]!r}; `stasis ls` lists them", ref=ref[:80])
+        return info
 
     def list(
         self, include_terminated: bool = False, limit: int | None = None, after: tuple[float, str] | None = None
@@ -179,7 +184,7 @@ class SandboxService:
             id=info.id,
             hostname=info.name or info.id,
             spec=info.spec,
-            directory=self.paths.sandboxes / info.id,
+            directory=hostpath.child(self.paths.sandboxes, info.id, "sandbox id", hostpath.SANDBOX_ID),
             image_key=key,
             image_rootfs=image_rootfs or self.images.rootfs_by_key(key),
             state=info.runtime,
@@ -274,7 +279,7 @@ class SandboxService:
 
     async def checkpoint(self, ref: str, request: CreateCheckpointRequest, *, internal: bool = False) -> CheckpointInfo:
         """Capture the sandbox (paused briefly) as an immutable artifact; it keeps running."""
-        info = await self.ensure_running(self.store.get(ref))
+        info = await self.ensure_running(self.lookup(ref))
         async with self.lock(info.id):
             info = self.store.get(info.id)
             require(info, S.RUNNING)
@@ -315,7 +320,7 @@ class SandboxService:
             return checkpoint
 
     async def suspend(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
-        info = self.store.get(ref)
+        info = self.lookup(ref)
         async with self.lock(info.id):
             info = self.store.get(info.id)
             if info.status == S.SUSPENDED:
@@ -404,12 +409,12 @@ class SandboxService:
         """The sandbox to resume: this node's, or (a remote store configured) taken over from the store;
         one that moved to another node is refused, naming that node."""
         try:
-            info = self.store.get(ref)
+            info = self.lookup(ref)
         except SandboxNotFound:
             if self.remote is None:
                 raise
             await self.remote.pull_sandbox(ref)
-            return self.store.get(ref)
+            return self.lookup(ref)
         if info.status == S.TERMINATED and (info.error or "").startswith("moved to") and self.remote is not None:
             await self.remote.pull_sandbox(info.id)  # it left this node: back only if the store has it
             return self.store.get(info.id)
@@ -420,10 +425,10 @@ class SandboxService:
             )
         return info
 
-    async def terminate(self, ref: str, *, only_if_idle: bool = False) -> SandboxInfo:
+    async def terminate(self, ref: str, *, only_if_idle: bool = False, pooled: bool = False) -> SandboxInfo:
         """Remove the sandbox and its files. It always works: an operation stuck on it (a runsc call
         that hangs) is waited for ``FORCE_AFTER`` seconds, then the removal goes ahead without it."""
-        info = self.store.get(ref)
+        info = self.lookup(ref, pooled=pooled)
         async with self._lock_or_force(info.id, wait=not only_if_idle):
             info = self.store.get(info.id)
             if info.status == S.TERMINATED:
@@ -467,7 +472,7 @@ class SandboxService:
 
     def python_argv(self, ref: str) -> list[str]:
         """How to start python3 in the sandbox: the image's, or stasis's own (an image without one)."""
-        info = self.store.get(ref)
+        info = self.lookup(ref)
         try:
             python = self.images.by_key(info.image_key or "").python
         except StasisError:
@@ -477,7 +482,7 @@ class SandboxService:
     def command_defaults(self, ref: str) -> tuple[dict[str, str], str | None, str | None]:
         """The env, working directory and user its image asks commands to run with (an imported image's
         Env, WorkingDir and User); nothing for a built-in recipe's."""
-        info = self.store.get(ref)
+        info = self.lookup(ref)
         key = info.image_key or ""
         if key not in self._image_configs:
             try:
@@ -495,7 +500,7 @@ class SandboxService:
 
     async def update_network(self, ref: str, policy: NetworkPolicy) -> SandboxInfo:
         """A new egress policy, live: the next connection is judged by it."""
-        info = self.store.get(ref)
+        info = self.lookup(ref)
         async with self.lock(info.id):
             info = self.store.get(info.id)
             if info.spec.network is None:
@@ -525,12 +530,12 @@ class SandboxService:
         return channel
 
     @contextlib.asynccontextmanager
-    async def guest(self, ref: str) -> AsyncIterator[GuestChannel]:
+    async def guest(self, ref: str, *, pooled: bool = False) -> AsyncIterator[GuestChannel]:
         """The channel of the sandbox, resumed first if it was suspended.
 
         While the block runs the sandbox counts as in use, so the idle reaper leaves it alone.
         """
-        info = self.store.get(ref)
+        info = self.lookup(ref, pooled=pooled)
         with self.activity.busy(info.id):
             info = await self.ensure_running(info)
             channel = await self._channel(info)

@@ -2,10 +2,11 @@
 guest channel and a WebSocket to `stasis ssh-proxy`, which is the client's ProxyCommand.
 
 Each session is one ``sshd -i`` process in the sandbox, started by the agent with its stdin and
-stdout as the connection; while it runs, the sandbox is in use (never idle-suspended). Host keys
-are the sandbox's own, made on first use under ``/etc/stasis/ssh/<sandbox id>/``: a fork or a
-restore is a new sandbox id and so gets its own. The client learns the key over stasis itself
-(``GET .../ssh/host-key``), so there is nothing to accept on first contact.
+stdout as the connection; while it runs, the sandbox is in use (never idle-suspended). A sandbox's
+host key is the daemon's own record (``$STASIS_HOME/ssh-host-keys/<sandbox id>``), made on first use
+and written into the sandbox for each session: nothing the sandbox writes ever becomes what a client
+trusts. A fork or a restore is a new sandbox id and so gets its own. The client learns the key over
+stasis itself (``GET .../ssh/host-key``), so there is nothing to accept on first contact.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import re
 import secrets
+import shutil
+import tempfile
+from pathlib import Path
 
 from fastapi import WebSocket, WebSocketDisconnect
 
+from .. import hostpath, procs
 from ..errors import GuestDisconnected, InvalidRequest, StasisError, Unsupported
 from ..guest import protocol as P
 from ..guest.client import GuestChannel
@@ -26,7 +32,7 @@ from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
-KEY_DIR = "/etc/stasis/ssh"
+KEY_DIR = "/run/stasis-ssh"  # in the sandbox: where each session's copy of the host key is written
 SESSION_BUFFER = 16 << 20  # bytes of sshd output the agent holds for a reader that lags; more ends the session
 NO_SSHD = 127
 WRITE_BATCH = 1 << 20  # bytes of client frames sent to sshd in one write
@@ -36,19 +42,11 @@ SESSION_PREFIX = f"ssh-{secrets.token_hex(3)}-"
 KEY_TYPES = r"ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-\S+@openssh\.com"
 PUBLIC_KEY = re.compile(rf"^({KEY_TYPES}) [A-Za-z0-9+/=]+( \S.*)?$")
 
-# The host key is made in a new directory renamed into place: two sessions starting at once agree on one.
-_PREPARE = """set -e
-command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || {{
+_SERVE = """set -e
+[ -x /usr/sbin/sshd ] || {{
   echo "stasis: this image has no OpenSSH server (/usr/sbin/sshd); install openssh-server in it" >&2; exit {missing}; }}
-d={keys}/{sandbox}
-mkdir -p /run/sshd {keys}
-if [ ! -f "$d/ssh_host_ed25519_key" ]; then
-  t=$(mktemp -d {keys}/.new.XXXXXX)
-  ssh-keygen -q -t ed25519 -N '' -C stasis-{sandbox} -f "$t/ssh_host_ed25519_key" </dev/null >/dev/null
-  mv -T "$t" "$d" 2>/dev/null || rm -rf "$t"
-fi
-"""
-_SERVE = """exec /usr/sbin/sshd -i -e -h "$d/ssh_host_ed25519_key" -o UsePAM=no -o PasswordAuthentication=no \
+mkdir -p /run/sshd
+exec /usr/sbin/sshd -i -e -h {key} -o UsePAM=no -o PasswordAuthentication=no \
 -o KbdInteractiveAuthentication=no -o PermitRootLogin=prohibit-password -o AuthorizedKeysFile=.ssh/authorized_keys \
 -o LogLevel=ERROR
 """
@@ -60,18 +58,43 @@ while IFS= read -r key; do grep -qxF "$key" "$f" || printf '%s\\n' "$key" >> "$f
 """
 
 
-def _prepare(sandbox_id: str) -> str:
-    return _PREPARE.format(keys=KEY_DIR, sandbox=sandbox_id, missing=NO_SSHD)
+class HostKeys:
+    """Each sandbox's SSH host key pair, kept by the daemon (0600 under a 0700 directory)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    async def get(self, sandbox_id: str) -> tuple[bytes, str]:
+        """(the private key file, the public key line), made now if the sandbox has none yet."""
+        folder = hostpath.child(self.directory, sandbox_id, "sandbox id", hostpath.SANDBOX_ID)
+        private = folder / "ssh_host_ed25519_key"
+        if not private.exists():
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".new-", dir=self.directory))
+            try:
+                made = await procs.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"stasis-{sandbox_id}",
+                                        "-f", str(staging / private.name)], timeout=60)  # fmt: skip
+                if made.returncode != 0:
+                    raise StasisError(f"ssh-keygen failed: {made.stderr.decode(errors='replace').strip()[-300:]}")
+                with contextlib.suppress(OSError):  # two sessions at once: the first rename wins
+                    os.rename(staging, folder)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        public = (folder / "ssh_host_ed25519_key.pub").read_text().split()
+        return private.read_bytes(), f"{public[0]} {public[1]}"
+
+    def forget(self, live_ids: set[str]) -> None:
+        """Remove the keys of sandboxes that are gone."""
+        for folder in self.directory.glob("sb-*") if self.directory.exists() else []:
+            if folder.name not in live_ids:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
-async def host_key(service: SandboxService, ref: str) -> str:
-    """The sandbox's SSH host public key (made now if it has none yet)."""
-    sandbox_id = service.get(ref).id
-    script = _prepare(sandbox_id) + 'cat "$d/ssh_host_ed25519_key.pub"\n'
-    async with service.guest(ref) as channel:
-        result = await channel.call(P.Exec(cmd=["/bin/sh", "-c", script], timeout=120), timeout=180)
-    _check(result)
-    return base64.b64decode(result.stdout).decode().strip()
+async def host_key(service: SandboxService, keys: HostKeys, ref: str) -> str:
+    """The sandbox's SSH host public key, from the daemon's record (made now if it has none yet)."""
+    info = service.get(ref)
+    keys.forget({sandbox.id for sandbox in service.store.list()})
+    return (await keys.get(info.id))[1]
 
 
 async def authorize(service: SandboxService, ref: str, keys: list[str]) -> None:
@@ -94,14 +117,20 @@ def _check(result: P.ExecResult) -> None:
     raise StasisError(f"preparing SSH in the sandbox failed (exit {result.exit_code}): {stderr[-500:]}")
 
 
-async def serve_session(service: SandboxService, websocket: WebSocket, ref: str) -> None:
+async def serve_session(service: SandboxService, keys: HostKeys, websocket: WebSocket, ref: str) -> None:
     """One SSH connection: binary frames both ways are the SSH byte stream."""
     sandbox_id = service.get(ref).id
     session = SESSION_PREFIX + secrets.token_hex(6)
+    private, _ = await keys.get(sandbox_id)
+    key_path = f"{KEY_DIR}/ssh_host_ed25519_key"
     async with service.guest(ref) as channel:  # held in use (never idle-suspended) while connected
         await _end_orphans(channel)
+        # Written anew for each session, over whatever the sandbox left there: a key it planted or changed
+        # makes sshd answer with a key the client does not trust, and the client refuses to go on.
+        await channel.call(P.WriteFile(path=key_path, data=base64.b64encode(private).decode(), mode=0o600))
         start = P.StartProcess(
-            cmd=["/bin/sh", "-c", _prepare(sandbox_id) + _SERVE], id=session, stdin=True, max_output=SESSION_BUFFER
+            cmd=["/bin/sh", "-c", _SERVE.format(key=key_path, missing=NO_SSHD)], id=session, stdin=True,
+            max_output=SESSION_BUFFER,
         )
         await channel.call(start)
         loop = asyncio.get_running_loop()

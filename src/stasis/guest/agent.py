@@ -162,6 +162,11 @@ class Agent:
             raise RequestError(P.ErrorKind.INVALID, f"bad arguments for {name!r}: {exc}") from exc
         if op.op not in BEFORE_IDENTITY:
             self.identity_written.wait(10)
+            expires = request.get("expires")
+            if isinstance(expires, int | float) and time.time() > expires:
+                # The host gave up on it (the agent was stopped or starved): an error was reported, so it
+                # must never run. (A guest's clock is the host's: gVisor's is, a microVM's is set on resume.)
+                raise RequestError(P.ErrorKind.EXPIRED, f"{name!r} reached the agent after the host stopped waiting")
         return self.handlers[op](args)
 
     # -- the agent itself

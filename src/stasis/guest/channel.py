@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Self
 
@@ -70,6 +71,8 @@ class JsonLinesChannel:
         req_id = f"{self._prefix}-{next(self._ids)}"
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = future
+        if timeout is not None:
+            message = {**message, "expires": round(time.time() + timeout, 3)}  # the agent refuses it after that
         line = json.dumps({"id": req_id, **message}, separators=(",", ":")) + "\n"
         try:
             try:
@@ -82,7 +85,8 @@ class JsonLinesChannel:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise GuestTimeout(
-                f"the agent in {self.label} did not answer {message.get('op')!r} within {timeout:.0f}s",
+                f"the agent in {self.label} did not answer {message.get('op')!r} within {timeout:.0f}s "
+                "(if it had not started by then, it never will: the agent refuses a request that comes too late)",
                 op=message.get("op"),
             ) from None
         finally:

@@ -42,6 +42,7 @@ GUEST_ERRORS: dict[str, type[StasisError]] = {
     K.COMMAND_NOT_FOUND: InvalidRequest,
     K.UNKNOWN_OPERATION: Unsupported,
     K.STALE: GuestError,
+    K.EXPIRED: GuestTimeout,
     K.AGENT_BUG: GuestError,
 }
 

@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-VERSION = 2  # 2: boot ids (requests sent before the agent booted are refused)
+VERSION = 3  # 2: boot ids (requests sent before the agent booted are refused); 3: expiry ("expires")
 
 R = TypeVar("R")
 
@@ -42,6 +42,7 @@ class ErrorKind:
     COMMAND_NOT_FOUND = "CommandNotFound"
     UNKNOWN_OPERATION = "UnknownOperation"  # the agent is older than the host's request
     STALE = "StaleRequest"  # sent to an earlier boot of the agent; never executed
+    EXPIRED = "ExpiredRequest"  # reached the agent after the host stopped waiting for it; never executed
     AGENT_BUG = "AgentError"
 
 

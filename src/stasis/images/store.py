@@ -21,9 +21,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from .. import faults, procs
+from .. import faults, hostpath, procs
 from ..errors import BackendError, ImageNotFound, InvalidRequest
 from ..fsutil import atomic_write, fsync_dir, tree_bytes
+from ..hostpath import IMAGE_KEY, is_plain_dir
 from ..models import NAME_PATTERN
 from . import layers, oci
 from .oci import ImageConfig
@@ -62,47 +63,62 @@ class ImageStore:
 
     def get(self, name: str) -> ImageInfo:
         if name not in RECIPES:
-            if (self.directory / name / "image.json").exists() and not name.startswith("."):
+            if IMAGE_KEY.fullmatch(name) and ".." not in name and (self._dir(name) / "image.json").exists():
                 return self.by_key(name)  # an exact build, by its key
             imported = [i for i in self.list() if i.name == name and i.source != "recipe"]
             if imported:
                 return max(imported, key=lambda i: i.built_at)  # the latest import under that name
             known = sorted({*RECIPES, *(i.name for i in self.list() if i.name != "build-cache")})
             raise InvalidRequest(
-                f"unknown image {name!r}; known images: {', '.join(known)} (`stasis image import` brings your own)"
+                f"unknown image {name[:80]!r}; known images: {', '.join(known)} (`stasis image import` brings your own)"
             )
         recipe = self.recipe(name)
-        meta = self.directory / recipe.key / "image.json"
-        if not meta.exists():
+        if not (self._dir(recipe.key) / "image.json").exists():
             raise ImageNotFound(
                 f"image {name!r} is not built yet; run `stasis image build {name}` (make setup builds 'default')",
                 image=name,
             )
-        return ImageInfo.model_validate_json(meta.read_text())
+        return self.by_key(recipe.key)
 
     def rootfs(self, name: str) -> Path:
-        return Path(self.get(name).path) / "rootfs"
+        return self.rootfs_by_key(self.get(name).key)
 
     def rootfs_by_key(self, key: str) -> Path:
         """The exact build a sandbox was made from: a rebuilt recipe must not change a sandbox's files."""
-        path = self.directory / key / "rootfs"
-        if not (self.directory / key / "image.json").exists():
-            raise ImageNotFound(f"image {key} that this sandbox was created from is gone from {self.directory}")
-        return path
+        self.by_key(key)
+        return self._dir(key) / "rootfs"
 
     def by_key(self, key: str) -> ImageInfo:
-        meta = self.directory / key / "image.json"
+        """The build ``key``: its record is read as untrusted input (a sandbox may have planted one
+        somewhere): its key must be its directory's name, its path is ours, never a link."""
+        directory = self._dir(key)
+        meta = directory / "image.json"
         if not meta.exists():
             raise ImageNotFound(f"image build {key} is gone from {self.directory}")
-        return ImageInfo.model_validate_json(meta.read_text())
+        if meta.is_symlink() or not is_plain_dir(directory / "rootfs") or directory.is_symlink():
+            raise InvalidRequest(f"image build {key} is damaged (a link where its files should be); remove it")
+        try:
+            info = ImageInfo.model_validate_json(meta.read_bytes())
+        except ValueError as exc:
+            raise InvalidRequest(f"image build {key} has an unreadable image.json: {str(exc)[:200]}") from None
+        if info.key != key:
+            raise InvalidRequest(f"image build {key} names itself {info.key[:80]!r}; remove it")
+        return info.model_copy(update={"path": str(directory)})
+
+    def _dir(self, key: str) -> Path:
+        return hostpath.child(self.directory, key, "image key", IMAGE_KEY)
 
     def list(self) -> list[ImageInfo]:
         """Complete images only: a build or import under way (or cut off) lives under a hidden name."""
         images = []
         if self.directory.exists():
             for meta in sorted(self.directory.glob("*/image.json")):
-                if not meta.parent.name.startswith("."):
-                    images.append(ImageInfo.model_validate_json(meta.read_text()))
+                if meta.parent.name.startswith("."):
+                    continue
+                try:
+                    images.append(self.by_key(meta.parent.name))
+                except (InvalidRequest, ImageNotFound) as exc:
+                    log.warning("skipping %s: %s", meta.parent, exc)
         return images
 
     # ------------------------------------------------------------ imported images
@@ -166,7 +182,7 @@ class ImageStore:
                     f"linux/{oci.HOST_ARCHITECTURE} images (pick that platform's image, e.g. --platform linux/amd64)"
                 )
             key = f"{name}-{digest.split(':', 1)[1][:12]}"
-            final = self.directory / key
+            final = self._dir(key)
             if (final / "image.json").exists():
                 layout.untag(tag)
                 return self.by_key(key)
@@ -202,7 +218,7 @@ class ImageStore:
                step: str) -> ImageInfo:  # fmt: skip
         """A build step's image: ``parent_key``'s files as hard links, with ``upper`` (a sandbox's overlay
         layer, from a FILESYSTEM checkpoint; None: the step changed only the config) applied."""
-        final = self.directory / key
+        final = self._dir(key)
         if (final / "image.json").exists():
             return self.by_key(key)
         parent = self.by_key(parent_key)
@@ -252,7 +268,7 @@ class ImageStore:
     def remove(self, key: str) -> None:
         """Remove one image build (the caller checked nothing uses it) and the layers only it used."""
         info = self.by_key(key)
-        shutil.rmtree(self.directory / key)
+        shutil.rmtree(self._dir(key))
         fsync_dir(self.directory)
         if info.source != "recipe":
             with self._layout_lock():

@@ -7,6 +7,8 @@ import os
 import threading
 from pathlib import Path
 
+from .. import hostpath
+
 log = logging.getLogger(__name__)
 
 
@@ -18,7 +20,7 @@ class ChunkCache:
         self._size: int | None = None
 
     def _path(self, sha: str) -> Path:
-        return self.root / sha[:2] / sha
+        return hostpath.child(self.root / sha[:2], sha, "piece hash", hostpath.SHA256)
 
     def get(self, sha: str) -> bytes | None:
         path = self._path(sha)

@@ -46,6 +46,11 @@ class ObjectStore:
     def exists(self, name: str) -> bool:
         return self._fetch(name, body=False) is not None
 
+    def etag(self, name: str) -> str | None:
+        """The object's ETag without its quotes (for a single PUT: the MD5 of its bytes), or None."""
+        found = self._fetch(name, body=False)
+        return None if found is None else found[1].strip('"')
+
     def get(self, name: str) -> bytes:
         found = self._fetch(name)
         if found is None:

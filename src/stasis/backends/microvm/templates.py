@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from ... import hostpath
 from ...fsutil import fsync_dir, fsync_tree
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
@@ -54,7 +55,7 @@ class Templates:
 
     async def get(self, key: str, base: Path, machine: Machine, disk_mb: int) -> Path:
         """The template ``key`` (of ``machine`` on a ``disk_mb`` disk over ``base``), built on first use (one boot)."""
-        directory = self.root / key
+        directory = hostpath.child(self.root, key, "template key", hostpath.HEX_KEY)
         if (directory / "vmstate").exists():
             return directory
         async with self._locks.setdefault(key, asyncio.Lock()):

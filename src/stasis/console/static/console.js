@@ -117,7 +117,7 @@ function openTerminal(id) {
   window.stasisTerminal = term;  // the browser tests read its screen
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const socket = new WebSocket(
-    `${scheme}://${location.host}/ui/sandboxes/${encodeURIComponent(id)}/pty?cols=${term.cols}&rows=${term.rows}`);
+    `${scheme}://${location.host}/ui/sandboxes/${encodeURIComponent(id)}/pty?cols=${term.cols}&rows=${term.rows}&csrf=${encodeURIComponent(CSRF)}`);
   socket.binaryType = "arraybuffer";
   const encoder = new TextEncoder();
   socket.onmessage = (message) => {

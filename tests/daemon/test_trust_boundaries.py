@@ -1,0 +1,62 @@
+"""Round two of attacks: what a sandbox writes is never the host's truth, and a request the daemon gave up
+on never runs later."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from stasis import Client, GuestTimeout, InvalidRequest, Sandbox
+from stasis.images.recipe import RECIPES
+from tests.conftest import Daemon
+from tests.daemon.test_hardening import host_pid
+
+
+def test_an_image_record_planted_in_a_sandbox_never_gives_another_the_hosts_root(
+    daemon: Daemon, client: Client, backend: str
+) -> None:
+    """The attack of issue 23: an image.json in a sandbox's own files, its rootfs a link to /, named through a
+    key that climbs out of the image directory. Creating a sandbox from that key is refused."""
+    src = Sandbox.create("planter-images", memory_mb=256, backend=backend, client=client)
+    try:
+        recipe_key = RECIPES["default"].key
+        evil = src.info().id
+        record = {"name": "default", "key": "x", "digest": "d", "packages": [], "suite": "s", "size_bytes": 0,
+                  "built_at": 0, "build_seconds": 0, "path": "/"}  # fmt: skip
+        assert src.run("mkdir -p /root/evil && ln -s / /root/evil/rootfs").exit_code == 0
+        src.write_file("/root/evil/image.json", json.dumps(record).encode())
+        upper = daemon.paths.home / "sandboxes" / evil / "disk" / "upper" / "root" / "evil"
+        climb = os.path.relpath(upper, daemon.paths.images / recipe_key)
+        before = {s.id for s in Sandbox.list(client=client)}
+        for key in (f"{recipe_key}/{climb}", f"{recipe_key}/../{recipe_key}", "../images", "/etc"):
+            with pytest.raises(InvalidRequest):
+                Sandbox.create(image=key, memory_mb=256, backend=backend, client=client)
+        assert {s.id for s in Sandbox.list(client=client)} == before  # nothing half-made
+    finally:
+        src.terminate()
+
+
+def test_a_request_that_reaches_the_agent_after_the_daemon_gave_up_never_runs(
+    daemon: Daemon, client: Client, backend: str
+) -> None:
+    """The sandbox is stopped on the host (as a starved or SIGSTOPped sentry would be): the request times out
+    with an error, and when the sandbox goes on, the request still in its channel is refused, not run."""
+    sbx = Sandbox.create("late-requests", memory_mb=256, backend=backend, client=client)
+    try:
+        pid = host_pid(daemon, sbx, backend)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(GuestTimeout):
+                sbx.run("touch /root/late-1", timeout=1)  # given up 1 s + EXEC_REPLY_GRACE later
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        sbx.run("sync")  # the agent answers again, and has read what waited in its channel by now
+        time.sleep(1)
+        assert sbx.run("ls /root").stdout.split().count("late-1") == 0
+        assert sbx.run("echo alive").stdout == "alive\n"
+    finally:
+        sbx.terminate()
