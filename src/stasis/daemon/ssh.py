@@ -129,7 +129,9 @@ async def serve_session(service: SandboxService, keys: HostKeys, websocket: WebS
         # makes sshd answer with a key the client does not trust, and the client refuses to go on.
         await channel.call(P.WriteFile(path=key_path, data=base64.b64encode(private).decode(), mode=0o600))
         start = P.StartProcess(
-            cmd=["/bin/sh", "-c", _SERVE.format(key=key_path, missing=NO_SSHD)], id=session, stdin=True,
+            cmd=["/bin/sh", "-c", _SERVE.format(key=key_path, missing=NO_SSHD)],
+            id=session,
+            stdin=True,
             max_output=SESSION_BUFFER,
         )
         await channel.call(start)
