@@ -280,3 +280,93 @@ def test_files_are_browsed_uploaded_and_downloaded(page: Page, console_daemon: D
         assert Path(download.value.path()).read_bytes() == b"first line\n"
         shoot(page, "files")
         sbx.terminate()
+
+
+APP = r"""
+import http.server, json
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the page's later requests share its connection
+    def do_GET(self):
+        cookie = self.headers.get("Cookie", "")
+        with open("/root/seen.log", "a") as log:
+            log.write(f"{self.path} {cookie}\n")
+        page = self.path.split("?")[0] == "/"
+        body = open("/root/page.html", "rb").read() if page else json.dumps({"cookie": cookie}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if page else "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), Handler).serve_forever()
+"""
+
+ATTACK = """<!doctype html><title>attack</title><script>
+window.results = {};
+const consoleHost = "CONSOLE", victim = "VICTIM";
+function tryTerminal(query) {
+  return new Promise((done) => {
+    const socket = new WebSocket(`ws://${consoleHost}/ui/sandboxes/${victim}/pty?cols=80&rows=24${query}`);
+    socket.onopen = () => { socket.send(new TextEncoder().encode("touch /root/pwned\\n")); done("opened"); };
+    socket.onclose = () => done("closed");
+    setTimeout(() => done("no answer"), 10000);
+  });
+}
+(async () => {
+  for (let i = 0; i < 3; i++) {  // on the connection that brought this page, and after
+    const seen = await (await fetch("/echo-" + i)).json();
+    window.results["cookie" + i] = seen.cookie;
+  }
+  window.results.plain = await tryTerminal("");
+  window.results.guessed = await tryTerminal("&csrf=guess");
+  await fetch(`http://${consoleHost}/ui/sandboxes/${victim}/remove`, {method: "POST", mode: "no-cors",
+                                                                      credentials: "include"}).catch(() => {});
+  window.results.csrf = await fetch(`http://${consoleHost}/ui/sandboxes/${victim}/remove`, {method: "POST",
+      credentials: "include", headers: {"x-stasis-csrf": "guess"}}).then((r) => r.status, () => "blocked");
+  window.results.done = true;
+})();
+</script>"""
+
+
+def test_a_page_from_a_sandbox_port_reaches_neither_the_console_nor_other_ports_tokens(
+    page: Page, console_daemon: Daemon
+) -> None:
+    """Exposed ports share the console's host (127.0.0.1): the same site for cookies, another origin. A page
+    served by a sandbox tries the console's terminal and actions with the user's session, and reads what
+    cookies reach its own app. None of it works."""
+    client = console_daemon.client()
+    victim = Sandbox.create("victim-box", memory_mb=256, client=client)
+    attacker = Sandbox.create("attacker-box", memory_mb=256, client=client)
+    try:
+        for sbx in (victim, attacker):
+            sbx.write_file("/root/app.py", APP)
+            page_html = ATTACK.replace("CONSOLE", console_daemon.tcp).replace("VICTIM", victim.id)  # type: ignore[attr-defined]
+            sbx.write_file("/root/page.html", page_html)
+            sbx.start_process(["python3", "/root/app.py"], name="app")
+        victim_url, attacker_url = victim.expose_port(8000), attacker.expose_port(8000)
+        log_in(page)  # the user's console session: a cookie for 127.0.0.1
+        page.goto(victim_url.replace("/?", "/echo?"))  # and the victim port's token cookie
+        page.goto(attacker_url)
+        page.wait_for_function("window.results && window.results.done === true", timeout=60_000)
+        results = page.evaluate("window.results")
+        shoot(page, "attack-page")
+        assert results["plain"] == "closed" and results["guessed"] == "closed", results
+        assert results["csrf"] in ("blocked", 401), results
+        for i in range(3):
+            assert "stasis_" not in results[f"cookie{i}"], results
+        assert "stasis_" not in attacker.read_file("/root/seen.log").decode()
+        assert "stasis_" not in victim.read_file("/root/seen.log").decode()
+        assert victim.info().status.value == "running"
+        assert victim.run("test -e /root/pwned").exit_code == 1
+        page.goto(f"/ui/sandboxes/{victim.id}")  # the console itself still opens its terminal
+        page.click("#open-terminal")
+        page.wait_for_function("window.stasisTerminal !== undefined")
+        page.locator("#terminal").click()
+        page.wait_for_timeout(1500)
+        page.keyboard.type("echo from-the-console\n")
+        page.wait_for_function(f"{SCREEN}.some(line => line.trim() === 'from-the-console')", timeout=20_000)
+    finally:
+        for sbx in (victim, attacker):
+            sbx.terminate()
+        client.close()
