@@ -9,7 +9,8 @@ A rule is an IP address (``203.0.113.7``), a CIDR (``203.0.113.0/24``), a hostna
 3. ``allow_out`` is not empty: allowed only if one of its rules matches (default deny);
 4. otherwise (the public internet): allowed unless it is a private, link-local or otherwise
    special address (RFC 1918, 169.254.0.0/16 with the cloud metadata service, CGNAT, ...),
-   which only an ``allow_out`` rule opens.
+   which only an ``allow_out`` rule opens: an address or CIDR (or ``*``), never a hostname rule,
+   since whoever runs a name's DNS chooses its addresses.
 
 A hostname rule matches the name the sandbox resolved through its DNS resolver (which answers
 only names the policy permits) or the name it sends in TLS SNI or the HTTP Host header.
@@ -133,12 +134,22 @@ class NetworkPolicy(BaseModel):
                 return None
             unpermitted = [name for name in claimed if not self.permits_name(name)]
             if self._matches(self.allow_out, None, resolved) and not unpermitted:
+                if is_special(ip):  # a name's owner chooses its addresses: never the sandbox's own side
+                    return f"{ip} is a private or special address; a name never opens one (add a CIDR rule for it)"
                 return None
             shown = ", ".join(resolved + claimed) or "no hostname resolved through the sandbox's DNS"
             return f"{ip} ({shown}) matches no allow_out rule"
-        if any(ip in network for network in SPECIAL_NETWORKS if network.version == ip.version):
+        if is_special(ip):
             return f"{ip} is a private or special address (open it with an allow_out rule)"
         return None
+
+    def decides_by_name(self) -> bool:
+        """Whether a name rule can allow or deny (so a connection that never says its name is refused)."""
+        return any(rule != "*" and not (rule[0].isdigit() or ":" in rule) for rule in self.allow_out + self.deny_out)
+
+
+def is_special(ip: IPAddress) -> bool:
+    return any(ip in network for network in SPECIAL_NETWORKS if network.version == ip.version)
 
 
 def as_policy(value: Any) -> NetworkPolicy | None:

@@ -28,6 +28,12 @@ try:
         with socket.create_connection((host, int(port)), timeout=10) as raw:
             ssl.create_default_context().wrap_socket(raw, server_hostname=name)
         result = {"ok": "handshake"}
+    elif kind == "silent":  # connect and say nothing: what does the other end do?
+        host, port = target.split(",")
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.settimeout(float(sys.argv[3]))
+            data = raw.recv(100)
+        result = {"ok": "closed" if not data else data.decode(errors="replace")}
     else:
         socket.getaddrinfo(target, 80)
         result = {"ok": "resolved"}

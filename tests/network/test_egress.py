@@ -126,3 +126,24 @@ def test_a_sandbox_reaches_neither_the_daemon_nor_another_sandbox(make, hosts: d
     # The host's own addresses (where a daemon could listen) stay closed even to allow_out ["*"].
     assert denied(probe(other, "url", f"http://{hosts['web'].peer}:{listen_port}/"))
     assert "ok" in fetch(other, f"http://{hosts['other'].address}/")
+
+
+def test_a_name_rule_never_opens_a_private_address(make, hosts: dict[str, TestHost]) -> None:
+    """private.test resolves to a test host in 10.77/16: a name rule that permits it opens nothing there; the
+    same name with a CIDR rule for the range does."""
+    private = hosts["private"]
+    by_name = make(NetworkPolicy(allow_out=["private.test"]))
+    assert probe(by_name, "dns", "private.test")["ok"] == "resolved"
+    assert denied(fetch(by_name, "http://private.test/"))
+    with_range = make(NetworkPolicy(allow_out=["private.test", f"{private.address}/30"]))
+    assert fetch(with_range, "http://private.test/")["ok"].startswith("hello from private")
+
+
+def test_a_connection_that_never_says_its_name_is_refused_where_names_decide(
+    make, hosts: dict[str, TestHost]
+) -> None:
+    """Port 443 with no ClientHello: a policy by name cannot judge it, so it is reset, never let through to the
+    test host (whose server waits for a request: a connection let through would hang until the timeout)."""
+    sbx = make(NetworkPolicy(deny_out=["denied.test"]))
+    result = probe(sbx, "silent", f"{hosts['other'].address},443", "40")
+    assert result.get("errno") in REFUSED_OR_RESET or result.get("ok") == "closed", result

@@ -106,3 +106,17 @@ def test_port_tokens_and_what_reaches_the_app() -> None:
     assert tokens == ["t3", "app"] and not from_query
     only_ours = b"GET / HTTP/1.1\r\nCookie: stasis_token_1=t3\r\n\r\n"
     assert _strip_token(only_ours, "stasis_token_1")[0] == b"GET / HTTP/1.1\r\n\r\n"
+
+
+def test_a_name_never_opens_a_private_or_link_local_address() -> None:
+    """Whoever runs a name's DNS picks its addresses: `*.x.test` resolving to the metadata service or a private
+    range stays closed, unless a CIDR rule opens that range by itself."""
+    by_name = NetworkPolicy(allow_out=["*.x.test"])
+    for address in ("169.254.169.254", "10.77.0.2", "192.168.1.1", "100.64.0.1", "172.16.0.1"):
+        assert "a name never opens" in by_name.judge(ip(address), resolved=["a.x.test"]), address
+    assert by_name.judge(ip("203.0.113.9"), resolved=["a.x.test"]) is None
+    opened = NetworkPolicy(allow_out=["*.x.test", "10.77.0.0/16"])
+    assert opened.judge(ip("10.77.0.2"), resolved=["a.x.test"]) is None
+    assert "a name never opens" in opened.judge(ip("10.78.0.2"), resolved=["a.x.test"])
+    assert by_name.decides_by_name() and NetworkPolicy(deny_out=["bad.test"]).decides_by_name()
+    assert not NetworkPolicy(allow_out=["10.0.0.0/8", "*"]).decides_by_name() and not NetworkPolicy().decides_by_name()

@@ -24,7 +24,7 @@ from .resolver import ResolvedNames
 log = logging.getLogger(__name__)
 
 SO_ORIGINAL_DST = 80
-PEEK_TIMEOUT = 5.0
+PEEK_TIMEOUT = 15.0  # seconds for a client to send its ClientHello or request head (a slow microVM under load)
 CONNECT_TIMEOUT = 10.0
 
 
@@ -67,7 +67,12 @@ class EgressProxy:
                     while not sniff.complete(kind, first) and (data := await reader.read(sniff.PEEK_BYTES)):
                         first += data
         claimed = [name] if kind and (name := sniff.claimed_name(kind, first)) else []
-        why = self.policy().judge(ip, self.resolved.names(ip), claimed, self.host_addresses())
+        policy = self.policy()
+        if kind and not sniff.complete(kind, first) and policy.decides_by_name():
+            # A policy by name cannot judge a connection that has not said its name: refused, never let through.
+            why: str | None = f"no {kind} request with a name arrived within {PEEK_TIMEOUT:.0f}s"
+        else:
+            why = policy.judge(ip, self.resolved.names(ip), claimed, self.host_addresses())
         if why:
             log.info("%s: denied %s:%d%s: %s", self.label, ip, port, f" ({claimed[0]})" if claimed else "", why)
             abort(writer)

@@ -1,5 +1,9 @@
 """A sandbox's DNS resolver: the daemon answers its queries at the gateway address, port 53.
 
+Only a standard query (opcode QUERY, not a response) with exactly one question of class IN is
+answered; UPDATE, NOTIFY, zone transfers, ANY and anything else are refused here and never reach
+the upstream. A permitted question is sent upstream as a new query built from it alone (nothing
+else of the sandbox's message leaves), and the answer is built anew from the upstream's records.
 A name the policy does not permit is REFUSED (the sandbox's lookup fails at once). A permitted one
 is asked of the upstream resolver (``STASIS_DNS_UPSTREAM``, else the host's first nameserver), and
 the addresses in the answer are remembered as that name's: the egress proxy opens an address to a
@@ -20,8 +24,11 @@ from pathlib import Path
 
 import dns.asyncquery
 import dns.exception
+import dns.flags
 import dns.message
+import dns.opcode
 import dns.rcode
+import dns.rdataclass
 import dns.rdatatype
 
 from ..netpolicy import IPAddress, NetworkPolicy
@@ -31,6 +38,9 @@ log = logging.getLogger(__name__)
 UPSTREAM_TIMEOUT = 3.0
 MIN_REMEMBER = 300.0  # seconds an answer is remembered at least: clients cache longer than its TTL
 MAX_REMEMBERED = 4096
+# Questions no sandbox needs answered through its resolver: zone transfers, ANY, and meta types.
+REFUSED_TYPES = frozenset({dns.rdatatype.AXFR, dns.rdatatype.IXFR, dns.rdatatype.ANY, dns.rdatatype.OPT,
+                           dns.rdatatype.TSIG, dns.rdatatype.TKEY, dns.rdatatype.MAILA, dns.rdatatype.MAILB})  # fmt: skip
 
 
 def upstream_from_env() -> tuple[str, int]:
@@ -108,13 +118,20 @@ class Resolver(asyncio.DatagramProtocol):
         except dns.exception.DNSException:
             return  # not DNS: no answer
         reply = await self.reply(query)
-        if self.transport is not None and not self.transport.is_closing():
+        if reply is not None and self.transport is not None and not self.transport.is_closing():
             self.transport.sendto(reply.to_wire(), addr)
 
-    async def reply(self, query: dns.message.Message) -> dns.message.Message:
-        if not query.question:
+    async def reply(self, query: dns.message.Message) -> dns.message.Message | None:
+        """The answer to send back, or None for a message that is itself a response (never answered)."""
+        if query.flags & dns.flags.QR:
+            return None
+        if query.opcode() != dns.opcode.QUERY:
+            return self._error(query, dns.rcode.REFUSED)
+        if len(query.question) != 1:
             return self._error(query, dns.rcode.FORMERR)
         question = query.question[0]
+        if question.rdclass != dns.rdataclass.IN or question.rdtype in REFUSED_TYPES:
+            return self._error(query, dns.rcode.REFUSED)
         name = question.name.to_text(omit_final_dot=True).lower()
         if not self.policy().permits_name(name):
             log.info("%s: DNS refused for %s (not permitted by the network policy)", self.label, name)
@@ -122,16 +139,20 @@ class Resolver(asyncio.DatagramProtocol):
         if question.rdtype == dns.rdatatype.AAAA:
             return dns.message.make_response(query)
         host, port = self.upstream
+        ours = dns.message.make_query(question.name, question.rdtype, dns.rdataclass.IN)
         try:
-            answer = await dns.asyncquery.udp(query, host, timeout=UPSTREAM_TIMEOUT, port=port)
+            answer = await dns.asyncquery.udp(ours, host, timeout=UPSTREAM_TIMEOUT, port=port)
         except (dns.exception.DNSException, OSError) as exc:
             log.warning("%s: upstream DNS %s:%d failed for %s: %s", self.label, host, port, name, exc)
             return self._error(query, dns.rcode.SERVFAIL)
+        response = dns.message.make_response(query)
+        response.set_rcode(answer.rcode())
+        response.answer = list(answer.answer)
         for rrset in answer.answer:
             if rrset.rdtype == dns.rdatatype.A:
                 for record in rrset:
                     self.resolved.remember(ipaddress.ip_address(record.address), name, rrset.ttl)
-        return answer
+        return response
 
     @staticmethod
     def _error(query: dns.message.Message, rcode: dns.rcode.Rcode) -> dns.message.Message:
