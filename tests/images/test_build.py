@@ -149,3 +149,28 @@ def test_a_daemon_killed_while_committing_a_step_leaves_no_image(own_daemon: Dae
         sbx = Sandbox.create(client=client, image="halfway", memory_mb=256)
         assert sbx.read_file("/root/built.txt") == b"built\n"
         sbx.terminate()
+
+
+def test_copy_keeps_a_link_in_the_context_as_a_link_and_never_reads_the_host_file(
+    images_daemon: Daemon, imported: str, tmp_path: Path
+) -> None:
+    """As Docker does: a link inside a copied directory is copied as a link. Its target on the build host
+    (a secret outside the context) is never read into the image."""
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host secret 5f3a\n")
+    ctx = tmp_path / "ctx"
+    (ctx / "data").mkdir(parents=True)
+    (ctx / "data" / "plain.txt").write_text("plain\n")
+    (ctx / "data" / "leak").symlink_to(secret)
+    (ctx / "data" / "rel").symlink_to("plain.txt")
+    (ctx / "Dockerfile").write_text("FROM pyapp\nCOPY data /srv/data\n")
+    built = stasis(images_daemon, "image", "build", "-f", str(ctx / "Dockerfile"), "-t", "linked", str(ctx))
+    assert built.returncode == 0, built.stderr
+    with images_daemon.client() as client:
+        sbx = Sandbox.create(client=client, image="linked", memory_mb=256)
+        try:
+            assert sbx.run("readlink /srv/data/leak").stdout == f"{secret}\n"
+            assert sbx.run("cat /srv/data/rel").stdout == "plain\n"
+            assert sbx.run(f"cat /srv/data/leak; grep -r 5f3a /srv/data {secret}").stdout == ""
+        finally:
+            sbx.terminate()

@@ -20,6 +20,7 @@ from stasis.images import ImageStore
 from stasis.sdk._base import Call
 from tests.conftest import Daemon
 from tests.images.conftest import stasis
+from tests.images.ociimages import oci_layout
 
 
 def store_of(daemon: Daemon) -> ImageStore:
@@ -153,3 +154,40 @@ def test_an_image_without_python_runs_on_stasiss_own(images_daemon: Daemon, made
         finally:
             sbx.terminate()
     assert not any((rootfs / "opt/stasis-python").iterdir())  # nothing was written into the image
+
+
+def hostile_layouts(work: Path, victim: Path) -> dict[str, str]:
+    """Images as an attacker would make them: /opt or /etc a link to a host directory; a small layer that
+    unpacks to far more than it weighs (zeros compress a thousandfold)."""
+    refs = {}
+    for name in ("opt", "etc"):
+        rootfs = work / f"linked-{name}"
+        (rootfs / "bin").mkdir(parents=True)
+        if name == "opt":
+            (rootfs / "etc").mkdir()
+        (rootfs / name).symlink_to(victim)
+        refs[name] = oci_layout(rootfs, work / f"layout-{name}", "v1", env={})
+    bomb = work / "bomb"
+    (bomb / "etc").mkdir(parents=True)
+    with open(bomb / "zeros", "wb") as f:
+        for _ in range(192):
+            f.write(bytes(1 << 20))
+    refs["bomb"] = oci_layout(bomb, work / "layout-bomb", "v1", env={})
+    return refs
+
+
+def test_an_image_never_writes_to_the_host_and_a_bomb_is_stopped(images_daemon: Daemon, tmp_path: Path) -> None:
+    victim = tmp_path / "host-dir"
+    victim.mkdir()
+    refs = hostile_layouts(tmp_path / "work", victim)
+    before = [i.key for i in store_of(images_daemon).list()]
+    for name in ("opt", "etc"):
+        result = stasis(images_daemon, "image", "import", refs[name], "--name", f"linked-{name}")
+        assert result.returncode == 1 and f"the directory /{name}" in " ".join(result.stderr.split()), result.stderr
+        assert list(victim.iterdir()) == [], f"an import through /{name} wrote to the host"
+        assert_nothing_half_made(images_daemon, before)
+    env = {**os.environ, **images_daemon.env, "STASIS_IMAGE_MAX_MB": "64"}
+    bomb = subprocess.run([sys.executable, "-m", "stasis", "image", "import", refs["bomb"], "--name", "bomb"],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert bomb.returncode == 1 and "decompression bomb" in " ".join(bomb.stderr.split()), bomb.stderr
+    assert_nothing_half_made(images_daemon, before)

@@ -139,9 +139,7 @@ def test_a_name_rule_never_opens_a_private_address(make, hosts: dict[str, TestHo
     assert fetch(with_range, "http://private.test/")["ok"].startswith("hello from private")
 
 
-def test_a_connection_that_never_says_its_name_is_refused_where_names_decide(
-    make, hosts: dict[str, TestHost]
-) -> None:
+def test_a_connection_that_never_says_its_name_is_refused_where_names_decide(make, hosts: dict[str, TestHost]) -> None:
     """Port 443 with no ClientHello: a policy by name cannot judge it, so it is reset, never let through to the
     test host (whose server waits for a request: a connection let through would hang until the timeout)."""
     sbx = make(NetworkPolicy(deny_out=["denied.test"]))

@@ -104,3 +104,42 @@ def _copy_metadata(src: Path, dst: Path) -> None:
 def _copy_times(src: Path, dst: Path) -> None:
     info = os.lstat(src)
     os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def make_dirs_inside(rootfs: Path, relative: str) -> bool:
+    """Make the directory ``rootfs/relative`` (and its parents) without following any link: each step is
+    opened with O_NOFOLLOW below the last, so an image whose ``/opt`` or ``/etc`` is a link to a host
+    path never leads a write outside ``rootfs``. False if a step is a link or not a directory."""
+    fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in Path(relative).parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:  # ELOOP: a link; ENOTDIR: a file
+                return False
+            os.close(fd)
+            fd = child
+        return True
+    finally:
+        os.close(fd)
+
+
+def touch_inside(rootfs: Path, directory: str, name: str) -> bool:
+    """Create the empty file ``rootfs/directory/name`` unless something (even a link) is there; never
+    through a link. False if ``directory`` is not a real directory inside ``rootfs``."""
+    if not make_dirs_inside(rootfs, directory):
+        return False
+    fd = os.open(rootfs / directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd))
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True

@@ -22,6 +22,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,19 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+FREE_RESERVE = 1 << 30  # bytes an unpack leaves free on its file system
+
+
+def image_size_limit() -> int:
+    """Bytes an imported image may unpack to (``STASIS_IMAGE_MAX_MB``, default 16 GiB)."""
+    return int(os.environ.get("STASIS_IMAGE_MAX_MB") or 16384) << 20
+
+
+def _free_bytes(path: Path) -> int:
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
 def _run(argv: list[str], what: str, timeout: float = 1800) -> str:
     try:
         result = procs.run_blocking(argv, timeout=timeout, preexec_fn=_die_with_parent)
@@ -133,9 +148,41 @@ class OciLayout:
         algorithm, _, value = digest.partition(":")
         return json.loads((self.directory / "blobs" / algorithm / value).read_text())
 
-    def unpack(self, tag: str, bundle: Path) -> Path:
-        """The image's root filesystem, layers applied (whiteouts honoured), at ``bundle/rootfs``."""
-        _run([_tool("umoci"), "unpack", "--image", f"{self.directory}:{tag}", str(bundle)], f"unpacking {tag}")
+    def unpack(self, tag: str, bundle: Path, limit_bytes: int | None = None) -> Path:
+        """The image's root filesystem, layers applied (whiteouts honoured), at ``bundle/rootfs``.
+
+        Layers are untrusted: a few MB can unpack to many GB. The unpack is stopped as soon as it has
+        taken more than ``limit_bytes`` (default ``STASIS_IMAGE_MAX_MB``) of its file system, or would leave
+        less than ``FREE_RESERVE`` free there."""
+        limit = limit_bytes if limit_bytes is not None else image_size_limit()
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        argv = [_tool("umoci"), "unpack", "--image", f"{self.directory}:{tag}", str(bundle)]
+        started = procs.start_blocking(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       preexec_fn=_die_with_parent)  # fmt: skip
+        output: list[bytes] = []
+        reader = threading.Thread(target=lambda: output.append(started.proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        free_at_start = _free_bytes(bundle.parent)
+        try:
+            code = None
+            while code is None:
+                with contextlib.suppress(TimeoutError):
+                    code = started.wait(0.2)
+                free = _free_bytes(bundle.parent)
+                if free_at_start - free > limit or free < FREE_RESERVE:
+                    started.kill()
+                    started.wait()
+                    raise InvalidRequest(
+                        f"the image unpacked to over {(free_at_start - free) >> 20} MB and was stopped (a layer may be "
+                        f"a decompression bomb): images may take {limit >> 20} MB (STASIS_IMAGE_MAX_MB) and must "
+                        f"leave {FREE_RESERVE >> 20} MB free; raise the limit or free disk space if it is that large"
+                    )
+        except BaseException:
+            started.kill()
+            raise
+        reader.join(5)
+        if code != 0:
+            raise InvalidRequest(f"unpacking {tag} failed: {b''.join(output).decode(errors='replace')[-800:]}")
         return bundle / "rootfs"
 
     def _index(self) -> dict[str, Any]:

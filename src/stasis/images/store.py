@@ -249,14 +249,18 @@ class ImageStore:
 
     @staticmethod
     def _add_mount_points(rootfs: Path) -> None:
-        """Mount points and the agent's directory, so runsc never has to create them in the image."""
+        """Mount points and the agent's directory, so runsc never has to create them in the image. An image
+        is untrusted: these are made without following its links, and one that has a link (or a file)
+        where stasis mounts something is refused."""
         for sub in ("proc", "sys", "dev", "tmp", "root", "opt/stasis", "opt/stasis-python", "etc"):
-            target = rootfs / sub
-            if not target.is_symlink():
-                target.mkdir(parents=True, exist_ok=True)
-        resolv = rootfs / "etc" / "resolv.conf"
-        if not resolv.exists() and not resolv.is_symlink():
-            resolv.touch()  # a networked gVisor sandbox mounts its resolver's here
+            if not layers.make_dirs_inside(rootfs, sub):
+                raise InvalidRequest(
+                    f"the image has a link or a file where stasis needs the directory /{sub} (it mounts its agent "
+                    "and the sandbox's own files there); make it a directory in the image"
+                )
+        # a networked gVisor sandbox mounts its resolver's file here
+        if not layers.touch_inside(rootfs, "etc", "resolv.conf"):
+            raise InvalidRequest("the image's /etc/resolv.conf cannot be made; make /etc a directory in the image")
 
     def _sweep_staging(self) -> None:
         """Builds, imports and commits cut off (their process is gone) leave hidden directories: remove them."""

@@ -209,9 +209,16 @@ class _Build:
         written = []
         for relative, local in files:  # write_file makes the parent directories
             remote = os.path.join(dest_path, relative) if into_dir else dest_path
+            if local.is_symlink():
+                link = self.sandbox.run(["sh", "-c", 'mkdir -p "$(dirname "$2")" && ln -sfn "$1" "$2"', "sh",
+                                         os.readlink(local), remote], user="root")  # fmt: skip
+                if link.exit_code != 0:
+                    raise BuildError(f"COPY: cannot make the link {remote}: {link.stderr.strip()}", exit_code=1)
+                written.append(remote)
+                continue
             written.append(self.sandbox.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o7777).path)
         if chown := dict(step.options).get("chown"):
-            self.sandbox.run(["chown", chown, *written], user="root")
+            self.sandbox.run(["chown", "-h", chown, *written], user="root")
 
     # -- the daemon's images
 
@@ -278,15 +285,20 @@ def _copied_files(context: Path, sources: tuple[str, ...] | list[str]) -> list[t
             raise InvalidRequest(f"COPY {source}: outside the build context {context}")
         if not local.exists():
             raise InvalidRequest(f"COPY {source}: no such file in the build context {context}")
-        if local.is_dir():
-            for path in sorted(p for p in local.rglob("*") if p.is_file()):
-                found.append((str(path.relative_to(local)), path))
+        if local.is_dir():  # as Docker does: a link inside the directory is copied as a link, never followed
+            for top, dirs, files in os.walk(local):
+                for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]:
+                    path = Path(top, name)
+                    found.append((str(path.relative_to(local)), path))
+            found.sort()
         else:
             found.append((local.name, local))
     return found
 
 
 def _digest(path: Path) -> str:
+    if path.is_symlink():
+        return "link:" + os.readlink(path)
     digest = hashlib.sha256(path.read_bytes())
     digest.update(str(path.stat().st_mode & 0o7777).encode())
     return base64.b16encode(digest.digest()[:16]).decode()
