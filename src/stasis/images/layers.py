@@ -10,6 +10,7 @@ always unlinked and written anew, never changed in place: the parent's link stay
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -113,10 +114,8 @@ def make_dirs_inside(rootfs: Path, relative: str) -> bool:
     fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for part in Path(relative).parts:
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o755, dir_fd=fd)
-            except FileExistsError:
-                pass
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError:  # ELOOP: a link; ENOTDIR: a file

@@ -39,8 +39,10 @@ UPSTREAM_TIMEOUT = 3.0
 MIN_REMEMBER = 300.0  # seconds an answer is remembered at least: clients cache longer than its TTL
 MAX_REMEMBERED = 4096
 # Questions no sandbox needs answered through its resolver: zone transfers, ANY, and meta types.
-REFUSED_TYPES = frozenset({dns.rdatatype.AXFR, dns.rdatatype.IXFR, dns.rdatatype.ANY, dns.rdatatype.OPT,
-                           dns.rdatatype.TSIG, dns.rdatatype.TKEY, dns.rdatatype.MAILA, dns.rdatatype.MAILB})  # fmt: skip
+REFUSED_TYPES = frozenset(
+    {dns.rdatatype.AXFR, dns.rdatatype.IXFR, dns.rdatatype.ANY, dns.rdatatype.OPT, dns.rdatatype.TSIG,
+     dns.rdatatype.TKEY, dns.rdatatype.MAILA, dns.rdatatype.MAILB}
+)  # fmt: skip
 
 
 def upstream_from_env() -> tuple[str, int]:
