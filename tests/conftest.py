@@ -168,6 +168,11 @@ def require_default_image() -> None:
 def leak_check() -> Iterator[None]:
     TEST_ROOT.mkdir(parents=True, exist_ok=True)
     yield
+    for home in TEST_ROOT.iterdir():  # a daemon killed on purpose cannot undo its shared bind of sandboxes/
+        if str(home / "sandboxes") in mounts_under(home) and not [
+            m for m in mounts_under(home / "sandboxes") if m != str(home / "sandboxes")
+        ]:
+            subprocess.run(["umount", str(home / "sandboxes")], check=False)
     leaked_processes = sandbox_processes_under(TEST_ROOT) + [f"{pid}: {cmd}" for pid, cmd in fake_agents(TEST_ROOT)]
     leaked_mounts = mounts_under(TEST_ROOT) + loop_devices_under(TEST_ROOT)
     leftover = [str(p) for p in TEST_ROOT.glob("*/sandboxes/*")]

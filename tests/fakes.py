@@ -47,6 +47,9 @@ class FakeBackend:
     async def initialize(self) -> None:
         pass
 
+    async def close(self) -> None:
+        pass
+
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "agent": str(AGENT_DIR / "agent.py")}
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from stasis import Client, GuestTimeout, InvalidRequest, Sandbox
 from stasis.images.recipe import RECIPES
-from tests.conftest import Daemon
+from tests.conftest import Daemon, loop_devices_under, wait_until
 from tests.daemon.test_hardening import host_pid
 
 
@@ -59,4 +61,30 @@ def test_a_request_that_reaches_the_agent_after_the_daemon_gave_up_never_runs(
         assert sbx.run("ls /root").stdout.split().count("late-1") == 0
         assert sbx.run("echo alive").stdout == "alive\n"
     finally:
+        sbx.terminate()
+
+
+@pytest.mark.parametrize("backend", ["gvisor"])  # a microVM's disk is a file QEMU holds, never a host mount
+def test_a_mount_namespace_made_later_never_keeps_a_suspended_sandboxs_disk(daemon: Daemon, client: Client,
+                                                                           backend: str) -> None:  # fmt: skip
+    """`ip netns exec` (or any tool that makes a mount namespace) copies the host's mounts; a suspend must still
+    release the sandbox's disk at once, and its resume must mount it again."""
+    sbx = Sandbox.create("pinned", memory_mb=256, backend=backend, client=client)
+    netns = f"stasis-pin-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    pinner = subprocess.Popen(["ip", "netns", "exec", netns, "sleep", "600"], start_new_session=True)
+    try:
+        sbx.write_file("/root/kept", b"kept")
+        wait_until(lambda: str(daemon.paths.home) in Path(f"/proc/{pinner.pid}/mounts").read_text(), timeout=30)
+        sbx.suspend()
+        directory = str(daemon.paths.home / "sandboxes" / sbx.id)
+        assert [m for m in loop_devices_under(daemon.paths.home) if sbx.id in m] == []
+        held = [line for line in Path(f"/proc/{pinner.pid}/mounts").read_text().splitlines() if directory in line]
+        assert held == [], held
+        sbx.resume()
+        assert sbx.read_file("/root/kept") == b"kept"
+    finally:
+        os.killpg(pinner.pid, signal.SIGKILL)  # ip may run the command as a child of its own
+        pinner.wait()
+        subprocess.run(["ip", "netns", "del", netns], check=False)
         sbx.terminate()

@@ -62,6 +62,10 @@ class Backend(Protocol):
         """Probe the host once (versions, platform) before the first sandbox."""
         ...
 
+    async def close(self) -> None:
+        """The daemon stops: undo what ``initialize`` set up on the host where no sandbox needs it any more."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """Version, platform and anything a user should see in `stasis doctor`."""
         ...

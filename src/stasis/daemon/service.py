@@ -122,6 +122,8 @@ class SandboxService:
         for channel in list(self._channels.values()):
             await channel.close()
         self._channels.clear()
+        for backend in self.backends.values():
+            await backend.close()
         self.store.close()
 
     def describe_backends(self) -> dict[str, dict[str, Any]]:

@@ -93,6 +93,10 @@ class GvisorBackend:
         self.runsc.root.mkdir(parents=True, exist_ok=True)
         self.checkpoint_flags = await supported_flags(self.binary, "checkpoint", PREFERRED_CHECKPOINT_FLAGS)
         await asyncio.to_thread(agent_dir, self.agents)
+        mounts.share(self.paths.sandboxes)
+
+    async def close(self) -> None:
+        mounts.unshare_if_unused(self.paths.sandboxes)
 
     def describe(self) -> dict[str, Any]:
         return {

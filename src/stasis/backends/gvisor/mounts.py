@@ -10,6 +10,8 @@ from pathlib import Path
 from ...errors import BackendError
 
 MNT_DETACH = 2
+MS_BIND = 4096
+MS_SHARED = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -37,3 +39,27 @@ def unmount(target: Path) -> None:
         err = ctypes.get_errno()
         if err != errno.EBUSY or _libc.umount2(str(target).encode(), MNT_DETACH) != 0:
             raise BackendError(f"unmounting {target} failed: {os.strerror(ctypes.get_errno() or err)}")
+
+
+def share(directory: Path) -> None:
+    """Make ``directory`` (where sandboxes' disks and roots are mounted) a shared mount: a bind of itself.
+
+    A mount namespace made later (``ip netns exec``, runsc's gofer, our own for networked sandboxes)
+    starts with copies of every mount; on a host whose mounts are private those copies are independent
+    and keep a suspended sandbox's disk mounted (its loop device busy) for as long as that namespace
+    lives. Under a shared mount, the copies are peers or slaves and an unmount here reaches them too."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = str(directory).encode()
+    if not is_mounted(directory) and _libc.mount(path, path, None, MS_BIND, None) != 0:
+        raise BackendError(f"bind-mounting {directory} onto itself failed: {os.strerror(ctypes.get_errno())}")
+    if _libc.mount(None, path, None, MS_SHARED, None) != 0:
+        raise BackendError(f"making {directory} a shared mount failed: {os.strerror(ctypes.get_errno())}")
+
+
+def unshare_if_unused(directory: Path) -> None:
+    """Undo :func:`share` when no sandbox is mounted below ``directory`` any more (a daemon stopping)."""
+    prefix = f"{directory}/"
+    with open("/proc/self/mounts") as mounts:
+        if any(line.split()[1].startswith(prefix) for line in mounts):
+            return
+    unmount(directory)

@@ -86,8 +86,9 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
 
 # runsc 20240729 refuses `--network=sandbox` in any namespace on kernels where every namespace has
 # /proc/sys/net/core/rmem_default (its test for "the root namespace"): run it where a tmpfs hides that
-# directory, in a mount namespace of its own (mounts made before stay visible, nothing leaks out).
-HIDE_ROOT_NS_TEST = 'mount --make-rprivate / && mount -t tmpfs stasis-net /proc/sys/net && exec "$@"'
+# directory, in a mount namespace of its own (mounts made before stay visible, nothing leaks out; as a
+# slave, the host's unmounts of other sandboxes' disks reach it: it never keeps one busy).
+HIDE_ROOT_NS_TEST = 'mount --make-rslave / && mount -t tmpfs stasis-net /proc/sys/net && exec "$@"'
 
 
 @dataclass(frozen=True)

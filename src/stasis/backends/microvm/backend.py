@@ -96,6 +96,9 @@ class MicrovmBackend:
         self.vm_runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.templates.spares.mkdir(parents=True, exist_ok=True)
 
+    async def close(self) -> None:
+        pass  # nothing of the host to undo: a VM's files are its own
+
     def describe(self) -> dict[str, Any]:
         return {
             "backend": self.name,
