@@ -11,7 +11,7 @@ from pathlib import Path
 from .errors import NoSpace
 
 HEADROOM = 64 << 20  # bytes left free beyond what an operation writes: the store and logs need some too
-NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded", "database or disk is full")
+NO_SPACE_TEXT = ("no space left on device", "disk quota exceeded", "database or disk is full")  # any case
 
 
 def check_free_space(directory: Path, needed: int, what: str) -> None:
@@ -31,7 +31,7 @@ def check_free_space(directory: Path, needed: int, what: str) -> None:
 def no_space(exc: BaseException, where: Path) -> BaseException:
     """``exc`` as a NoSpace naming ``where`` if a full disk caused it; else ``exc`` itself."""
     full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    if full or any(text in str(exc) for text in NO_SPACE_TEXT):
+    if full or any(text in str(exc).lower() for text in NO_SPACE_TEXT):
         return NoSpace(
             f"the disk holding {where} is full ({exc}); free disk space (`stasis df`; `stasis checkpoints rm`) "
             "and try again; the sandbox was left as it was"

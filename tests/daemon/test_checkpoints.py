@@ -184,3 +184,24 @@ def test_a_files_digest_ignores_holes_but_not_a_changed_byte(tmp_path) -> None: 
     assert sparse.stat().st_blocks < dense.stat().st_blocks
     assert _file_sha256(sparse) == _file_sha256(dense)
     assert _file_sha256(changed) != _file_sha256(dense)
+
+
+@pytest.mark.parametrize("backend", ["gvisor", "microvm"])
+def test_a_filesystem_checkpoint_keeps_named_pipes(client: Client, backend: str) -> None:
+    """gVisor keeps a FIFO the sandbox makes in its memory; a FILESYSTEM checkpoint still has it."""
+    sbx = Sandbox.create("pipes", memory_mb=256, backend=backend, client=client)
+    copy = None
+    try:
+        assert sbx.run("mkfifo -m 640 /root/pipe && mkdir -p /srv/q && mknod /srv/q/p p && chown 1:2 /srv/q/p "
+                       "&& mkfifo /etc/in-image-dir.fifo").exit_code == 0  # fmt: skip
+        checkpoint = sbx.checkpoint("filesystem")
+        copy = Sandbox.create(snapshot_id=checkpoint.id, client=client)
+        listed = copy.run("stat -c '%F %a %u:%g %n' /root/pipe /srv/q/p /etc/in-image-dir.fifo; stat -c '%a' /etc")
+        assert listed.stdout.splitlines() == [
+            "fifo 640 0:0 /root/pipe", "fifo 644 1:2 /srv/q/p", "fifo 644 0:0 /etc/in-image-dir.fifo", "755",
+        ], listed.stdout + listed.stderr  # fmt: skip
+        assert copy.run("cat /etc/hostname").exit_code == 0  # /etc is still the image's, merged
+    finally:
+        for box in (sbx, copy):
+            if box is not None:
+                box.terminate()

@@ -237,6 +237,18 @@ def test_a_full_disk_never_stops_a_sandbox_and_says_what_to_free(small_disk_daem
     assert Sandbox.list_checkpoints(client=client) == []
     assert not any((home / "checkpoints").glob("*"))
 
+    # Room for the files but not the memory: the disk fills midway, which is the same 507 as the check before.
+    filler.unlink()
+    free = os.statvfs(home)
+    subprocess.run(["fallocate", "-l", f"{(free.f_bavail * free.f_frsize >> 20) - 52}M", str(filler)], check=True)
+    for attempt in (lambda: sbx.checkpoint("memory"), lambda: sbx.copy(times=1)):
+        with pytest.raises(NoSpace, match="free disk space"):
+            attempt()
+        assert sbx.info().status == S.RUNNING
+        assert_ticking(sbx)
+    assert Sandbox.list_checkpoints(client=client) == [] and len(Sandbox.list(client=client)) == 1
+    assert not any((home / "checkpoints").glob("*"))
+
     filler.unlink()
     sbx.suspend()
     assert sbx.resume().status == S.RUNNING

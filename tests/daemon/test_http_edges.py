@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -192,5 +194,23 @@ def test_a_waiting_pool_member_is_nobodys_sandbox_until_claimed() -> None:
         check = await http.post("/v1/sandboxes/mine/exec", json={"cmd": ["test", "-e", planted]})
         assert check.json()["exit_code"] == 1  # nothing was planted before the claim
         await http.delete("/v1/pools/warm")
+
+    with_app(scenario)
+
+
+def test_an_upload_cut_off_midway_leaves_no_temp_file() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        await http.post("/v1/sandboxes", json={"name": "cut", "backend": "fake"})
+        target = Path(tempfile.mkdtemp(prefix="stasis-cut-")) / "big.bin"  # the fake agent runs on this host
+
+        async def body():  # type: ignore[no-untyped-def]
+            for _ in range(3):
+                yield bytes(1 << 20)
+            raise ConnectionResetError("the client went away")
+
+        answer = await http.put("/v1/sandboxes/cut/files", params={"path": str(target)}, content=body())
+        assert answer.status_code >= 400  # (the in-process transport hands the app the client's error)
+        assert list(target.parent.iterdir()) == []  # neither the file nor its temp file
+        target.parent.rmdir()
 
     with_app(scenario)

@@ -6,6 +6,7 @@ sandbox first and keeps it busy while it runs, and speaks the typed guest protoc
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import secrets
@@ -219,13 +220,20 @@ class GuestOperations:
                 op = P.WriteFile(path=path, data=encoded, offset=offset, final=final, upload_id=upload_id, mode=mode)
                 await channel.call(op, timeout=120)
 
-            async for piece in chunks:
-                pending += piece
-                while len(pending) > FILE_CHUNK:  # keep the last chunk back: it is the final one
-                    await send(bytes(pending[:FILE_CHUNK]), final=False)
-                    offset += FILE_CHUNK
-                    del pending[:FILE_CHUNK]
-            await send(bytes(pending), final=True)
+            try:
+                async for piece in chunks:
+                    pending += piece
+                    while len(pending) > FILE_CHUNK:  # keep the last chunk back: it is the final one
+                        await send(bytes(pending[:FILE_CHUNK]), final=False)
+                        offset += FILE_CHUNK
+                        del pending[:FILE_CHUNK]
+                await send(bytes(pending), final=True)
+            except BaseException:
+                if offset:  # chunks went in: their temp file goes now, not when the agent sweeps (an hour)
+                    abort = P.WriteFile(path=path, upload_id=upload_id, abort=True)
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(channel.call(abort, timeout=30))
+                raise
             return _entry(await channel.call(P.StatFile(path=path)))
 
     async def upload_dir(self, ref: str, path: str, tar: AsyncIterator[bytes], replace: bool) -> FileEntry:

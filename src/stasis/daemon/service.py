@@ -33,6 +33,7 @@ from ..errors import (
     StateError,
     Unsupported,
 )
+from ..fsutil import no_space
 from ..guest.client import GuestChannel
 from ..images import ImageStore, runtime
 from ..images.oci import ImageConfig
@@ -312,6 +313,8 @@ class SandboxService:
                 alive = await backend.host_state(box) == HostState.RUNNING
                 target = S.RUNNING if alive else S.FAILED
                 self.store.transition(info.id, target, "checkpoint rolled back", error=f"checkpoint failed: {exc}")
+                if (full := no_space(exc, self.checkpoint_files.root)) is not exc:
+                    raise full from exc  # a full disk midway is the same 507 as the check before it
                 raise
             faults.point("checkpoint.before_outcome")
             self.store.transition(info.id, S.RUNNING, f"checkpoint {checkpoint.id} ready")
@@ -340,6 +343,8 @@ class SandboxService:
                 await backend.suspend(box, channel)
             except BaseException as exc:
                 await self._rollback_suspend(info, box, exc)
+                if (full := no_space(exc, box.directory)) is not exc:
+                    raise full from exc
                 raise
             self._channels.pop(info.id, None)
             elapsed = time.monotonic() - started

@@ -115,6 +115,7 @@ class Agent:
             P.MakeDir: files.mkdir,
             P.ExtractTar: files.extract,
             P.PackTar: files.pack,
+            P.ListFifos: files.fifos,
         }
         assert set(self.handlers) == set(P.OPERATIONS.values()), "every operation has a handler"
 

@@ -106,6 +106,11 @@ class Files:
         if not upload.isalnum():
             raise RequestError(P.ErrorKind.INVALID, "upload_id must be alphanumeric")
         temp = os.path.join(parent, f".{os.path.basename(path)}.stasis-{upload}")
+        if req.abort:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            self._forget(upload)
+            return P.PathResult(path=path)
         offset = int(req.offset)
         if offset == 0 and not req.final:
             self._record(upload, temp)
@@ -139,6 +144,25 @@ class Files:
     def _forget(upload: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(UPLOADS, upload))
+
+    def fifos(self, req: P.ListFifos) -> P.FifoList:
+        """One walk of the names only (getdents gives each entry's type): only a FIFO is stat'ed."""
+        skip, found, stack = set(req.skip), [], ["/"]
+        while stack:
+            try:
+                entries = os.scandir(stack.pop())
+            except OSError:
+                continue
+            with entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.path not in skip:
+                            stack.append(entry.path)
+                    elif not entry.is_file(follow_symlinks=False) and not entry.is_symlink():
+                        st = entry.stat(follow_symlinks=False)
+                        if stat.S_ISFIFO(st.st_mode):
+                            found.append(P.Fifo(entry.path, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid))
+        return P.FifoList(sorted(found, key=lambda fifo: fifo.path))
 
     def list(self, req: P.ListDir) -> P.DirListing:
         path = absolute(req.path)

@@ -389,6 +389,7 @@ class WriteFile(Operation[PathResult]):
     upload_id: str = "x"
     mode: int = 0o644
     make_parents: bool = True
+    abort: bool = False  # the upload was cut off: remove its temp file now
 
 
 @dataclass
@@ -443,11 +444,34 @@ class MakeDir(Operation[PathResult]):
     exist_ok: bool = True
 
 
+@dataclass
+class Fifo:
+    path: str
+    mode: int  # permission bits
+    uid: int
+    gid: int
+
+
+@dataclass
+class FifoList:
+    fifos: list[Fifo] = field(default_factory=list, metadata={"of": Fifo})
+
+
+@dataclass
+class ListFifos(Operation[FifoList]):
+    """Named pipes on the root file system, not below ``skip`` (gVisor keeps those a sandbox makes in its
+    memory, never on the host: a FILESYSTEM checkpoint adds them from this list)."""
+
+    op = "list_fifos"
+    result = FifoList
+    skip: list[str] = field(default_factory=list)
+
+
 OPERATIONS: dict[str, type[Operation[Any]]] = {
     op.op: op
     for op in (
         Health, Sync, SetIdentity, Exec, ExecStatus, StartProcess, ListProcesses, GetProcess, ReadStreams,
         ReadOutput, SignalProcess, WriteStdin, OpenPty, WritePty, ResizePty, ClosePty, ReadFile, WriteFile,
-        ListDir, StatFile, DeleteFile, MakeDir, ExtractTar, PackTar,
+        ListDir, StatFile, DeleteFile, MakeDir, ExtractTar, PackTar, ListFifos,
     )
 }  # fmt: skip

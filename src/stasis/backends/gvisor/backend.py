@@ -44,7 +44,7 @@ from ...network.namespaces import GATEWAY_ADDRESS, Device
 from ...paths import Paths
 from ..base import BackendState, BoxRef, HostState
 from ..suspend_image import SuspendImage
-from . import disk, mounts
+from . import disk, fifos, mounts
 from .agentdir import agent_dir
 from .bundle import oci_config
 from .runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags
@@ -300,10 +300,12 @@ class GvisorBackend:
         """
         runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}", box.network is not None)
         await channel.call(P.Sync(), timeout=60)
+        pipes = [] if memory else await fifos.listed(channel)  # a MEMORY checkpoint keeps them in its memory
         await runsc.call("pause", box.id)
         try:
             faults.point("gvisor.checkpoint.paused")
             await copy_tree(self._paths(box)["upper"], dest / "files")
+            await asyncio.to_thread(fifos.add, pipes, dest / "files", box.image_rootfs)
             if memory and self._disk_mb(box):  # open files in /tmp must be there when its processes return
                 await copy_tree(self._paths(box)["tmp"], dest / "tmp")
             faults.point("gvisor.checkpoint.after_files")
