@@ -7,6 +7,9 @@ that never leaves the sandbox's gateway namespace (the daemon's proxy refuses it
 from __future__ import annotations
 
 import errno
+import http.server
+import subprocess
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -145,3 +148,23 @@ def test_a_connection_that_never_says_its_name_is_refused_where_names_decide(mak
     sbx = make(NetworkPolicy(deny_out=["denied.test"]))
     result = probe(sbx, "silent", f"{hosts['other'].address},443", "40")
     assert result.get("errno") in REFUSED_OR_RESET or result.get("ok") == "closed", result
+
+
+def test_an_address_the_host_gained_a_moment_ago_is_closed_at_once(make, hosts: dict[str, TestHost]) -> None:
+    """The host's own addresses are asked at each connection, not cached: one added to this host now (on the
+    private test host's link, in this session's own 10.77 block) is refused even to a policy that opens
+    its range, and nothing listening there is reached."""
+    private = hosts["private"]
+    fresh = private.address.rsplit(".", 1)[0] + ".100"
+    sbx = make(NetworkPolicy(allow_out=[f"{fresh.rsplit('.', 1)[0]}.0/24"]))
+    assert fetch(sbx, f"http://{private.address}/")["ok"].startswith("hello from private")  # the proxy works
+    subprocess.run(["ip", "addr", "add", f"{fresh}/32", "dev", private.outside], check=True)
+    server = http.server.HTTPServer((fresh, 8080), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = fetch(sbx, f"http://{fresh}:8080/")
+        assert denied(result), result
+    finally:
+        server.shutdown()
+        server.server_close()
+        subprocess.run(["ip", "addr", "del", f"{fresh}/32", "dev", private.outside], check=False)

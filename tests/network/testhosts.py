@@ -41,8 +41,13 @@ class TestHost:
     def netns(self) -> str:
         return f"{PREFIX}{os.getpid()}-{self.name}"
 
+    @property
+    def outside(self) -> str:
+        """Its link's end on this host."""
+        return f"sth{os.getpid() % 100000}{self.name[:4]}"
+
     def up(self) -> TestHost:
-        ns, outside = self.netns, f"sth{os.getpid() % 100000}{self.name[:4]}"
+        ns, outside = self.netns, self.outside
         _ip("netns", "add", ns)
         _ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns)
         _ip("addr", "add", f"{self.peer}/30", "dev", outside)

@@ -41,13 +41,13 @@ class EgressProxy:
         label: str,
         policy: Callable[[], NetworkPolicy],
         resolved: ResolvedNames,
-        host_addresses: Callable[[], set[IPAddress]],
+        is_host_address: Callable[[IPAddress], bool],
         on_activity: Callable[[], None],
     ) -> None:
         self.label = label
         self.policy = policy
         self.resolved = resolved
-        self.host_addresses = host_addresses
+        self.is_host_address = is_host_address
         self.on_activity = on_activity
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -72,7 +72,8 @@ class EgressProxy:
             # A policy by name cannot judge a connection that has not said its name: refused, never let through.
             why: str | None = f"no {kind} request with a name arrived within {PEEK_TIMEOUT:.0f}s"
         else:
-            why = policy.judge(ip, self.resolved.names(ip), claimed, self.host_addresses())
+            local = {ip} if self.is_host_address(ip) else set()  # asked now: an address added a moment ago counts
+            why = policy.judge(ip, self.resolved.names(ip), claimed, local)
         if why:
             log.info("%s: denied %s:%d%s: %s", self.label, ip, port, f" ({claimed[0]})" if claimed else "", why)
             abort(writer)

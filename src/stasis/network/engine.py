@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pyroute2 import IPRoute
 
@@ -28,7 +29,6 @@ from .resolver import Resolver, upstream_from_env
 
 log = logging.getLogger(__name__)
 
-HOST_ADDRESSES_TTL = 30.0
 CONNECT_TIMEOUT = 10.0
 
 
@@ -36,6 +36,27 @@ def host_addresses() -> set[IPAddress]:
     """Every address of the host's own interfaces (a sandbox may never connect to one)."""
     with IPRoute() as ipr:
         return {ipaddress.ip_address(a.get_attr("IFA_ADDRESS")) for a in ipr.get_addr() if a.get_attr("IFA_ADDRESS")}
+
+
+def is_host_address(ip: IPAddress) -> bool:
+    """Whether ``ip`` is one of the host's own addresses right now (one that appeared a moment ago too): only
+    a local address can be bound. Where the host lets any address be bound (``ip_nonlocal_bind``), the
+    host's interfaces are read instead."""
+    if _nonlocal_bind(ip.version):
+        return ip in host_addresses()
+    with socket.socket(socket.AF_INET if ip.version == 4 else socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((str(ip), 0))
+        except OSError:
+            return False
+    return True
+
+
+def _nonlocal_bind(version: int) -> bool:
+    try:
+        return Path(f"/proc/sys/net/ipv{version}/ip_nonlocal_bind").read_text().strip() != "0"
+    except OSError:
+        return False
 
 
 @dataclass
@@ -61,25 +82,9 @@ class NetworkEngine:
         self.upstream = upstream_from_env()
         self._attached: dict[str, Attached] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._host_addresses: set[IPAddress] = set()
-        self._host_addresses_at = 0.0
-        self._refresh: asyncio.Task[None] | None = None
 
     def net(self, sandbox_id: str) -> SandboxNet:
         return SandboxNet(self.tag, sandbox_id)
-
-    def host_addresses(self) -> set[IPAddress]:
-        """The host's addresses as last read; read again (in a thread) when older than the TTL."""
-        if time.monotonic() - self._host_addresses_at > HOST_ADDRESSES_TTL and self._refresh is None:
-            self._refresh = asyncio.get_running_loop().create_task(self.refresh_host_addresses())
-        return self._host_addresses
-
-    async def refresh_host_addresses(self) -> None:
-        try:
-            self._host_addresses = await asyncio.to_thread(host_addresses)
-            self._host_addresses_at = time.monotonic()
-        finally:
-            self._refresh = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -107,10 +112,8 @@ class NetworkEngine:
             return self._attached[sandbox_id].policy if sandbox_id in self._attached else policy
 
         resolver = Resolver(sandbox_id, current, self.upstream)
-        proxy = EgressProxy(sandbox_id, current, resolver.resolved, self.host_addresses,
+        proxy = EgressProxy(sandbox_id, current, resolver.resolved, is_host_address,
                             lambda: self.on_activity(sandbox_id))  # fmt: skip
-        if not self._host_addresses:
-            await self.refresh_host_addresses()
         with namespaces.inside(net.gateway):
             dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
