@@ -38,12 +38,12 @@ import re
 from typing import Any, ClassVar
 
 ECHO_KEEP = 80
-LONG_RUN = re.compile(r"\S{121,}")
+LONG_RUN = re.compile(r"[^ \n]{121,}")  # a run ends only at a plain space or newline (\x85 is a \s too)
 MESSAGE_LIMIT = 4000
 
 
 def clip(text: str) -> str:
-    """``text`` with each run of over 120 non-blank characters cut to ``ECHO_KEEP`` (saying how much was
+    """``text`` with each run of over 120 characters without a space or newline cut to ``ECHO_KEEP`` (saying how much was
     left out), and at most ``MESSAGE_LIMIT`` characters in all."""
     text = LONG_RUN.sub(lambda m: f"{m.group()[:ECHO_KEEP]}…[{len(m.group()) - ECHO_KEEP} more characters]", text)
     if len(text) > MESSAGE_LIMIT:
