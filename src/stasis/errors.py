@@ -43,8 +43,8 @@ MESSAGE_LIMIT = 4000
 
 
 def clip(text: str) -> str:
-    """``text`` with each run of over 120 characters without a space or newline cut to ``ECHO_KEEP`` (saying how much was
-    left out), and at most ``MESSAGE_LIMIT`` characters in all."""
+    """``text`` with each run of over 120 characters without a space or newline cut to ``ECHO_KEEP`` (saying
+    how much was left out), and at most ``MESSAGE_LIMIT`` characters in all."""
     text = LONG_RUN.sub(lambda m: f"{m.group()[:ECHO_KEEP]}…[{len(m.group()) - ECHO_KEEP} more characters]", text)
     if len(text) > MESSAGE_LIMIT:
         text = f"{text[:MESSAGE_LIMIT]}…[{len(text) - MESSAGE_LIMIT} more characters]"
