@@ -10,6 +10,7 @@ from pathlib import Path
 
 from stasis.daemon.recovery import Recovery
 from stasis.daemon.service import SandboxService
+from stasis.daemon.sources import source_of
 from stasis.images import ImageInfo, ImageStore
 from stasis.models import CreateSandboxRequest, SandboxInfo
 from stasis.paths import Paths
@@ -32,10 +33,25 @@ def fake_home(name: str = "fast") -> Paths:
     return paths
 
 
+class Clock:
+    """Wall-clock time the test moves on by hand (idle timers, expiries): no test sleeps through one."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @contextlib.asynccontextmanager
-async def running_service(paths: Paths, *, cleanup: bool = True) -> AsyncIterator[SandboxService]:
+async def running_service(
+    paths: Paths, *, cleanup: bool = True, clock: Clock | None = None
+) -> AsyncIterator[SandboxService]:
     """A started service (recovery run, as in the app's lifespan); ``cleanup`` removes its sandboxes after."""
-    service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
+    service = SandboxService(paths, backends={"fake": FakeBackend(paths)}, clock=clock or time.time)
     await service.start()
     await Recovery(service).run()
     try:
@@ -52,7 +68,8 @@ def fake(service: SandboxService) -> FakeBackend:
 
 
 async def create(service: SandboxService, name: str | None = None, **spec: object) -> SandboxInfo:
-    return await service.create(CreateSandboxRequest(name=name, backend="fake", **spec))  # type: ignore[arg-type]
+    request = CreateSandboxRequest(name=name, backend="fake", **spec)  # type: ignore[arg-type]
+    return await service.create(name, await source_of(request, service.store, service.images))
 
 
 def statuses(service: SandboxService, sandbox_id: str) -> list[str]:

@@ -193,6 +193,7 @@ class SandboxInfo(BaseModel):
     from_pool: str | None = Field(None, description="the warm pool it was claimed from")
     pool: str | None = Field(None, description="the pool it waits in (a member not claimed yet)")
     forked_from: str | None = Field(None, description="the sandbox it is a live fork of")
+    moved_to: str | None = Field(None, description="the remote store it was handed to (it left this node)")
 
 
 POOL_MAX_SIZE = 64

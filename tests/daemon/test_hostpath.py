@@ -24,7 +24,7 @@ SRC = Path(__file__).parents[2] / "src" / "stasis"
 CALLERS = {
     "images/store.py": "image keys (a client's image name, image.json, a remote manifest's image)",
     "daemon/checkpoints.py": "checkpoint ids (a client's ref resolved by the store, a remote manifest's)",
-    "daemon/service.py": "a sandbox's directory (its id: from the store, or a remote manifest)",
+    "daemon/boxes.py": "a sandbox's directory (its id: from the store, or a remote manifest)",
     "daemon/remote.py": "a pulled sandbox's directory, a base disk's UUID from a manifest",
     "daemon/ssh.py": "a sandbox's host key folder",
     "remote/cache.py": "piece hashes from a manifest",

@@ -167,7 +167,7 @@ def test_a_waiting_pool_member_is_nobodys_sandbox_until_claimed() -> None:
     async def scenario(http: httpx.AsyncClient) -> None:
         made = await http.post("/v1/pools", json={"name": "warm", "size": 1, "backend": "fake", "memory_mb": 256})
         assert made.status_code == 201, made.text
-        service = http._transport.app.state.service  # type: ignore[attr-defined]
+        service = http._transport.app.state.rooms.core  # type: ignore[attr-defined]
         for _ in range(200):
             members = [i for i in service.store.list() if i.pool == "warm" and i.status.value == "running"]
             if members:

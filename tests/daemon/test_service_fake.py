@@ -13,7 +13,9 @@ import pytest
 
 from stasis import procs
 from stasis.backends.base import HostState
+from stasis.daemon.checkpointing import Checkpoints
 from stasis.daemon.idle import IdleReaper
+from stasis.daemon.networking import update_network
 from stasis.daemon.operations import GuestOperations
 from stasis.daemon.service import SandboxService
 from stasis.daemon.states import require
@@ -23,14 +25,14 @@ from stasis.models import SandboxStatus as S
 from stasis.netpolicy import NetworkPolicy
 from stasis.paths import Paths
 from tests.fakes import FakeBackend
-from tests.fastkit import create, fake, fake_home, running_service, statuses
+from tests.fastkit import Clock, create, fake, fake_home, running_service, statuses
 
 pytestmark = pytest.mark.fast
 
 
-def run(scenario: Callable[[SandboxService], Awaitable[None]]) -> None:
+def run(scenario: Callable[[SandboxService], Awaitable[None]], clock: Clock | None = None) -> None:
     async def main() -> None:
-        async with running_service(fake_home("service")) as service:
+        async with running_service(fake_home("service"), clock=clock) as service:
             await scenario(service)
 
     asyncio.run(main())
@@ -90,7 +92,7 @@ def test_wrong_state_errors_say_what_to_do() -> None:
             require(service.store.get("sleepy"), S.RUNNING)
         assert caught.value.details == {"status": "suspended", "required": ["running"]}
         with pytest.raises(Unsupported, match="created without network"):
-            await service.update_network("sleepy", NetworkPolicy())
+            await update_network(service, "sleepy", NetworkPolicy())
 
     run(scenario)
 
@@ -128,7 +130,7 @@ def test_recovery_fails_a_sandbox_whose_processes_died_and_resume_boots_it_again
 
         async def crash(service: SandboxService) -> None:
             info = await create(service, "lost")
-            box = service._box(service.store.get(info.id))
+            box = service.boxes.box(service.store.get(info.id))
             pid = fake(service).pid(box)
             service.watchdog.close()  # the daemon went down with the host
             os.killpg(pid, signal.SIGKILL)  # the host rebooted under it: gone before the next daemon looks
@@ -153,14 +155,14 @@ def test_recovery_completes_a_suspend_found_done_on_the_host() -> None:
         async def crash(service: SandboxService) -> None:
             info = await create(service, "done")
             service.store.transition(info.id, S.SUSPENDING)
-            box = service._box(service.store.get(info.id))
+            box = service.boxes.box(service.store.get(info.id))
             await fake(service).suspend(box, service._channels[info.id])  # the work finished, the outcome never
 
         await restart(paths, crash)
         async with running_service(paths) as service:
             info = service.get("done")
             assert info.status == S.SUSPENDED
-            assert await fake(service).host_state(service._box(info)) == HostState.SUSPENDED
+            assert await fake(service).host_state(service.boxes.box(info)) == HostState.SUSPENDED
             assert await echo(service, "done", "back") == "back\n"
 
     asyncio.run(main())
@@ -183,23 +185,25 @@ def test_recovery_reaps_agents_and_directories_nobody_owns() -> None:
 
 
 def test_the_idle_reaper_suspends_named_and_removes_unnamed_sandboxes() -> None:
+    clock = Clock()
+
     async def scenario(service: SandboxService) -> None:
-        named = await create(service, "keeper", timeout_secs=1)
-        unnamed = await create(service, None, timeout_secs=1)
-        busy = await create(service, "busy", timeout_secs=1)
-        reaper = IdleReaper(service)
+        named = await create(service, "keeper", timeout_secs=60)
+        unnamed = await create(service, None, timeout_secs=60)
+        busy = await create(service, "busy", timeout_secs=60)
+        reaper = IdleReaper(service, Checkpoints(service))
+        clock.advance(59)
+        assert reaper.tick() == []  # not idle yet: nothing happens
         with service.activity.busy(busy.id):  # a request under way holds the clock
-            time.sleep(1.1)
-            reaper.tick()
-            for _ in range(100):
-                if service.get(named.id).status == S.SUSPENDED and service.get(unnamed.id).status == S.TERMINATED:
-                    break
-                await asyncio.sleep(0.05)
+            clock.advance(2)
+            acting = reaper.tick()
+            assert len(acting) == 2
+            await asyncio.gather(*acting)
         assert service.get(named.id).status == S.SUSPENDED
         assert service.get(unnamed.id).status == S.TERMINATED
         assert service.get(busy.id).status == S.RUNNING
 
-    run(scenario)
+    run(scenario, clock)
 
 
 def test_concurrent_requests_to_a_suspended_sandbox_share_one_resume() -> None:
@@ -220,7 +224,7 @@ def test_a_sandbox_that_dies_on_the_host_is_failed_at_once_and_its_waiters_told_
         waiting = asyncio.ensure_future(ops.run("mortal", RunRequest(cmd=["sleep", "600"])))
         await asyncio.sleep(0.3)
         started = time.monotonic()
-        os.killpg(fake(service).pid(service._box(service.store.get(info.id))), signal.SIGKILL)
+        os.killpg(fake(service).pid(service.boxes.box(service.store.get(info.id))), signal.SIGKILL)
         with pytest.raises(StateError, match="fake agent died"):
             await asyncio.wait_for(waiting, 10)
         assert time.monotonic() - started < 5  # the watchdog, not the 10 s wait

@@ -20,7 +20,7 @@ def ui(
     """The web console on 127.0.0.1: prints its URL and a login token, opens a browser, serves until Ctrl-C."""
     import uvicorn
 
-    from ..console.local import proxy_app
+    from .ui_proxy import proxy_app
 
     c = client()
     token = c.json("POST", "/v1/console/tokens")["token"]  # starts the daemon if it does not run

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..models import SandboxInfo
 from .store import Store
@@ -20,13 +20,17 @@ def idle_action(info: SandboxInfo) -> str:
     return info.spec.on_idle or ("suspend" if info.name else "terminate")
 
 
+Clock = Callable[[], float]  # wall-clock seconds: time.time, or a test's own
+
+
 class Activity:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = time.time) -> None:
+        self.clock = clock
         self._last: dict[str, float] = {}
         self._inflight: dict[str, int] = {}  # operations under way: a sandbox in use is never idle
 
     def touch(self, sandbox_id: str) -> None:
-        self._last[sandbox_id] = time.time()
+        self._last[sandbox_id] = self.clock()
 
     def last(self, info: SandboxInfo) -> float:
         return self._last.get(info.id) or info.last_activity
@@ -45,7 +49,7 @@ class Activity:
     def is_idle(self, info: SandboxInfo) -> bool:
         if info.spec.timeout_secs is None or self._inflight.get(info.id, 0) > 0:
             return False
-        return time.time() - self.last(info) >= info.spec.timeout_secs
+        return self.clock() - self.last(info) >= info.spec.timeout_secs
 
     def forget(self, sandbox_id: str) -> None:
         self._last.pop(sandbox_id, None)

@@ -4,39 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import TYPE_CHECKING
 
 from .. import faults
-from ..models import CheckpointType, CreateCheckpointRequest, CreateSandboxRequest, SandboxInfo
+from ..models import CheckpointType, CreateCheckpointRequest, SandboxInfo
+from .checkpointing import Checkpoints
+from .service import SandboxService
+from .sources import Restore
 
-if TYPE_CHECKING:
-    from .service import SandboxService
 
-
-async def fork(service: SandboxService, ref: str, times: int) -> list[SandboxInfo]:
+async def fork(service: SandboxService, checkpoints: Checkpoints, ref: str, times: int) -> list[SandboxInfo]:
     """A MEMORY checkpoint of this instant (internal: never listed, removed right after), restored ``times``
     times. All children or none: if one fails, the others are removed."""
     parent = service.lookup(ref)
     request = CreateCheckpointRequest(type=CheckpointType.MEMORY, metadata={"fork_of": parent.id})
-    checkpoint = await service.checkpoint(ref, request, internal=True)
+    checkpoint = await checkpoints.take(ref, request, internal=True)
     faults.point("fork.after_checkpoint")
+    # the parent's idle policy; no check of the bytes: this daemon wrote them a moment ago
+    spec = checkpoint.spec.model_copy(update={"timeout_secs": parent.spec.timeout_secs, "on_idle": parent.spec.on_idle})
+    source = Restore(checkpoint, spec, verify=False)
+    names = [f"{parent.name}-{secrets.token_hex(3)}" if parent.name else None for _ in range(times)]
     try:
-        spec = {"timeout_secs": parent.spec.timeout_secs, "on_idle": parent.spec.on_idle}
         children = await asyncio.gather(
-            *(
-                service.create(
-                    CreateSandboxRequest(
-                        name=f"{parent.name}-{secrets.token_hex(3)}" if parent.name else None,
-                        snapshot_id=checkpoint.id,
-                        backend=parent.spec.backend,
-                        **spec,
-                    ),
-                    verify=False,  # made a moment ago by this daemon
-                    forked_from=parent.id,
-                )
-                for _ in range(times)
-            ),
-            return_exceptions=True,
+            *(service.create(name, source, forked_from=parent.id) for name in names), return_exceptions=True
         )
         faults.point("fork.after_children")
     finally:

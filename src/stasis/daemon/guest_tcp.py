@@ -16,14 +16,11 @@ import contextlib
 import logging
 import secrets
 import socket
-from typing import TYPE_CHECKING
 
 from ..errors import StasisError
 from ..guest import protocol as P
 from ..guest.client import GuestChannel
-
-if TYPE_CHECKING:
-    from .service import SandboxService
+from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +74,7 @@ async def _pump(
     upstream: asyncio.Task[None] | None = None
     try:
         async with service.guest(sandbox_id) as channel:
-            cmd = [*service.python_argv(sandbox_id), "-I", "-S", "-c", RELAY, str(port)]
+            cmd = [*service.boxes.python_argv(service.lookup(sandbox_id)), "-I", "-S", "-c", RELAY, str(port)]
             await channel.call(P.StartProcess(cmd=cmd, id=session, stdin=True, max_output=BUFFER))
             try:
                 out = err = 0

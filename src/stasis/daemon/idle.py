@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
 from ..models import SandboxInfo, SandboxStatus
 from .activity import idle_action
-
-if TYPE_CHECKING:
-    from .service import SandboxService
+from .checkpointing import Checkpoints
+from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +18,9 @@ IDLE_TICK = 0.5  # seconds between looks for idle sandboxes
 
 
 class IdleReaper:
-    def __init__(self, service: SandboxService) -> None:
+    def __init__(self, service: SandboxService, checkpoints: Checkpoints) -> None:
         self.service = service
+        self.checkpoints = checkpoints
         self._task: asyncio.Task[None] | None = None
         self._busy: set[str] = set()
 
@@ -44,17 +43,20 @@ class IdleReaper:
             except Exception:  # the reaper must outlive any one bad tick
                 log.exception("idle reaper tick failed")
 
-    def tick(self, persist: bool = False, expire: bool = False) -> None:
-        service = self.service
+    def tick(self, persist: bool = False, expire: bool = False) -> list[asyncio.Task[None]]:
+        """Act on every idle sandbox; the actions run on as tasks (returned: a test awaits them)."""
+        service, started = self.service, []
         if persist:
             service.activity.persist(service.store)
         if expire:
-            service.expire_checkpoints()
+            self.checkpoints.expire()
         for info in service.store.list(status=S.RUNNING):  # not every suspended one, twice a second
             if info.id not in self._busy and service.activity.is_idle(info):
                 self._busy.add(info.id)
                 task = asyncio.get_running_loop().create_task(self._act(info))
                 task.add_done_callback(lambda _t, sid=info.id: self._busy.discard(sid))
+                started.append(task)
+        return started
 
     async def _act(self, info: SandboxInfo) -> None:
         action, service = idle_action(info), self.service

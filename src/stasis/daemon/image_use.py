@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from ..errors import Conflict, ImageNotFound, InvalidRequest
 from ..images import ImageInfo
 from ..images.oci import ImageConfig
 from ..images.recipe import RECIPES
 from ..models import CheckpointType, CommitImageRequest
-
-if TYPE_CHECKING:
-    from .service import SandboxService
+from .service import SandboxService
 
 
 def users(service: SandboxService) -> dict[str, list[str]]:

@@ -62,7 +62,7 @@ class GuestOperations:
 
     def _defaults(self, ref: str, env: dict[str, str], cwd: str | None, user: str | None) -> dict[str, Any]:
         """What the request says, over what the sandbox's image says (its Env, WorkingDir, User)."""
-        image_env, image_cwd, image_user = self.service.command_defaults(ref)
+        image_env, image_cwd, image_user = self.service.boxes.command_defaults(self.service.lookup(ref))
         return {"env": {**image_env, **env}, "cwd": cwd or image_cwd, "user": user or image_user}
 
     async def run(self, ref: str, request: RunRequest) -> RunResult:

@@ -20,15 +20,12 @@ import logging
 import os
 import time
 import uuid
-from typing import TYPE_CHECKING
 
-from ..errors import InvalidRequest, NotFound, StasisError, Unsupported
+from ..errors import InvalidRequest, NotFound, StasisError
 from ..guest import protocol as P
 from ..models import CreatePoolRequest, CreateSandboxRequest, PoolInfo, SandboxInfo, SandboxStatus
-from .templates import template_checkpoint
-
-if TYPE_CHECKING:
-    from .service import SandboxService
+from .service import SandboxService
+from .sources import source_of, template_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +82,10 @@ class PoolManager:
 
     async def create(self, request: CreatePoolRequest) -> PoolInfo:
         service = self.service
-        if request.backend not in service.backends:
-            why = service.unavailable.get(request.backend, "unknown backend")
-            raise Unsupported(f"backend {request.backend!r} is not available on this host: {why}")
-        service.images.get(request.image)  # refused now, not in a refill loop later
+        service.available(request.backend)  # refused now, not in a refill loop later
+        service.images.get(request.image)
         if request.template is not None:
-            template_checkpoint(service, request.template)
+            template_checkpoint(self.store, request.template)
         reserved = sum(p.size * p.memory_mb for p in self.specs.values())
         budget = memory_budget_mb()
         if reserved + request.size * request.memory_mb > budget:
@@ -218,7 +213,8 @@ class PoolManager:
             backoff = min(backoff * 2, BACKOFF_SECS[1])
 
     async def _start_member(self, name: str, spec: CreatePoolRequest) -> SandboxInfo:
-        return await self.service.create(spec.member_request(), pool=name)
+        source = await source_of(spec.member_request(), self.store, self.service.images)
+        return await self.service.create(None, source, pool=name)
 
     async def _drop_unusable(self, name: str, spec: CreatePoolRequest) -> None:
         """Members that failed, and members of an image build that is no longer the image's."""

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
 
 from fastapi import WebSocket, WebSocketDisconnect
 
 from ..network.relay import CHUNK
+from .ports import Ports
+from .service import SandboxService
 
-if TYPE_CHECKING:
-    from .service import SandboxService
 
-
-async def serve_port_connection(service: SandboxService, websocket: WebSocket, ref: str, port: int) -> None:
+async def serve_port_connection(
+    service: SandboxService, ports: Ports, websocket: WebSocket, ref: str, port: int
+) -> None:
     info = service.get(ref)
-    reader, writer = await service.ports.open(info.id, port)
+    reader, writer = await ports.open(info.id, port)
 
     async def to_client() -> None:
         while data := await reader.read(CHUNK):

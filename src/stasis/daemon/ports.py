@@ -29,7 +29,6 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import StasisError
@@ -37,9 +36,7 @@ from ..fsutil import atomic_write
 from ..models import ExposedPort, ExposePortRequest
 from ..network.http1 import forward_requests
 from .guest_tcp import open_guest_tcp
-
-if TYPE_CHECKING:
-    from .service import SandboxService
+from .service import SandboxService
 
 log = logging.getLogger(__name__)
 

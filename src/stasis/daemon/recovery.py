@@ -14,13 +14,11 @@ import contextlib
 import enum
 import logging
 import shutil
-from typing import TYPE_CHECKING
 
 from ..backends.base import BoxRef, HostState
 from ..models import SandboxInfo, SandboxStatus
-
-if TYPE_CHECKING:
-    from .service import SandboxService
+from .remote import RemoteService
+from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +69,10 @@ RECOVERY: dict[tuple[SandboxStatus, HostState], tuple[Plan, str]] = {
 
 
 class Recovery:
-    def __init__(self, service: SandboxService) -> None:
+    def __init__(self, service: SandboxService, remote: RemoteService | None = None) -> None:
         self.service = service
         self.store = service.store
+        self.remote = remote
 
     async def run(self) -> None:
         """Make the store and the host agree after a restart, sandbox by sandbox."""
@@ -82,8 +81,8 @@ class Recovery:
             self.store.delete_checkpoint(checkpoint_id)
         for name in self.service.checkpoint_files.sweep(keep=self.store.all_checkpoint_ids()):
             log.warning("removed checkpoint directory %s that no checkpoint owns", name)
-        if self.service.remote is not None:
-            await self.service.remote.settle()  # before the sandboxes: one the store took over is not kept here
+        if self.remote is not None:
+            await self.remote.settle()  # before the sandboxes: one the store took over is not kept here
         await asyncio.gather(*(self._recover_bounded(info) for info in self.store.list()))
         try:
             await self._sweep()
@@ -101,7 +100,7 @@ class Recovery:
 
     async def recover(self, info: SandboxInfo) -> None:
         service = self.service
-        backend, box = service.backend_of(info), service.box_or_bare(info)
+        backend, box = service.backend_of(info), service.boxes.box_or_bare(info)
         host = await backend.host_state(box)
         plan, detail = RECOVERY[(info.status, host)]
         log.info("recovering %s: store says %s, host says %s: %s", info.id, info.status.value, host.value, plan.name)

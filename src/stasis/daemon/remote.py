@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import faults, hostpath
 from ..backends.microvm.files import backing_file, rebase
@@ -58,9 +58,7 @@ from ..remote.cache import ChunkCache
 from ..remote.chunks import Chunks, Transfer
 from ..remote.config import RemoteConfig, node_name
 from ..remote.objects import ObjectStore
-
-if TYPE_CHECKING:
-    from .service import SandboxService
+from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +144,7 @@ class RemoteService:
             existing = await asyncio.to_thread(self.objects.read_document, key)
             if existing is not None and existing[0].get("owner") not in (self.node, None):
                 raise Conflict(f"the store says sandbox {info.id} is owned by node {existing[0]['owner']!r}")
-            box = service.box_or_bare(info)
+            box = service.boxes.box_or_bare(info)
             await service.backend_of(info).quiesce(box)
             section, transfer = await asyncio.to_thread(self.chunks.upload_tree, box.directory)
             base = await self._push_base(box.directory)
@@ -168,7 +166,7 @@ class RemoteService:
                 service.store.end_push(info.id)
                 raise
             faults.point("remote.push.after_manifest")
-            await self._leave(info, f"moved to {self.objects.url(key)}")
+            await self._leave(info, self.objects.url(key))
         log.info("pushed sandbox %s (generation %d): %s", info.id, generation, transfer.as_dict())
         return self._result("sandbox", info.id, info.name, key, transfer, owner=None)
 
@@ -268,7 +266,7 @@ class RemoteService:
                 continue
             if found is not None and found[0].get("push_id") == push_id:
                 info = self.service.store.get(sandbox_id)
-                await self._leave(info, f"moved to {self.objects.url(f'sandboxes/{sandbox_id}.json')}")
+                await self._leave(info, self.objects.url(f"sandboxes/{sandbox_id}.json"))
                 log.info("settled push of %s: the store has it", sandbox_id)
             else:
                 self.service.store.end_push(sandbox_id)
@@ -279,18 +277,10 @@ class RemoteService:
 
     # ------------------------------------------------------------ helpers
 
-    async def _leave(self, info: SandboxInfo, why: str) -> None:
+    async def _leave(self, info: SandboxInfo, url: str) -> None:
         """The store owns it now: remove this node's copy (a restart finishes this if cut off)."""
-        service = self.service
-        if info.status != S.TERMINATED:
-            if info.status != S.TERMINATING:
-                service.store.transition(info.id, S.TERMINATING, why)
-            await service.backend_of(info).destroy(service.box_or_bare(info))
-            await service.ports.forget(info.id)
-            await service.network.detach(info.id)
-            service.store.transition(info.id, S.TERMINATED, why, error=why)
-        service.store.end_push(info.id)
-        service.activity.forget(info.id)
+        await self.service.leave(info, moved_to=url)
+        self.service.store.end_push(info.id)
 
     def _local(self, sandbox_id: str) -> SandboxInfo | None:
         try:

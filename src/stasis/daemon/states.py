@@ -62,6 +62,8 @@ def require(info: SandboxInfo, wanted: S) -> None:
     """Raise a StateError that says what to do, unless the sandbox is in state ``wanted``."""
     if info.status != wanted:
         why = WHY_NOT[info.status].format(name=info.name or info.id, error=info.error)
+        if info.moved_to:  # it left this node through the remote store: that is where it is now
+            why = f"moved to {info.moved_to}; `stasis resume {info.name or info.id}` takes it back from there"
         raise StateError(f"sandbox {info.name or info.id!r} {why}", status=info.status.value, required=[wanted.value])
 
 

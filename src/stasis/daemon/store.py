@@ -92,7 +92,8 @@ class Store:
                         f"backend_state = json_remove(backend_state, '$.{column}')"
                     )
             # a waiting pool member's pool; the pool a claimed one came from; the sandbox a fork copies
-            for column in ("pool", "from_pool", "forked_from"):
+            # ... and where a sandbox that left this node went (the remote store's manifest)
+            for column in ("pool", "from_pool", "forked_from", "moved_to"):
                 if column not in columns:
                     self.db.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} TEXT")
             self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes(status, created_at, id)")
@@ -420,4 +421,5 @@ def _info(row: sqlite3.Row) -> SandboxInfo:
         from_pool=row["from_pool"],
         pool=row["pool"],
         forked_from=row["forked_from"],
+        moved_to=row["moved_to"],
     )

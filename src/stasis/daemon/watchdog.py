@@ -1,43 +1,27 @@
 """Noticing at once when a running sandbox dies on the host (the OOM killer, a kill, a crash).
 
-For every running sandbox the backend names the host process whose exit is its death; a
-pidfd of it sits in the event loop (it works for processes that are not our children, so
-re-adopted sandboxes are watched too). When it fires and the store still says running, the
-sandbox becomes ``failed`` with the backend's reason, its channel is closed so that every
-waiting request fails now with that reason, and what is left of it on the host is stopped.
+For every running sandbox the backend names the host process whose exit is its death; a pidfd of it
+sits in the event loop (it works for processes that are not our children, so re-adopted sandboxes
+are watched too). When it fires, ``on_exit`` is called with the sandbox's id: the service decides
+whether that was a death (see :meth:`stasis.daemon.service.SandboxService.died`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import os
-from typing import TYPE_CHECKING
-
-from ..backends.base import HostState
-from ..models import SandboxStatus
-
-if TYPE_CHECKING:
-    from .service import SandboxService
-
-log = logging.getLogger(__name__)
-
-S = SandboxStatus
+from collections.abc import Awaitable, Callable
 
 
 class Watchdog:
-    def __init__(self, service: SandboxService) -> None:
-        self.service = service
+    def __init__(self, on_exit: Callable[[str], Awaitable[None]]) -> None:
+        self.on_exit = on_exit
         self._fds: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def watch(self, sandbox_id: str) -> None:
-        """Watch the sandbox's host process from now on (replacing an earlier watch of it)."""
+    def watch(self, sandbox_id: str, pid: int | None) -> None:
+        """Watch ``pid`` as the sandbox's host process from now on (replacing an earlier watch of it)."""
         self.forget(sandbox_id)
-        service = self.service
-        info = service.store.get(sandbox_id)
-        pid = await service.backend_of(info).host_pid(service.box_or_bare(info))
         if pid is None:
             return
         try:
@@ -67,23 +51,6 @@ class Watchdog:
             self._spawn(sandbox_id)
 
     def _spawn(self, sandbox_id: str) -> None:
-        task = asyncio.get_running_loop().create_task(self.died(sandbox_id))
+        task = asyncio.get_running_loop().create_task(self.on_exit(sandbox_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def died(self, sandbox_id: str) -> None:
-        """Record the death of a sandbox whose processes are gone (no-op if it runs, or is not running)."""
-        service = self.service
-        async with service.lock(sandbox_id):
-            info = service.store.get(sandbox_id)
-            if info.status != S.RUNNING:
-                return  # a suspend or removal stopped it on purpose
-            backend, box = service.backend_of(info), service.box_or_bare(info)
-            if await backend.host_state(box) == HostState.RUNNING:
-                return
-            reason = backend.stop_reason(box)
-            log.warning("sandbox %s died on the host: %s", sandbox_id, reason)
-            service.store.transition(sandbox_id, S.FAILED, error=reason)
-            await service.drop_channel(sandbox_id)  # waiters fail now, with the reason on record
-            with contextlib.suppress(Exception):
-                await backend.stop(box)

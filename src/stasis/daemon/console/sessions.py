@@ -11,9 +11,6 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
-
-from starlette.requests import HTTPConnection
 
 COOKIE = "stasis_console"
 LIFETIME_SECS = 12 * 3600
@@ -49,13 +46,3 @@ class Sessions:
 
     def logout(self, session_id: str | None) -> None:
         self._sessions.pop(session_id or "", None)
-
-
-def same_origin(connection: HTTPConnection) -> bool:
-    """The browser's Origin names this very host and port (a page of another port is another origin,
-    though the same site for cookies). A client that is not a browser sends none: it has no cookie to
-    ride on either, and still needs the session and its CSRF token."""
-    origin = connection.headers.get("origin")
-    if origin is None:
-        return True
-    return urlsplit(origin).netloc.lower() == connection.headers.get("host", "").lower()

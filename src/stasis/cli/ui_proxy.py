@@ -22,8 +22,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed
 
+from ..origin import same_origin
 from ..paths import Paths
-from .sessions import same_origin
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length"}
 

@@ -6,13 +6,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..daemon.host_usage import host_usage
-from ..models import SandboxInfo, SandboxStatus
-
-if TYPE_CHECKING:
-    from ..daemon.service import SandboxService
+from ...models import SandboxInfo, SandboxStatus
+from ..host_usage import host_usage
+from ..service import SandboxService
 
 TICK_SECS = 1.0  # how often the feed looks; the page only listens
 

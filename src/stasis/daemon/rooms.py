@@ -1,0 +1,71 @@
+"""The daemon's rooms, wired together in one place: the lifecycle core, and what stands on it.
+
+    faces       routes/ (HTTP), console/, mcp_http          translate a protocol onto the rooms below
+    front       Front: create and resume get their source   pools, templates, the remote store
+    features    Checkpoints, forks, PoolManager, Ports, RemoteService, GuestOperations, ssh, idle reaper
+    core        SandboxService: locks, store transitions, channels, backends, one teardown
+
+Each room is handed only what it uses; none reaches back into a room above it. A face gets the rooms
+through :func:`rooms_of` (FastAPI's dependency), never through a module-level global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends
+from starlette.requests import HTTPConnection
+
+from ..paths import Paths
+from ..remote.config import RemoteConfig
+from .checkpointing import Checkpoints
+from .console.sessions import Sessions
+from .front import Front
+from .idle import IdleReaper
+from .operations import GuestOperations
+from .pools import PoolManager
+from .ports import Ports
+from .remote import RemoteService
+from .service import SandboxService
+from .ssh import HostKeys
+
+
+@dataclass
+class Rooms:
+    paths: Paths
+    core: SandboxService
+    front: Front
+    checkpoints: Checkpoints
+    pools: PoolManager
+    ports: Ports
+    remote: RemoteService | None
+    ops: GuestOperations
+    host_keys: HostKeys
+    reaper: IdleReaper
+    token: str | None = None  # the API's, over TCP
+    logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
+
+    @classmethod
+    def build(cls, paths: Paths, core: SandboxService, token: str | None = None) -> Rooms:
+        checkpoints = Checkpoints(core)
+        remote_config = RemoteConfig.from_env()
+        remote = RemoteService(core, remote_config) if remote_config else None
+        pools = PoolManager(core)
+        ports = Ports(core)
+        core.teardown_hooks.append(ports.forget)  # an exposed port's listener goes with its sandbox
+        rooms = cls(
+            paths=paths, core=core, front=Front(core, pools, remote), checkpoints=checkpoints, pools=pools,
+            ports=ports, remote=remote, ops=GuestOperations(core), host_keys=HostKeys(paths.home / "ssh-host-keys"),
+            reaper=IdleReaper(core, checkpoints), token=token,
+        )  # fmt: skip
+        if token:
+            rooms.logins.tokens.add(token)
+        return rooms
+
+
+def rooms_of(connection: HTTPConnection) -> Rooms:
+    return connection.app.state.rooms  # type: ignore[no-any-return]
+
+
+RoomsDep = Annotated[Rooms, Depends(rooms_of)]

@@ -1,0 +1,7 @@
+"""The HTTP face: one router per resource, each a thin translation onto the rooms (see ``..rooms``)."""
+
+from __future__ import annotations
+
+from . import checkpoints, commands, files, images, pools, ports, remote, sandboxes, system, terminals
+
+ROUTERS = [m.router for m in (system, images, sandboxes, pools, checkpoints, remote, commands, terminals, ports, files)]
