@@ -16,11 +16,12 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 from stasis import procs
-from stasis.backends.base import BackendState, BoxRef, HostState
+from stasis.backends.base import BackendState, BoxRef, External, Fetch, FromCheckpoint, HostState
 from stasis.backends.suspend_image import SuspendImage
 from stasis.errors import BackendError
 from stasis.guest import AGENT_DIR
@@ -36,7 +37,6 @@ class FakeState(BackendState):
 
 class FakeBackend:
     name: ClassVar[str] = "fake"
-    kill_points: ClassVar[tuple[str, ...]] = ()
     network_device: ClassVar[str] = "veth"
     sets_identity: ClassVar[bool] = False
 
@@ -44,17 +44,14 @@ class FakeBackend:
         self.paths = paths
         self.fail_next: dict[str, Exception] = {}  # operation -> error it raises once (a broken host)
 
-    async def initialize(self) -> None:
-        pass
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        yield
 
-    async def close(self) -> None:
-        pass
-
-    def describe(self) -> dict[str, Any]:
+    def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        if state is not None:
+            return FakeState.model_validate(state).model_dump()
         return {"backend": self.name, "agent": str(AGENT_DIR / "agent.py")}
-
-    def describe_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        return FakeState.model_validate(state).model_dump()
 
     def _fail(self, operation: str) -> None:
         if operation in self.fail_next:
@@ -85,7 +82,7 @@ class FakeBackend:
             raise
         return channel
 
-    async def start(self, box: BoxRef) -> tuple[GuestChannel, FakeState]:
+    async def start(self, box: BoxRef, source: FromCheckpoint | None = None) -> tuple[GuestChannel, FakeState]:
         self._fail("start")
         d = box.directory
         (d / "state").mkdir(parents=True, exist_ok=True)
@@ -109,11 +106,6 @@ class FakeBackend:
         proc.returncode = 0  # never waited on here: killed by pid, reaped by whoever reaps
         state = FakeState.model_validate(box.state) if box.state else FakeState()
         return await self._connect(box), state.model_copy(update={"boots": state.boots + 1})
-
-    async def start_from(
-        self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
-    ) -> tuple[GuestChannel, FakeState]:
-        return await self.start(box)  # no memory to restore: a fresh agent
 
     async def checkpoint(self, box: BoxRef, channel: GuestChannel, dest: Path, memory: bool) -> None:
         self._fail("checkpoint")
@@ -166,23 +158,23 @@ class FakeBackend:
     def stop_reason(self, box: BoxRef) -> str:
         return "the fake agent died"
 
-    async def stop(self, box: BoxRef) -> None:
-        """Nothing runs afterwards. A suspended fake's stopped process *is* its image: it stays."""
+    async def stop(self, box: BoxRef, remove: bool = False) -> None:
+        """Nothing runs afterwards. A suspended fake's stopped process *is* its image: it stays (unless
+        ``remove``)."""
+        if remove:
+            self._image(box).discard()
         pid = self.pid(box)
         if pid is not None and not (self._image(box).sealed and _stopped(pid)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
             await procs.wait_gone(pid, 10)
+        if remove:
+            await asyncio.to_thread(shutil.rmtree, box.directory, True)
 
-    async def destroy(self, box: BoxRef) -> None:
-        self._image(box).discard()
-        await self.stop(box)
-        await asyncio.to_thread(shutil.rmtree, box.directory, True)
+    async def externals(self, directory: Path) -> list[External]:
+        return []
 
-    async def quiesce(self, box: BoxRef) -> None:
-        pass
-
-    def relocate(self, directory: Path) -> None:
+    async def rebind(self, directory: Path, needs: list[str], fetch: Fetch) -> None:
         pass
 
     async def sweep(self, known_ids: set[str]) -> list[str]:

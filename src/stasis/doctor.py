@@ -15,10 +15,9 @@ async def check_host(paths: Paths) -> dict[str, Any]:
     for name in BACKENDS:
         try:
             backend = create_backend(name, paths)
-            await backend.initialize()
+            async with backend.serving():
+                backends[name] = {"works": True, **backend.describe()}
         except StasisError as exc:
             backends[name] = {"works": False, "problem": exc.message}
-            continue
-        backends[name] = {"works": True, **backend.describe()}
     images = [info.key for info in ImageStore(paths.images).list()]
     return {"backends": backends, "images": images}

@@ -3,8 +3,8 @@
 ``STASIS_KILL_POINT=<name>`` makes the process SIGKILL itself when it reaches
 :func:`point` with that name; ``STASIS_FAIL_POINT=<name>`` makes it raise a
 ``BackendError`` there instead. Costs two dict lookups when unset. Every name
-passed to :func:`point` is listed in ``POINTS`` or in its backend's ``kill_points``
-(a test keeps the lists honest).
+passed to :func:`point` is listed in ``POINTS`` or, for a backend's own windows, in
+``BACKEND_POINTS`` (a test keeps the lists honest).
 """
 
 from __future__ import annotations
@@ -43,14 +43,27 @@ POINTS = (
     "remote.push.after_chunks",
     "remote.push.after_manifest",
     "remote.pull.after_take",
-)  # the daemon's own; each backend lists its windows in its ``kill_points``
+)  # the daemon's own
+
+BACKEND_POINTS = {
+    "gvisor": (
+        "gvisor.start.after_mount", "gvisor.start.after_launch", "gvisor.start_from.after_copy",
+        "gvisor.start_from.after_restore", "gvisor.suspend.after_sync", "gvisor.suspend.before_checkpoint",
+        "gvisor.suspend.after_checkpoint", "gvisor.suspend.after_rename", "gvisor.suspend.after_delete",
+        "gvisor.resume.before_mount", "gvisor.resume.before_restore", "gvisor.resume.after_restore",
+        "gvisor.checkpoint.paused", "gvisor.checkpoint.after_files", "gvisor.checkpoint.after_memory",
+        "gvisor.destroy.after_stop",
+    ),
+    "microvm": (
+        "microvm.start.after_restore", "microvm.suspend.after_save", "microvm.suspend.after_quit",
+        "microvm.suspend.after_rename", "microvm.resume.after_load", "microvm.checkpoint.after_save",
+    ),
+}  # fmt: skip
 
 
 def all_points() -> tuple[str, ...]:
-    """The daemon's points and those of every registered backend."""
-    from .backends import BACKENDS, backend_class
-
-    return POINTS + tuple(p for name in BACKENDS for p in backend_class(name).kill_points)
+    """The daemon's points and those of every backend."""
+    return POINTS + tuple(p for points in BACKEND_POINTS.values() for p in points)
 
 
 # The agent harness's own points (the harness is a client process, not the daemon).

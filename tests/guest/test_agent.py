@@ -33,7 +33,7 @@ async def agent() -> AsyncIterator[tuple[FakeBackend, BoxRef, GuestChannel]]:
         yield backend, box, channel
     finally:
         await channel.close()
-        await backend.destroy(box)
+        await backend.stop(box, remove=True)
 
 
 def run(scenario: Callable[[FakeBackend, BoxRef, GuestChannel], Awaitable[None]]) -> None:

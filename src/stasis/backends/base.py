@@ -10,6 +10,8 @@ Every method is idempotent where a crash could make the daemon call it twice.
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -51,37 +53,48 @@ class HostState(enum.Enum):
     STOPPED = "stopped"  # no processes, no suspend image (crashed, or the host rebooted)
 
 
+@dataclass(frozen=True)
+class FromCheckpoint:
+    """A checkpoint directory to start a sandbox from: its files, and (``memory``) its processes."""
+
+    directory: Path
+    memory: bool
+    state: dict[str, Any]  # the backend state of the sandbox it was taken of
+
+
+@dataclass(frozen=True)
+class External:
+    """A file that a sandbox's (or a checkpoint's) files depend on outside their directory, named by its
+    content's identity (one plain name), so that it travels once and is found again on another node."""
+
+    key: str
+    path: Path
+
+
+Fetch = Callable[[str], Awaitable[Path]]  # an External's key -> this node's copy of it, fetched if need be
+
+
 class Backend(Protocol):
+    """What every backend does: the lifecycle of one sandbox on this host, and nothing above it."""
+
     name: ClassVar[str]
-    kill_points: ClassVar[tuple[str, ...]]  # its STASIS_KILL_POINT names (see stasis.faults)
     network_device: ClassVar[Device]  # what a networked sandbox's kernel is given (see stasis.network)
     # whether its guest agent may set hostname and kernel RNG (a claimed pool member gets its own)
     sets_identity: ClassVar[bool]
 
-    async def initialize(self) -> None:
-        """Probe the host once (versions, platform) before the first sandbox."""
+    def serving(self) -> AbstractAsyncContextManager[None]:
+        """While the daemon serves: probe the host once (versions, platform) before the first sandbox, and
+        undo on the way out what no sandbox needs any more."""
         ...
 
-    async def close(self) -> None:
-        """The daemon stops: undo what ``initialize`` set up on the host where no sandbox needs it any more."""
+    def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What `stasis doctor` shows (version, platform), or with ``state`` one sandbox's backend state as
+        `stasis info` shows it."""
         ...
 
-    def describe(self) -> dict[str, Any]:
-        """Version, platform and anything a user should see in `stasis doctor`."""
-        ...
-
-    def describe_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """One sandbox's backend state as a user should see it in `stasis info`."""
-        ...
-
-    async def start(self, box: BoxRef) -> tuple[GuestChannel, BackendState]:
-        """Boot a sandbox (on its own files if it has some already); a ready channel and the state to keep."""
-        ...
-
-    async def start_from(
-        self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
-    ) -> tuple[GuestChannel, BackendState]:
-        """A new sandbox from a checkpoint directory: its files, and (``memory``) its processes."""
+    async def start(self, box: BoxRef, source: FromCheckpoint | None = None) -> tuple[GuestChannel, BackendState]:
+        """Boot a sandbox (on its own files if it has some already), or start it from a checkpoint; a ready
+        channel and the state to keep."""
         ...
 
     async def checkpoint(self, box: BoxRef, channel: GuestChannel, dest: Path, memory: bool) -> None:
@@ -89,7 +102,8 @@ class Backend(Protocol):
         ...
 
     async def suspend(self, box: BoxRef, channel: GuestChannel) -> None:
-        """Save memory, processes and files to disk; afterwards nothing of it runs on the host.
+        """Save memory, processes and files to disk; afterwards nothing of it runs on the host (and nothing of
+        the host holds its files: they may be copied off).
 
         On failure the partial image is gone; the sandbox runs on if it still can (see host_state)."""
         ...
@@ -116,23 +130,21 @@ class Backend(Protocol):
         """Why a sandbox stopped without being asked to (the host OOM killer, ...), as a user should read it."""
         ...
 
-    async def stop(self, box: BoxRef) -> None:
-        """Stop all processes and unmount, keep the files (rolls back a failed start; idempotent)."""
-        ...
-
-    async def destroy(self, box: BoxRef) -> None:
-        """Stop everything and remove the sandbox's directory."""
+    async def stop(self, box: BoxRef, remove: bool = False) -> None:
+        """Stop all processes and unmount, and with ``remove`` its directory too; idempotent (it rolls back a
+        failed start, and removal always works)."""
         ...
 
     async def sweep(self, known_ids: set[str]) -> list[str]:
         """Stop what runs on the host for sandboxes the daemon does not know; return their ids."""
         ...
 
-    async def quiesce(self, box: BoxRef) -> None:
-        """Before a stopped sandbox's files are copied off the host: wait until nothing writes them any more."""
+    async def externals(self, directory: Path) -> list[External]:
+        """What the files in ``directory`` (a stopped sandbox's, a checkpoint's) depend on outside it."""
         ...
 
-    def relocate(self, directory: Path) -> None:
-        """Files of a sandbox or checkpoint made on another node, just fetched into ``directory``: make
-        what they name of the host (boot files) this node's own copies."""
+    async def rebind(self, directory: Path, needs: list[str], fetch: Fetch) -> None:
+        """Files just fetched into ``directory`` from another node: point them at this node's copies of the
+        externals ``needs`` names (its own where it has the same content, else what ``fetch`` brings) and
+        of anything else of the host they name (boot files)."""
         ...

@@ -7,7 +7,8 @@ Keys under the store's prefix::
     checkpoints/<id>.json          a checkpoint's manifest: immutable once written
     sandboxes/<id>.json            a sandbox's manifest, and who owns it: ``owner`` is a node, or None
                                    while the sandbox waits in the store; ``generation`` counts hand-overs
-    bases/<uuid>.json              a microVM base disk (qcow2 overlays name it), pulled where missing
+    externals/<key>.json           a file sandboxes depend on outside their directory (a microVM's base
+                                   disk, by its file system's UUID), sent once, fetched where missing
     names/{sandboxes,checkpoints}/<name>   the id a name stands for
 
 A manifest is written last, after every piece it names: a cut-off push is never visible. Ownership is
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import faults, hostpath
-from ..backends.microvm.files import backing_file, rebase
+from ..backends.base import External
 from ..errors import (
     CheckpointCorrupt,
     CheckpointNotFound,
@@ -57,17 +58,16 @@ from ..models import (
 from ..remote.cache import ChunkCache
 from ..remote.chunks import Chunks, Transfer
 from ..remote.config import RemoteConfig, node_name
+from ..remote.manifest import FORMAT, ImageRef, Manifest
 from ..remote.objects import ObjectStore
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
 S = SandboxStatus
-FORMAT = 1
 CHECKPOINT_ID = re.compile(r"ck-[0-9a-z]{12}")
-BASE_UUID = re.compile(r"[0-9a-f]{32}")
+EXTERNAL_KEY = re.compile(r"[a-z0-9]{1,16}-[0-9a-f]{8,64}")  # a backend's name for a file's content
 FOLDERS = {"sandbox": "sandboxes", "checkpoint": "checkpoints"}
-QCOW2 = "disk.qcow2"  # a microVM's disk, over a base disk it names by path
 
 
 class RemoteService:
@@ -78,7 +78,7 @@ class RemoteService:
         self.objects = ObjectStore(config)
         self.cache = ChunkCache(service.paths.home / "remote-cache", config.cache_limit_bytes)
         self.chunks = Chunks(self.objects, self.cache)
-        self.bases = service.paths.images / "microvm" / "remote-bases"
+        self.externals = service.paths.images / "remote-externals"  # files sandboxes depend on, fetched here
 
     # ------------------------------------------------------------ checkpoints
 
@@ -87,14 +87,14 @@ class RemoteService:
         key = f"checkpoints/{checkpoint.id}.json"
         source = self.service.checkpoint_files.path(checkpoint.id)
         section, transfer = await asyncio.to_thread(self.chunks.upload_tree, source)
-        base = await self._push_base(source)
+        externals = await self._push_externals(checkpoint.backend, source)
         manifest = self._manifest("checkpoint", checkpoint.id, checkpoint.name, checkpoint.backend, checkpoint.image,
                                   checkpoint.spec.image, checkpoint.runtime, checkpoint.model_dump(mode="json"),
-                                  section, base)  # fmt: skip
+                                  section, externals)  # fmt: skip
         existing = await asyncio.to_thread(self.objects.read_document, key)
         if existing is None:
-            await asyncio.to_thread(self.objects.write_document, key, manifest, replacing=None)
-        elif existing[0]["record"].get("sha256") != checkpoint.sha256:
+            await asyncio.to_thread(self.objects.write_document, key, manifest.document(), replacing=None)
+        elif Manifest.parse(existing[0], key).record.get("sha256") != checkpoint.sha256:
             raise Conflict(f"{self.objects.url(key)} holds a different checkpoint of the same id; not overwritten")
         if checkpoint.name:
             await asyncio.to_thread(self.objects.put, f"names/checkpoints/{checkpoint.name}", checkpoint.id.encode())
@@ -104,7 +104,7 @@ class RemoteService:
     async def pull_checkpoint(self, ref: str) -> TransferResult:
         """Fetch a checkpoint into this node (a copy: it stays in the store for others)."""
         key, (manifest, _) = await self._find("checkpoint", ref)
-        checkpoint = CheckpointInfo.model_validate(manifest["record"])
+        checkpoint = CheckpointInfo.model_validate(manifest.record)
         _check_id(checkpoint.id, CHECKPOINT_ID, key)
         try:
             local = self.service.store.get_checkpoint(checkpoint.id)
@@ -142,25 +142,25 @@ class RemoteService:
             if info.status != S.SUSPENDED:
                 raise Conflict(f"sandbox {info.name or info.id} is {info.status.value}; only a suspended one can move")
             existing = await asyncio.to_thread(self.objects.read_document, key)
-            if existing is not None and existing[0].get("owner") not in (self.node, None):
-                raise Conflict(f"the store says sandbox {info.id} is owned by node {existing[0]['owner']!r}")
-            box = service.boxes.box_or_bare(info)
-            await service.backend_of(info).quiesce(box)
+            previous = Manifest.parse(existing[0], key) if existing is not None else None
+            if previous is not None and previous.owner not in (self.node, None):
+                raise Conflict(f"the store says sandbox {info.id} is owned by node {previous.owner!r}")
+            box = service.boxes.box_or_bare(info)  # suspended: nothing of the host holds its files
             section, transfer = await asyncio.to_thread(self.chunks.upload_tree, box.directory)
-            base = await self._push_base(box.directory)
+            externals = await self._push_externals(info.spec.backend, box.directory)
             record = info.model_dump(mode="json")
             manifest = self._manifest("sandbox", info.id, info.name, info.spec.backend, info.image_key or "",
-                                      info.spec.image, info.runtime, record, section, base)  # fmt: skip
+                                      info.spec.image, info.runtime, record, section, externals)  # fmt: skip
             faults.point("remote.push.after_chunks")
             push_id = secrets.token_hex(8)
-            generation = existing[0].get("generation", 0) + 1 if existing else 1
-            manifest.update(owner=None, generation=generation, push_id=push_id)
+            generation = previous.generation + 1 if previous is not None else 1
+            manifest = manifest.model_copy(update={"owner": None, "generation": generation, "push_id": push_id})
             if info.name:  # the name's pointer first: the manifest may be the last thing this daemon writes
                 await asyncio.to_thread(self.objects.put, f"names/sandboxes/{info.name}", info.id.encode())
             service.store.begin_push(info.id, push_id)  # intent: a restart settles it against the store
             try:
                 await asyncio.to_thread(
-                    self.objects.write_document, key, manifest, replacing=existing[1] if existing else None
+                    self.objects.write_document, key, manifest.document(), replacing=existing[1] if existing else None
                 )
             except BaseException:
                 service.store.end_push(info.id)
@@ -173,15 +173,15 @@ class RemoteService:
     async def pull_sandbox(self, ref: str) -> TransferResult:
         """Take the sandbox over from the store (exactly one node wins) and fetch it, suspended."""
         key, (manifest, etag) = await self._find("sandbox", ref)
-        sandbox_id = manifest["id"]
-        owner = manifest.get("owner")
+        sandbox_id = manifest.id
+        owner = manifest.owner
         if owner not in (None, self.node):
             raise Conflict(
-                f"sandbox {manifest.get('name') or sandbox_id} moved to node {owner!r}; it runs there now "
+                f"sandbox {manifest.name or sandbox_id} moved to node {owner!r}; it runs there now "
                 f"(push it from there to move it again)"
             )
         self._check_runnable(manifest)
-        info = SandboxInfo.model_validate(manifest["record"])
+        info = SandboxInfo.model_validate(manifest.record)
         _check_id(info.id, ID_PATTERN, key)
         if self.unsettled(info.id):
             await self.settle()  # a push of ours the daemon did not see through: finish it first
@@ -202,12 +202,14 @@ class RemoteService:
                     name=info.name,
                 )
         if owner is None:  # take it: of nodes racing here exactly one write succeeds
-            taken = {**manifest, "owner": self.node, "generation": manifest["generation"] + 1, "taken_at": time.time()}
+            taken = manifest.model_copy(
+                update={"owner": self.node, "generation": manifest.generation + 1, "taken_at": time.time()}
+            ).document()
             try:
                 await asyncio.to_thread(self.objects.write_document, key, taken, replacing=etag)
             except Conflict:
                 raise Conflict(
-                    f"another node took sandbox {manifest.get('name') or sandbox_id} from the store just now"
+                    f"another node took sandbox {manifest.name or sandbox_id} from the store just now"
                 ) from None
             faults.point("remote.pull.after_take")
         dest = hostpath.child(self.service.paths.sandboxes, info.id, "sandbox id", hostpath.SANDBOX_ID)
@@ -215,7 +217,7 @@ class RemoteService:
             shutil.rmtree(dest)  # a pull cut off after the rename: we own it, fetch it whole again
         dest.parent.mkdir(parents=True, exist_ok=True)
         transfer = await self._download(manifest, dest)
-        self.service.store.arrive(info, f"pulled from {self.objects.url(key)} (generation {manifest['generation']})")
+        self.service.store.arrive(info, f"pulled from {self.objects.url(key)} (generation {manifest.generation})")
         log.info("pulled sandbox %s: %s", info.id, transfer.as_dict())
         return self._result("sandbox", info.id, info.name, key, transfer, owner=self.node)
 
@@ -248,9 +250,15 @@ class RemoteService:
                 found = await asyncio.to_thread(self.objects.read_document, name)
                 if found is None:
                     continue  # removed since it was listed
-                m = found[0]
-                entry = {k: m.get(k) for k in ("kind", "id", "name", "backend", "owner", "generation", "pushed_by")}
-                entries.append(RemoteEntry(**entry, image=m["image"]["ref"], pushed_at=m["pushed_at"]))
+                try:
+                    m = Manifest.parse(found[0], name)
+                except CheckpointCorrupt as exc:
+                    log.warning("%s", exc)
+                    continue
+                fields = ("kind", "id", "name", "backend", "owner", "generation", "pushed_by")
+                entries.append(
+                    RemoteEntry(**m.model_dump(include=set(fields)), image=m.image.ref, pushed_at=m.pushed_at)
+                )
         return sorted(entries, key=lambda e: e.pushed_at)
 
     # ------------------------------------------------------------ after a restart
@@ -288,7 +296,7 @@ class RemoteService:
         except NotFound:
             return None
 
-    async def _find(self, kind: str, ref: str) -> tuple[str, tuple[dict[str, Any], str]]:
+    async def _find(self, kind: str, ref: str) -> tuple[str, tuple[Manifest, str]]:
         """(its manifest's key, (the manifest, its ETag)) of the sandbox or checkpoint a name or id stands for."""
         if not NAME_PATTERN.fullmatch(ref) or ".." in ref:  # it becomes part of an object key
             raise InvalidRequest(f"{ref[:80]!r} is not a sandbox or checkpoint name or id")
@@ -300,73 +308,68 @@ class RemoteService:
         found = await asyncio.to_thread(self.objects.read_document, key)
         if found is None:
             missing = SandboxNotFound if kind == "sandbox" else CheckpointNotFound
-            raise missing(f"no {kind} named or with id {ref!r} here or in the remote store {self.config.url}")
-        return key, found
+            raise missing(f"no {kind} named or with id {ref[:80]!r} here or in the remote store {self.config.url}")
+        return key, (Manifest.parse(found[0], self.objects.url(key)), found[1])
 
-    def _check_runnable(self, manifest: dict[str, Any]) -> None:
+    def _check_runnable(self, manifest: Manifest) -> None:
         """Refuse before taking anything: the backend must be here, and the exact image build."""
         service = self.service
-        backend = manifest["backend"]
+        backend = manifest.backend
         if backend not in service.backends:
             why = service.unavailable.get(backend, "unknown backend")
-            raise Unsupported(f"{manifest['kind']} {manifest['id']} needs the {backend} backend: {why}")
-        image = manifest["image"]
+            raise Unsupported(f"{manifest.kind} {manifest.id} needs the {backend} backend: {why}")
+        image = manifest.image
         try:
-            service.images.rootfs_by_key(image["key"])
+            service.images.rootfs_by_key(image.key)
         except StasisError:
             raise InvalidRequest(
-                f"{manifest['kind']} {manifest.get('name') or manifest['id']} runs on image {image['ref']!r}, build "
-                f"{image['key'][:16]}, which this node does not have; import or build that same image here "
+                f"{manifest.kind} {manifest.name or manifest.id} runs on image {image.ref!r}, build "
+                f"{image.key[:16]}, which this node does not have; import or build that same image here "
                 "(`stasis image import` / `stasis image build`), then pull again"
             ) from None
 
     def _manifest(
         self, kind: str, artifact_id: str, name: str | None, backend: str, image_key: str, image_ref: str,
-        runtime: dict[str, Any], record: dict[str, Any], files: dict[str, Any], base: str | None,
-    ) -> dict[str, Any]:  # fmt: skip
-        return {
-            "format": FORMAT, "kind": kind, "id": artifact_id, "name": name, "backend": backend, "runtime": runtime,
-            "image": {"ref": image_ref, "key": image_key}, "record": record, "files": files, "base": base,
-            "pushed_by": self.node, "pushed_at": time.time(),
-        }  # fmt: skip
+        runtime: dict[str, Any], record: dict[str, Any], files: dict[str, Any], externals: list[str],
+    ) -> Manifest:  # fmt: skip
+        return Manifest(
+            format=FORMAT, kind=kind, id=artifact_id, name=name, backend=backend, runtime=runtime,  # type: ignore[arg-type]
+            image=ImageRef(ref=image_ref, key=image_key), record=record, files=files, externals=externals,
+            pushed_by=self.node, pushed_at=time.time(),
+        )  # fmt: skip
 
-    async def _download(self, manifest: dict[str, Any], dest: Path) -> Transfer:
-        base = await self._pull_base(manifest["base"]) if manifest.get("base") else None
-        transfer = await asyncio.to_thread(self.chunks.download_tree, manifest["files"], dest)
-        if base is not None:
-            await rebase(dest / QCOW2, base)
-        self.service.backends[manifest["backend"]].relocate(dest)
+    async def _download(self, manifest: Manifest, dest: Path) -> Transfer:
+        transfer = await asyncio.to_thread(self.chunks.download_tree, manifest.files, dest)
+        await self.service.available(manifest.backend).rebind(dest, manifest.externals, self._fetch_external)
         return transfer
 
-    async def _push_base(self, directory: Path) -> str | None:
-        """A microVM disk's base, by its file system UUID; sent once for every node."""
-        disk = directory / QCOW2
-        if not disk.exists():
-            return None
-        backing = await backing_file(disk)
-        uuid = ext4_uuid(backing)
-        key = f"bases/{uuid}.json"
-        if await asyncio.to_thread(self.objects.exists, key):
-            return uuid
-        with tempfile.TemporaryDirectory(dir=backing.parent, prefix=".push-") as staging:
-            os.link(backing, Path(staging) / "base.ext4")
-            section, transfer = await asyncio.to_thread(self.chunks.upload_tree, Path(staging))
-        await asyncio.to_thread(self.objects.put, key, json.dumps({"uuid": uuid, "files": section}).encode())
-        log.info("pushed microVM base %s: %s", uuid, transfer.as_dict())
-        return uuid
+    async def _push_externals(self, backend: str, directory: Path) -> list[str]:
+        """What the files depend on outside their directory (a microVM's base disk), each sent once for every
+        node under its content's identity; their keys, for the manifest."""
+        found = await self.service.available(backend).externals(directory)
+        for external in found:
+            await self._push_external(external)
+        return [external.key for external in found]
 
-    async def _pull_base(self, uuid: str) -> Path:
-        """This node's copy of a base disk: one it built with the same UUID, or the store's."""
-        _check_id(uuid, BASE_UUID, "a manifest's base")
-        microvm = self.service.paths.images / "microvm"
-        fetched = hostpath.child(self.bases, uuid, "base disk uuid", BASE_UUID) / "base.ext4"
-        for candidate in [*microvm.glob("base*.ext4"), fetched]:
-            if candidate.is_file() and ext4_uuid(candidate) == uuid:
-                return candidate
-        document = json.loads(await asyncio.to_thread(self.objects.get, f"bases/{uuid}.json"))
-        self.bases.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.chunks.download_tree, document["files"], fetched.parent)
-        return fetched
+    async def _push_external(self, external: External) -> None:
+        key = f"externals/{hostpath.child(self.externals, external.key, 'external', EXTERNAL_KEY).name}.json"
+        if await asyncio.to_thread(self.objects.exists, key):
+            return
+        with tempfile.TemporaryDirectory(dir=external.path.parent, prefix=".push-") as staging:
+            os.link(external.path, Path(staging) / "file")
+            section, transfer = await asyncio.to_thread(self.chunks.upload_tree, Path(staging))
+        await asyncio.to_thread(self.objects.put, key, json.dumps({"key": external.key, "files": section}).encode())
+        log.info("pushed %s: %s", external.key, transfer.as_dict())
+
+    async def _fetch_external(self, key: str) -> Path:
+        """This node's fetched copy of an external the store holds (fetched now if it has none)."""
+        folder = hostpath.child(self.externals, key, "external", EXTERNAL_KEY)
+        if (folder / "file").is_file():
+            return folder / "file"
+        document = json.loads(await asyncio.to_thread(self.objects.get, f"externals/{key}.json"))
+        self.externals.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.chunks.download_tree, document["files"], folder)
+        return folder / "file"
 
     def _result(
         self, kind: str, artifact_id: str, name: str | None, key: str, transfer: Transfer, owner: str | None = None
@@ -379,10 +382,3 @@ def _check_id(artifact_id: str, pattern: re.Pattern[str], key: str) -> None:
     """An id from the store names a directory here: only one of ours."""
     if not pattern.fullmatch(artifact_id):
         raise CheckpointCorrupt(f"{key} names {artifact_id[:80]!r}, which is not an id stasis makes; refused")
-
-
-def ext4_uuid(path: Path) -> str:
-    """The file system UUID in an ext4 superblock (bytes 0x68-0x78 of the superblock at 1024)."""
-    with path.open("rb") as f:
-        f.seek(1024 + 0x68)
-        return f.read(16).hex()

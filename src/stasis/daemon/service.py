@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import faults
 from ..backends import BACKENDS, create_backend
-from ..backends.base import Backend, BoxRef, HostState
+from ..backends.base import Backend, BoxRef, FromCheckpoint, HostState
 from ..errors import GuestDisconnected, SandboxNotFound, StasisError, StateError, Unsupported
 from ..fsutil import no_space
 from ..guest.client import GuestChannel
@@ -72,6 +72,7 @@ class SandboxService:
         self.teardown_hooks: list[TeardownHook] = []
         self._channels: dict[str, GuestChannel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._serving = contextlib.AsyncExitStack()  # the backends', while the daemon serves
 
     # ------------------------------------------------------------ start-up and shutdown
 
@@ -80,7 +81,7 @@ class SandboxService:
         for name in names:
             try:
                 backend = self.backends.get(name) or create_backend(name, self.paths)
-                await backend.initialize()
+                await self._serving.enter_async_context(backend.serving())
             except StasisError as exc:  # a host without QEMU still serves gVisor sandboxes, and vice versa
                 log.warning("backend %s is unavailable: %s", name, exc)
                 self.unavailable[name] = str(exc)
@@ -98,8 +99,7 @@ class SandboxService:
         for channel in list(self._channels.values()):
             await channel.close()
         self._channels.clear()
-        for backend in self.backends.values():
-            await backend.close()
+        await self._serving.aclose()
         self.store.close()
 
     def describe_backends(self) -> dict[str, dict[str, Any]]:
@@ -135,7 +135,7 @@ class SandboxService:
         backend = self.backends.get(info.spec.backend)
         if backend is not None:
             with contextlib.suppress(ValueError):
-                update["runtime"] = backend.describe_state(info.runtime)
+                update["runtime"] = backend.describe(info.runtime)
         return info.model_copy(update=update)
 
     # ------------------------------------------------------------ helpers
@@ -180,12 +180,11 @@ class SandboxService:
             started = time.monotonic()
             try:
                 await self.attach_network(info)
-                if checkpoint is None:
-                    channel, state = await backend.start(box)
-                else:
-                    source_dir = self.checkpoint_files.path(checkpoint.id)
-                    memory = checkpoint.type == CheckpointType.MEMORY
-                    channel, state = await backend.start_from(box, source_dir, memory, checkpoint.runtime)
+                start = None if checkpoint is None else FromCheckpoint(
+                    self.checkpoint_files.path(checkpoint.id), checkpoint.type == CheckpointType.MEMORY,
+                    checkpoint.runtime,
+                )  # fmt: skip
+                channel, state = await backend.start(box, start)
             except BaseException as exc:
                 await self.discard(info, box, f"start failed: {exc}")
                 raise
@@ -202,7 +201,7 @@ class SandboxService:
     async def discard(self, info: SandboxInfo, box: BoxRef, reason: str) -> None:
         """Roll back a create: nothing stays on the host, the record says why."""
         with contextlib.suppress(Exception):
-            await self.backend_of(info).destroy(box)
+            await self.backend_of(info).stop(box, remove=True)
         with contextlib.suppress(Exception):
             await self.network.detach(info.id)
         if self.store.get(info.id).status != S.TERMINATING:
@@ -330,7 +329,7 @@ class SandboxService:
         self.watchdog.forget(info.id)
         await self.drop_channel(info.id)
         faults.point("terminate.after_close")
-        await self.backend_of(info).destroy(self.boxes.box_or_bare(info))
+        await self.backend_of(info).stop(self.boxes.box_or_bare(info), remove=True)
         for hook in self.teardown_hooks:
             await hook(info.id)
         await self.network.detach(info.id)

@@ -24,11 +24,13 @@ work/ beside the bundle, unbounded, with gVisor's own tmpfs at /tmp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -42,7 +44,7 @@ from ...images.runtime import agent_runtime
 from ...network import namespaces
 from ...network.namespaces import GATEWAY_ADDRESS, Device
 from ...paths import Paths
-from ..base import BackendState, BoxRef, HostState
+from ..base import BackendState, BoxRef, External, Fetch, FromCheckpoint, HostState
 from ..suspend_image import SuspendImage
 from . import disk, fifos, mounts
 from .agentdir import agent_dir
@@ -67,14 +69,6 @@ class GvisorBackend:
     name: ClassVar[str] = "gvisor"
     network_device: ClassVar[Device] = "veth"
     sets_identity: ClassVar[bool] = False
-    kill_points: ClassVar[tuple[str, ...]] = (
-        "gvisor.start.after_mount", "gvisor.start.after_launch", "gvisor.start_from.after_copy",
-        "gvisor.start_from.after_restore", "gvisor.suspend.after_sync", "gvisor.suspend.before_checkpoint",
-        "gvisor.suspend.after_checkpoint", "gvisor.suspend.after_rename", "gvisor.suspend.after_delete",
-        "gvisor.resume.before_mount", "gvisor.resume.before_restore", "gvisor.resume.after_restore",
-        "gvisor.checkpoint.paused", "gvisor.checkpoint.after_files", "gvisor.checkpoint.after_memory",
-        "gvisor.destroy.after_stop",
-    )  # fmt: skip
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
@@ -86,7 +80,15 @@ class GvisorBackend:
         self.runsc = Runsc(self.binary, paths.runsc_root, "ptrace")
         self.agents = paths.home / "agent"
 
-    async def initialize(self) -> None:
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        await self._initialize()
+        try:
+            yield
+        finally:
+            mounts.unshare_if_unused(self.paths.sandboxes)
+
+    async def _initialize(self) -> None:
         self.version = await runsc_version(self.binary)
         self.platform, self.platform_reason = await choose_platform(self.binary, self.version, self.paths.home)
         self.runsc = Runsc(self.binary, self.paths.runsc_root, self.platform)
@@ -95,10 +97,9 @@ class GvisorBackend:
         await asyncio.to_thread(agent_dir, self.agents)
         mounts.share(self.paths.sandboxes)
 
-    async def close(self) -> None:
-        mounts.unshare_if_unused(self.paths.sandboxes)
-
-    def describe(self) -> dict[str, Any]:
+    def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        if state is not None:
+            return GvisorState.model_validate(state).model_dump() if state else {}
         return {
             "backend": self.name,
             "runsc_version": self.version,
@@ -106,9 +107,6 @@ class GvisorBackend:
             "platform_reason": self.platform_reason,
             "checkpoint_flags": " ".join(self.checkpoint_flags),
         }
-
-    def describe_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        return GvisorState.model_validate(state).model_dump() if state else {}
 
     def _new_state(self, disk_mb: int) -> GvisorState:
         return GvisorState(runsc_version=self.version, platform=self.platform, agent=agent_digest(), disk_mb=disk_mb)
@@ -246,7 +244,9 @@ class GvisorBackend:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def start(self, box: BoxRef) -> tuple[GuestChannel, GvisorState]:
+    async def start(self, box: BoxRef, source: FromCheckpoint | None = None) -> tuple[GuestChannel, GvisorState]:
+        if source is not None:
+            return await self._start_from(box, source.directory, source.memory, source.state)
         """A cold boot: a new sandbox, a failed one booting again on its files, a FILESYSTEM restore."""
         state = self._new_state(self._disk_mb(box))
         box = dataclasses.replace(box, state=state.model_dump())
@@ -258,7 +258,7 @@ class GvisorBackend:
         channel = await self._boot(box, runsc, args, *points, cold=True)
         return channel, state
 
-    async def start_from(
+    async def _start_from(
         self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
     ) -> tuple[GuestChannel, GvisorState]:
         """A new sandbox from a checkpoint: its files, and (MEMORY) its processes where they were."""
@@ -389,21 +389,19 @@ class GvisorBackend:
     def stop_reason(self, box: BoxRef) -> str:
         return stop_reason(box.id, box.spec.memory_mb)
 
-    async def stop(self, box: BoxRef) -> None:
-        """Nothing of the sandbox runs or stays mounted afterwards; its files stay."""
+    async def stop(self, box: BoxRef, remove: bool = False) -> None:
+        """Nothing of the sandbox runs or stays mounted afterwards; its files stay unless ``remove``."""
         await self.runsc.delete(box.id)
         self._unmount(box)
+        if remove:
+            faults.point("gvisor.destroy.after_stop")
+            await asyncio.to_thread(remove_tree, box.directory)
 
-    async def destroy(self, box: BoxRef) -> None:
-        await self.stop(box)
-        faults.point("gvisor.destroy.after_stop")
-        await asyncio.to_thread(remove_tree, box.directory)
+    async def externals(self, directory: Path) -> list[External]:
+        return []  # its files are whole: the image is named by key, the bundle written anew at every start
 
-    async def quiesce(self, box: BoxRef) -> None:
-        await disk.released(self._paths(box)["disk_image"])
-
-    def relocate(self, directory: Path) -> None:
-        """Nothing to do: the bundle is written again at every start and restore from this node's paths."""
+    async def rebind(self, directory: Path, needs: list[str], fetch: Fetch) -> None:
+        pass  # nothing names this host's paths
 
     async def sweep(self, known_ids: set[str]) -> list[str]:
         reaped = [sid for sid in await self.runsc.list_ids() if sid not in known_ids]

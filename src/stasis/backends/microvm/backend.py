@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,9 +42,9 @@ from ...models import SandboxSpec
 from ...network import namespaces
 from ...network.namespaces import Device, SandboxNet
 from ...paths import Paths
-from ..base import BackendState, BoxRef, HostState
+from ..base import BackendState, BoxRef, External, Fetch, FromCheckpoint, HostState
 from ..suspend_image import SuspendImage
-from . import qemu
+from . import portable, qemu
 from .accel import Accelerator, choose_accelerator, tsc_khz
 from .artifacts import BootFiles, boot_files, root_disk
 from .files import copy_file, grow_disk
@@ -70,10 +71,6 @@ class MicrovmBackend:
     name: ClassVar[str] = "microvm"
     network_device: ClassVar[Device] = "tap"
     sets_identity: ClassVar[bool] = True
-    kill_points: ClassVar[tuple[str, ...]] = (
-        "microvm.start.after_restore", "microvm.suspend.after_save", "microvm.suspend.after_quit",
-        "microvm.suspend.after_rename", "microvm.resume.after_load", "microvm.checkpoint.after_save",
-    )  # fmt: skip
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
@@ -87,7 +84,12 @@ class MicrovmBackend:
         spares = paths.home / "microvm-spares"
         self.templates = Templates(self.cache, spares, self._launch, self._connect_booted)
 
-    async def initialize(self) -> None:
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        await self._initialize()
+        yield  # nothing of the host to undo: a VM's files are its own
+
+    async def _initialize(self) -> None:
         self.version = await qemu.qemu_version(self.binary)
         self.boot = await asyncio.to_thread(boot_files, self.cache)
         cache = self.paths.home / "microvm-accelerator.json"
@@ -96,10 +98,9 @@ class MicrovmBackend:
         self.vm_runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.templates.spares.mkdir(parents=True, exist_ok=True)
 
-    async def close(self) -> None:
-        pass  # nothing of the host to undo: a VM's files are its own
-
-    def describe(self) -> dict[str, Any]:
+    def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        if state is not None:
+            return MicrovmState.model_validate(state).model_dump() if state else {}
         return {
             "backend": self.name,
             "qemu_version": self.version,
@@ -107,9 +108,6 @@ class MicrovmBackend:
             "accelerator_reason": self.accel.reason,
             "kernel": str(self.boot.kernel) if self.boot else "",
         }
-
-    def describe_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        return MicrovmState.model_validate(state).model_dump() if state else {}
 
     # ------------------------------------------------------------ layout
 
@@ -281,7 +279,9 @@ class MicrovmBackend:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def start(self, box: BoxRef) -> tuple[GuestChannel, MicrovmState]:
+    async def start(self, box: BoxRef, source: FromCheckpoint | None = None) -> tuple[GuestChannel, MicrovmState]:
+        if source is not None:
+            return await self._start_from(box, source.directory, source.memory, source.state)
         files = self._box_files(box)
         box.directory.mkdir(parents=True, exist_ok=True)
         if files.disk.exists():  # its own files already (a failed sandbox booting again): a real boot
@@ -311,7 +311,7 @@ class MicrovmBackend:
         channel = await self._restore(box, machine, template / "vmstate", True, "microvm.start.after_restore")
         return channel, self._state(machine, template.name)
 
-    async def start_from(
+    async def _start_from(
         self, box: BoxRef, source: Path, memory: bool, source_state: dict[str, Any]
     ) -> tuple[GuestChannel, MicrovmState]:
         files = self._box_files(box)
@@ -392,29 +392,16 @@ class MicrovmBackend:
         tail = _console_tail(self._box_files(box))
         return f"QEMU exited unexpectedly{tail}; resume it to boot it again with its files"
 
-    async def stop(self, box: BoxRef) -> None:
+    async def stop(self, box: BoxRef, remove: bool = False) -> None:
         await qemu.kill(self._box_files(box))
-
-    async def destroy(self, box: BoxRef) -> None:
-        await self.stop(box)
-        if box.directory.exists():
+        if remove and box.directory.exists():
             await asyncio.to_thread(shutil.rmtree, box.directory)
 
-    async def quiesce(self, box: BoxRef) -> None:
-        """Nothing to wait for: a suspend ends when QEMU has quit and the image is sealed."""
+    async def externals(self, directory: Path) -> list[External]:
+        return await portable.externals(directory)
 
-    def relocate(self, directory: Path) -> None:
-        """A saved machine names its kernel and initramfs by path: point them at this node's copies of the
-        same boot build (a restore checks the rest: QEMU build, kernel present)."""
-        path = directory / "vm.json"
-        if not path.exists() or self.boot is None:
-            return
-        stored = json.loads(path.read_text())
-        machine = stored["machine"]
-        for field, mine in (("kernel", self.boot.kernel), ("initramfs", self.boot.initramfs)):
-            if Path(machine[field]).parent.name == mine.parent.name:  # boot-RELEASE-KEY: the same build
-                machine[field] = str(mine)
-        atomic_write(path, json.dumps(stored, indent=1).encode())
+    async def rebind(self, directory: Path, needs: list[str], fetch: Fetch) -> None:
+        await portable.rebind(directory, needs, fetch, self.cache, self.boot)
 
     async def sweep(self, known_ids: set[str]) -> list[str]:
         running = {path.name for path in self.vm_runtime.iterdir()} if self.vm_runtime.exists() else set()

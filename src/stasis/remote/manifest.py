@@ -1,0 +1,55 @@
+"""A manifest: what the remote store holds of one sandbox or checkpoint, written last. Read as untrusted
+input: a document that does not parse as one is refused, never half-used."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import CheckpointCorrupt
+
+FORMAT = 2  # 2: what files depend on outside their directory is a list of externals (1: a microVM's "base")
+
+
+class ImageRef(BaseModel):
+    ref: str  # the name it was built or imported under
+    key: str  # the exact build
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    format: int
+    kind: Literal["sandbox", "checkpoint"]
+    id: str
+    name: str | None = None
+    backend: str
+    runtime: dict[str, Any] = Field(default_factory=dict)
+    image: ImageRef
+    record: dict[str, Any]  # the SandboxInfo or CheckpointInfo, as the node that pushed it had it
+    files: dict[str, Any]  # the pieces that rebuild its directory (see remote.chunks)
+    externals: list[str] = Field(default_factory=list)
+    pushed_by: str = ""
+    pushed_at: float = 0.0
+    # a sandbox's: who owns it now (None: waiting in the store), how often it changed hands
+    owner: str | None = None
+    generation: int = 0
+    push_id: str | None = None
+    taken_at: float | None = None
+
+    @classmethod
+    def parse(cls, document: dict[str, Any], where: str) -> Manifest:
+        try:
+            manifest = cls.model_validate(document)
+        except ValidationError as exc:
+            raise CheckpointCorrupt(f"{where} is not a manifest stasis can read: {str(exc)[:300]}") from None
+        if manifest.format != FORMAT:
+            raise CheckpointCorrupt(
+                f"{where} was written in format {manifest.format} (this stasis reads {FORMAT}); push it again "
+                "from a node that has it"
+            )
+        return manifest
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
