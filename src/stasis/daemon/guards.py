@@ -13,8 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import InvalidRequest, NotFound, StasisError
 from ..fsutil import no_space
-from ..models import describe_validation_errors
 from ..paths import Paths
+from ..validation import describe_validation_errors
 
 log = logging.getLogger(__name__)
 

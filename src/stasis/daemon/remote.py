@@ -47,8 +47,6 @@ from ..errors import (
     Unsupported,
 )
 from ..models import (
-    ID_PATTERN,
-    NAME_PATTERN,
     CheckpointInfo,
     RemoteEntry,
     SandboxInfo,
@@ -60,6 +58,7 @@ from ..remote.chunks import Chunks, Transfer
 from ..remote.config import RemoteConfig, node_name
 from ..remote.manifest import FORMAT, ImageRef, Manifest
 from ..remote.objects import ObjectStore
+from ..validation import ID_PATTERN, NAME_PATTERN
 from .service import SandboxService
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from typing import Any
 
 from ..errors import CheckpointNotFound, NameTaken, SandboxNotFound
 from ..fsutil import connect_sqlite
-from ..models import ID_PATTERN, CheckpointInfo, CreateSandboxRequest, SandboxInfo, SandboxSpec, SandboxStatus
+from ..models import CheckpointInfo, CreateSandboxRequest, SandboxInfo, SandboxSpec, SandboxStatus
+from ..validation import ID_PATTERN
 from .states import check_transition, phase
 
 SCHEMA = """

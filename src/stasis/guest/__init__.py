@@ -11,8 +11,8 @@ from pathlib import Path
 
 AGENT_DIR = Path(__file__).resolve().parent
 AGENT_FILES = (
-    "boot.py", "agent.py", "protocol.py", "processes.py", "commands.py", "terminals.py", "files.py", "fence.py",
-    "workers.py",
+    "boot.py", "agent.py", "protocol.py", "wire.py", "processes.py", "commands.py", "terminals.py", "files.py",
+    "fence.py", "workers.py",
 )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from .. import faults, hostpath, procs
 from ..errors import BackendError, ImageNotFound, InvalidRequest
 from ..fsutil import atomic_write, fsync_dir, tree_bytes
 from ..hostpath import IMAGE_KEY, is_plain_dir
-from ..models import NAME_PATTERN
+from ..validation import NAME_PATTERN
 from . import layers, oci
 from .oci import ImageConfig
 from .recipe import RECIPES, Recipe

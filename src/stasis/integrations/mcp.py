@@ -94,10 +94,22 @@ async def _call(action: Callable[[], Awaitable[T]]) -> T:
 def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCPServer:
     """The server; each tool call opens a client from ``client_factory`` (an AsyncClient to the daemon)."""
     server = MCPServer("stasis", version=__version__, instructions=INSTRUCTIONS)
+    calls = _Calls(client_factory)
+    _sandbox_tools(server, calls)
+    _file_tools(server, calls)
+    _state_tools(server, calls)
+    return server
 
-    async def with_client(action: Callable[[AsyncClient], Awaitable[T]]) -> T:
+
+class _Calls:
+    """How a tool reaches the daemon: a client of its own per call, stasis errors as tool errors."""
+
+    def __init__(self, client_factory: Callable[[], AsyncClient]) -> None:
+        self.client_factory = client_factory
+
+    async def with_client(self, action: Callable[[AsyncClient], Awaitable[T]]) -> T:
         async def go() -> T:
-            client = client_factory()
+            client = self.client_factory()
             try:
                 return await action(client)
             finally:
@@ -105,8 +117,12 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
 
         return await _call(go)
 
-    async def on(ref: str, action: Callable[[AsyncSandbox], Awaitable[T]]) -> T:
-        return await with_client(lambda client: _connected(ref, client, action))
+    async def on(self, ref: str, action: Callable[[AsyncSandbox], Awaitable[T]]) -> T:
+        return await self.with_client(lambda client: _connected(ref, client, action))
+
+
+def _sandbox_tools(server: MCPServer, calls: _Calls) -> None:
+    """Creating, listing, running commands in and removing sandboxes."""
 
     @server.tool()
     async def create(name: str | None = None, image: str = "default", network: bool = False,
@@ -118,7 +134,7 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
             sandbox = await AsyncSandbox.create(name, client=client, image=image, network=network, template=template)
             return SandboxSummary.of(sandbox._info)
 
-        return await with_client(go)
+        return await calls.with_client(go)
 
     @server.tool(name="list")
     async def list_sandboxes(include_terminated: bool = False) -> list[SandboxSummary]:
@@ -127,7 +143,7 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
         async def go(client: AsyncClient) -> list[SandboxSummary]:
             return [SandboxSummary.of(i) for i in await AsyncSandbox.list(include_terminated, client=client)]
 
-        return await with_client(go)
+        return await calls.with_client(go)
 
     @server.tool()
     async def run(sandbox: SandboxRef, command: str, timeout: float = 60, max_output: int = 65536,
@@ -144,7 +160,16 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
                              truncated=result.stdout_truncated or result.stderr_truncated,
                              timed_out=result.timed_out, duration=result.duration)  # fmt: skip
 
-        return await on(sandbox, go)
+        return await calls.on(sandbox, go)
+
+    @server.tool()
+    async def terminate(sandbox: SandboxRef) -> SandboxSummary:
+        """Stop a sandbox for good and remove its files (its checkpoints stay)."""
+        return await calls.on(sandbox, lambda sbx: _summary(sbx.terminate()))
+
+
+def _file_tools(server: MCPServer, calls: _Calls) -> None:
+    """Files in a sandbox."""
 
     @server.tool()
     async def read_file(sandbox: SandboxRef, path: str) -> FileContent:
@@ -158,7 +183,7 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
                 return FileContent(path=path, content=base64.b64encode(data).decode(), encoding="base64",
                                    size=len(data))  # fmt: skip
 
-        return await on(sandbox, go)
+        return await calls.on(sandbox, go)
 
     @server.tool()
     async def write_file(sandbox: SandboxRef, path: str, content: str,
@@ -170,7 +195,7 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
             entry = await sbx.write_file(path, data)
             return DirectoryEntry(name=entry.path, type=entry.type, size=entry.size)
 
-        return await on(sandbox, go)
+        return await calls.on(sandbox, go)
 
     @server.tool()
     async def list_directory(sandbox: SandboxRef, path: str = "/root") -> list[DirectoryEntry]:
@@ -179,17 +204,21 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
         async def go(sbx: AsyncSandbox) -> list[DirectoryEntry]:
             return [DirectoryEntry(name=e.name, type=e.type, size=e.size) for e in await sbx.list_directory(path)]
 
-        return await on(sandbox, go)
+        return await calls.on(sandbox, go)
+
+
+def _state_tools(server: MCPServer, calls: _Calls) -> None:
+    """A sandbox's state kept: suspend, resume, checkpoint, fork."""
 
     @server.tool()
     async def suspend(sandbox: SandboxRef) -> SandboxSummary:
         """Save memory, processes and files to disk; it uses no CPU or RAM until resumed."""
-        return await on(sandbox, lambda sbx: _summary(sbx.suspend()))
+        return await calls.on(sandbox, lambda sbx: _summary(sbx.suspend()))
 
     @server.tool()
     async def resume(sandbox: SandboxRef) -> SandboxSummary:
         """Continue a suspended sandbox exactly where it was."""
-        return await on(sandbox, lambda sbx: _summary(sbx.resume()))
+        return await calls.on(sandbox, lambda sbx: _summary(sbx.resume()))
 
     @server.tool()
     async def checkpoint(sandbox: SandboxRef, name: str | None = None,
@@ -201,7 +230,7 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
             options = {"name": name} if name else {}
             return CheckpointSummary.of(await sbx.checkpoint(type, **options))
 
-        return await on(sandbox, go)
+        return await calls.on(sandbox, go)
 
     @server.tool()
     async def fork(sandbox: SandboxRef, count: int = 1) -> list[SandboxSummary]:
@@ -210,14 +239,7 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
         async def go(sbx: AsyncSandbox) -> list[SandboxSummary]:
             return [SandboxSummary.of(f._info) for f in await sbx.copy(count)]
 
-        return await on(sandbox, go)
-
-    @server.tool()
-    async def terminate(sandbox: SandboxRef) -> SandboxSummary:
-        """Stop a sandbox for good and remove its files (its checkpoints stay)."""
-        return await on(sandbox, lambda sbx: _summary(sbx.terminate()))
-
-    return server
+        return await calls.on(sandbox, go)
 
 
 async def _connected(ref: str, client: AsyncClient, action: Callable[[AsyncSandbox], Awaitable[T]]) -> T:

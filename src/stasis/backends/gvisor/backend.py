@@ -49,6 +49,7 @@ from ..suspend_image import SuspendImage
 from . import disk, fifos, mounts
 from .agentdir import agent_dir
 from .bundle import oci_config
+from .cgroups import memory_usage, stop_reason
 from .runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags
 
 log = logging.getLogger(__name__)
@@ -419,37 +420,6 @@ def resolv_conf(home: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, text)
     return path
-
-
-def memory_usage(sandbox_id: str) -> int:
-    """Bytes of memory the sandbox uses now (what its suspend image will about hold); 0 if unknown."""
-    for usage in (
-        Path(f"/sys/fs/cgroup/memory/stasis/{sandbox_id}/memory.usage_in_bytes"),
-        Path(f"/sys/fs/cgroup/stasis/{sandbox_id}/memory.current"),
-    ):
-        try:
-            return int(usage.read_text())
-        except (OSError, ValueError):
-            continue
-    return 0
-
-
-def stop_reason(sandbox_id: str, memory_mb: int) -> str:
-    """Why a sandbox died, from its memory cgroup (v1 or v2), which lives until `runsc delete`."""
-    for events in (
-        Path(f"/sys/fs/cgroup/memory/stasis/{sandbox_id}/memory.oom_control"),
-        Path(f"/sys/fs/cgroup/stasis/{sandbox_id}/memory.events"),
-    ):
-        try:
-            counters = dict(line.split() for line in events.read_text().splitlines() if len(line.split()) == 2)
-        except (OSError, ValueError):
-            continue
-        if int(counters.get("oom_kill", "0")) > 0:
-            return (
-                f"killed by the host OOM killer: the sandbox used all of its memory_mb ({memory_mb} MiB); "
-                "resume it to boot it again with its files, or recreate it with more memory"
-            )
-    return "the sandbox's processes on the host exited unexpectedly (killed on the host?); resume it to boot it again"
 
 
 async def copy_tree(source: Path, dest: Path) -> None:

@@ -42,19 +42,13 @@ def oci_config(
     ``resolv_conf`` mounted at /etc/resolv.conf (the daemon's resolver at the gateway); ``python``
     the image's interpreter, which runs the agent, or (``python_runtime``, an image without one)
     stasis's own, mounted read-only at /opt/stasis-python."""
+    interpreter = [python] if python_runtime is None else runtime.argv_prefix()
     config = {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            # -S: no site import, 30 ms faster
-            "args": [
-                *([python] if python_runtime is None else runtime.argv_prefix()),
-                "-I",
-                "-S",
-                "-u",
-                AGENT_PATH if agent else LEGACY_AGENT_PATH,
-            ],
+            "args": [*interpreter, "-I", "-S", "-u", AGENT_PATH if agent else LEGACY_AGENT_PATH],  # -S: 30 ms sooner
             "env": [
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "HOME=/root",
@@ -72,12 +66,7 @@ def oci_config(
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
-            {
-                "destination": "/sys",
-                "type": "sysfs",
-                "source": "sysfs",
-                "options": ["nosuid", "noexec", "nodev", "ro"],
-            },
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
         ],
         "linux": {
             "namespaces": [
