@@ -101,7 +101,7 @@ if [ ! -f "$vendor/.xterm-6.0.0" ]; then
 fi
 
 say "default image"
-.venv/bin/stasis image build default
+.venv/bin/python -m stasis.images default  # in place: no daemon runs yet (later, `stasis image build` asks it)
 
 say "backends on this host"
 .venv/bin/stasis doctor

@@ -2,7 +2,9 @@
 
     StasisError
     ├── InvalidRequest (ValueError)          400  fix the request: a bad name, spec, path or signal
-    │   └── Unsupported                          asks for what this host or build cannot do
+    │   ├── Unsupported                          asks for what this host or build cannot do
+    │   ├── BuildError                           an image build step failed (its output is in the message)
+    │   └── TemplateNotReady                     a template's ready command did not pass in time
     ├── NotFound (LookupError)               404
     │   ├── SandboxNotFound
     │   ├── ImageNotFound
@@ -24,6 +26,8 @@
     ├── GuestError                           502  the agent inside the sandbox failed
     │   ├── GuestDisconnected (ConnectionError)
     │   └── GuestTimeout (TimeoutError)
+    ├── PoolNotReady                         504  a pool did not fill in time
+    ├── ModelError                           502  the harness's model endpoint failed after its retries
     └── DaemonUnavailable (ConnectionError)  503  the SDK could not reach or start the daemon
 
 Over HTTP an error travels as ``{"type": ..., "message": ..., "details": {...}}`` with
@@ -161,6 +165,26 @@ class GuestTimeout(GuestError, TimeoutError):
 
 class DaemonUnavailable(StasisError, ConnectionError):
     status_code = 503
+
+
+class BuildError(InvalidRequest):
+    """A build step failed: its output and exit code are in the message."""
+
+
+class PoolNotReady(StasisError):
+    """The pool did not fill in time; the message says how far it got and why it last failed."""
+
+    status_code = 504
+
+
+class TemplateNotReady(InvalidRequest):
+    """The ready command did not pass in time; the message has its output and the start command's."""
+
+
+class ModelError(StasisError):
+    """The agent harness's model endpoint failed after its retries."""
+
+    status_code = 502
 
 
 def _all_subclasses(cls: type[StasisError]) -> dict[str, type[StasisError]]:

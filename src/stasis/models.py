@@ -396,6 +396,11 @@ class ExposedPort(BaseModel):
     expires_at: float | None = Field(None, description="when the URL's token expires; None if public")
 
 
+class BuildImageRequest(_Strict):
+    recipe: str = Field("default", max_length=63, description="a built-in recipe's name (`stasis image ls`)")
+    force: bool = Field(False, description="build again even if this recipe's build exists")
+
+
 class CommitImageRequest(_Strict):
     """One build step's result as an image (see stasis.images.builder)."""
 

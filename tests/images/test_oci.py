@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,10 +17,12 @@ import pytest
 
 from stasis import CheckpointType, Conflict, Sandbox
 from stasis.images import ImageStore
+from stasis.images.layers import link_tree
+from stasis.paths import Paths
 from stasis.sdk._base import Call
-from tests.conftest import Daemon
+from tests.conftest import Daemon, new_home, terminate_all
 from tests.images.conftest import stasis
-from tests.images.ociimages import oci_layout
+from tests.images.ociimages import default_image, oci_layout
 
 
 def store_of(daemon: Daemon) -> ImageStore:
@@ -92,6 +94,8 @@ def test_bad_images_are_refused_clearly(images_daemon: Daemon, made: dict[str, s
 
 
 def test_an_import_killed_midway_leaves_nothing(images_daemon: Daemon, made: dict[str, str]) -> None:
+    """The daemon imports (the only writer of images): killed while it unpacks, it leaves nothing half-made,
+    and the next import clears what was left."""
     before = [i.key for i in store_of(images_daemon).list()]
     proc = subprocess.Popen([sys.executable, "-m", "stasis", "image", "import", made["v2"], "--name", "killed"],
                             env={**os.environ, **images_daemon.env}, stdout=subprocess.DEVNULL,
@@ -101,10 +105,13 @@ def test_an_import_killed_midway_leaves_nothing(images_daemon: Daemon, made: dic
     while not any(p.name.startswith(".import-") for p in images.iterdir()):  # unpacking: the longest step
         assert proc.poll() is None and time.monotonic() < deadline, "the import ended before it could be killed"
         time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
+    images_daemon.kill()
     proc.wait()
+    assert proc.returncode != 0  # the client is told the import did not finish
+    images_daemon.start()
     assert [i.key for i in store_of(images_daemon).list()] == before  # nothing half-made is visible
-    store_of(images_daemon).import_image(made["v2"], "killed")  # the next import clears what was left
+    result = stasis(images_daemon, "image", "import", made["v2"], "--name", "killed")  # clears what was left
+    assert result.returncode == 0, result.stderr
     assert_nothing_half_made(images_daemon, sorted([*before, store_of(images_daemon).get("killed").key]))
 
 
@@ -186,8 +193,47 @@ def test_an_image_never_writes_to_the_host_and_a_bomb_is_stopped(images_daemon: 
         assert result.returncode == 1 and f"the directory /{name}" in " ".join(result.stderr.split()), result.stderr
         assert list(victim.iterdir()) == [], f"an import through /{name} wrote to the host"
         assert_nothing_half_made(images_daemon, before)
-    env = {**os.environ, **images_daemon.env, "STASIS_IMAGE_MAX_MB": "64"}
-    bomb = subprocess.run([sys.executable, "-m", "stasis", "image", "import", refs["bomb"], "--name", "bomb"],
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert bomb.returncode == 1 and "decompression bomb" in " ".join(bomb.stderr.split()), bomb.stderr
-    assert_nothing_half_made(images_daemon, before)
+    images_daemon.stop()
+    images_daemon.start(STASIS_IMAGE_MAX_MB="64")  # the daemon imports: its limit applies (this run only)
+    try:
+        bomb = stasis(images_daemon, "image", "import", refs["bomb"], "--name", "bomb")
+        assert bomb.returncode == 1 and "decompression bomb" in " ".join(bomb.stderr.split()), bomb.stderr
+        assert_nothing_half_made(images_daemon, before)
+    finally:
+        images_daemon.stop()
+        images_daemon.start()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_import_through_a_daemon_over_tcp_lands_on_the_daemons_machine(made: dict[str, str], tmp_path: Path) -> None:
+    """Only the daemon writes images: a client elsewhere (its own home, the daemon over TCP with a token)
+    uploads a local archive and an OCI layout; both land in the daemon's image directory, none in the client's."""
+    daemon = Daemon(new_home("tcp-images"))
+    daemon.paths = Paths(daemon.paths.home, daemon.paths.home / "images")
+    link_tree(default_image(), daemon.paths.images / default_image().name)
+    port = free_port()
+    daemon.sticky_env["STASIS_TOKEN"] = "tcp-images-token"
+    daemon.start("--tcp", f"127.0.0.1:{port}")
+    client_home = tmp_path / "client-home"
+    env = {**os.environ, "STASIS_HOME": str(client_home), "STASIS_URL": f"http://127.0.0.1:{port}",
+           "STASIS_TOKEN": "tcp-images-token"}  # fmt: skip
+    env.pop("STASIS_IMAGE_DIR", None)
+    try:
+        for ref, name in ((made["docker-archive"], "over-tcp"), (made["oci"], "layout-over-tcp")):
+            result = subprocess.run([sys.executable, "-m", "stasis", "image", "import", ref, "--name", name],
+                                    env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+            assert result.returncode == 0, result.stderr
+        assert {"over-tcp", "layout-over-tcp"} <= {i.name for i in store_of(daemon).list()}
+        assert not (client_home / "images").exists() or not any((client_home / "images").iterdir())
+        with daemon.client() as client:
+            sbx = Sandbox.create(image="over-tcp", memory_mb=256, client=client)
+            assert sbx.run("cat /srv/app/hello.txt").stdout == "from the image\n"
+            sbx.terminate()
+    finally:
+        terminate_all(daemon)
+        daemon.stop()

@@ -81,9 +81,9 @@ def image_ls(
     everything: Annotated[bool, typer.Option("--all", help="Also the build steps' cached images.")] = False,
 ) -> None:
     """List images: built from a recipe, imported, or built from a Dockerfile."""
-    from ..images import ImageStore
+    from ..sdk.image import list_images
 
-    images = [i for i in ImageStore(Paths.from_env().images).list() if everything or i.name != "build-cache"]
+    images = [i for i in list_images(client()) if everything or i.name != "build-cache"]
     if as_json:
         print(json.dumps([i.model_dump() for i in images], indent=2))
         return
@@ -109,20 +109,15 @@ def image_build(
     cached: `stasis image build -f Dockerfile -t NAME [CONTEXT]`."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ..images import ImageStore
+    from ..sdk.image import build_recipe
 
     if file is not None:
         _build_dockerfile(file, tag, name if name != "default" else ".", build_arg or [], network)
         return
-    store = ImageStore(Paths.from_env().images)
-    recipe = store.recipe(name)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
-        task = progress.add_task(f"building image {recipe.key}", total=None)
-        info = store.build(
-            name,
-            progress=lambda line: progress.update(task, description=f"{recipe.key}: {line[:90]}"),
-            force=force,
-        )
+        task = progress.add_task(f"building image {name}", total=None)
+        report = lambda line: progress.update(task, description=f"{name}: {line[:90]}")  # noqa: E731
+        info = build_recipe(name, force=force, client=client(), on_progress=report)
     out.print(f"image [bold]{info.key}[/bold]: {info.size_bytes / 1e6:.0f} MB, built in {info.build_seconds:.1f}s")
 
 
@@ -155,29 +150,29 @@ def image_import(
     """Import an OCI or Docker image (no Docker daemon needed); its Env, WorkingDir and User apply to commands."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ..images import ImageStore
+    from ..sdk.image import import_image
 
-    store = ImageStore(Paths.from_env().images)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
         task = progress.add_task(f"importing {ref}", total=None)
-        info = store.import_image(ref, name, progress=lambda line: progress.update(task, description=line[:100]))
+        info = import_image(ref, name, client=client(),
+                            on_progress=lambda line: progress.update(task, description=line[:100]))  # fmt: skip
     out.print(f"image [bold]{info.name}[/bold] ({info.key}): {info.size_bytes / 1e6:.0f} MB")
 
 
 @image_app.command("inspect")
 def image_inspect(name: Annotated[str, typer.Argument(help="Image name.")]) -> None:
     """Show an image: its build, where it came from, and (imported) how it asks to be run."""
-    from ..images import ImageStore
+    from ..sdk.image import get_image
 
-    sys.stdout.write(ImageStore(Paths.from_env().images).get(name).model_dump_json(indent=2) + "\n")
+    sys.stdout.write(get_image(name, client()).model_dump_json(indent=2) + "\n")
 
 
 @image_app.command("rm")
 def image_rm(name: Annotated[str, typer.Argument(help="Image name (every build of it) or one build's key.")]) -> None:
     """Remove an image; refused while a sandbox or checkpoint uses it (they are named)."""
-    from ..sdk._base import Call
+    from ..sdk._images import remove_image_call
 
-    removed = client().call(Call("DELETE", f"/v1/images/{name}", lambda r: r.json()))
+    removed = client().call(remove_image_call(name))
     out.print(f"removed {', '.join(removed)}")
 
 
@@ -186,10 +181,9 @@ def image_prune(
     everything: Annotated[bool, typer.Option("--all", help="Also unused images that a name resolves to.")] = False,
 ) -> None:
     """Remove image builds nothing uses: old builds of a recipe, earlier imports under a name (--all: any)."""
-    from ..sdk._base import Call
+    from ..sdk._images import prune_images_call
 
-    params = {"everything": "true"} if everything else None
-    removed = client().call(Call("POST", "/v1/images/prune", lambda r: r.json(), params=params))
+    removed = client().call(prune_images_call(everything))
     out.print(f"removed {', '.join(removed)}" if removed else "nothing to remove")
 
 

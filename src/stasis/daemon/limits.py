@@ -1,5 +1,5 @@
 """Request bodies within bounds: a JSON body larger than ``MAX_JSON_BODY`` is refused with 413
-before it is read into memory. File uploads are exempt: they are streamed to the sandbox."""
+before it is read into memory. Uploads are exempt: they are streamed to the sandbox or to a file."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class BodyLimit:
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or (scope["method"] == "PUT" and scope["path"].endswith("/files")):
+        if scope["type"] != "http" or _streamed(scope["method"], scope["path"]):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
@@ -54,3 +54,8 @@ class BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+def _streamed(method: str, path: str) -> bool:
+    """Bodies that go to a file as they arrive, never into memory: a file, a directory's tar, an image."""
+    return (method == "PUT" and path.endswith(("/files", "/dirs"))) or (method, path) == ("POST", "/v1/images/import")

@@ -80,8 +80,8 @@ def check_reference(ref: str) -> str:
         )
     if not ref.startswith("docker://"):
         path = ref.split(":", 1)[1]
-        if ref.startswith("oci:") and ":" in path and not Path(path).exists():
-            path = path.rsplit(":", 1)[0]  # oci:DIR:TAG
+        if ref.startswith(("oci:", "oci-archive:")) and ":" in path and not Path(path).exists():
+            path = path.rsplit(":", 1)[0]  # oci:DIR:TAG, oci-archive:FILE:TAG
         if not Path(path).exists():
             raise InvalidRequest(f"cannot import {ref[:120]!r}: {path} does not exist")
     return ref

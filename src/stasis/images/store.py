@@ -263,11 +263,14 @@ class ImageStore:
             raise InvalidRequest("the image's /etc/resolv.conf cannot be made; make /etc a directory in the image")
 
     def _sweep_staging(self) -> None:
-        """Builds, imports and commits cut off (their process is gone) leave hidden directories: remove them."""
+        """Builds, imports, commits and uploads cut off (their process is gone) leave hidden entries: remove them."""
         for stale in self.directory.glob(".*-*") if self.directory.exists() else []:
             pid = stale.name.rsplit("-", 1)[-1]
-            if stale.is_dir() and pid.isdigit() and not procs.pid_alive(int(pid)):
-                shutil.rmtree(stale, ignore_errors=True)
+            if pid.isdigit() and not procs.pid_alive(int(pid)):
+                if stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale, ignore_errors=True)
+                else:
+                    stale.unlink(missing_ok=True)
 
     def remove(self, key: str) -> None:
         """Remove one image build (the caller checked nothing uses it) and the layers only it used."""

@@ -2,6 +2,7 @@
 
 from ..errors import (
     BackendError,
+    BuildError,
     CheckpointCorrupt,
     CheckpointNotFound,
     Conflict,
@@ -44,7 +45,7 @@ from ._async import AsyncSandbox
 from ._base import CommandResult, OutputEvent
 from ._client import AsyncClient, Client
 from ._sync import Sandbox
-from .image import BuildError, Image
+from .image import Image
 from .pool import Pool, PoolNotReady
 from .template import Template, TemplateNotReady
 

@@ -216,7 +216,7 @@ class Call:
     parse: Callable[[httpx.Response], Any] = lambda response: None
     params: dict[str, Any] | None = None
     json: Any = None
-    content: bytes | None = None
+    content: Any = None  # bytes, or an iterator of them (an upload streamed from a file)
     kwargs: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -26,26 +26,28 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ImageNotFound, InvalidRequest, StasisError
+from ..errors import BuildError, ImageNotFound, InvalidRequest, StasisError
 from ..images import ImageInfo
 from ..images.dockerfile import Step
 from ..images.dockerfile import read as read_dockerfile
 from ..images.oci import ImageConfig
 from ..models import CheckpointType, CommitImageRequest
 from ..netpolicy import NetworkPolicy
-from ._base import Call, _model
 from ._client import Client
+from ._images import (
+    ProgressCallback,
+    build_image_call,
+    commit_image_call,
+    image_call,
+    image_result,
+    images_call,
+    import_image_call,
+)  # fmt: skip
 from ._sync import Sandbox
 
 BUILD_FORMAT = 1  # bump when what a step's cache key covers changes
 StepCallback = Callable[[int, int, str, bool], None]  # (number, total, description, cached)
 OutputCallback = Callable[[bytes], None]
-
-
-class BuildError(StasisError):
-    """A build step failed: its output and exit code are in the message."""
-
-    status_code = 400
 
 
 @dataclass(frozen=True)
@@ -68,13 +70,10 @@ class Image:
         return cls("default")
 
     @classmethod
-    def from_oci(cls, ref: str, name: str | None = None) -> Image:
-        """Import ``ref`` (docker-archive:, oci-archive:, oci:, docker://) now, then build on it."""
-        from ..images import ImageStore
-        from ..paths import Paths
-
+    def from_oci(cls, ref: str, name: str | None = None, client: Client | None = None) -> Image:
+        """Import ``ref`` (docker-archive:, oci-archive:, oci:, docker://) into the daemon now, then build on it."""
         chosen = name or "base-" + hashlib.sha256(ref.encode()).hexdigest()[:8]
-        return cls(ImageStore(Paths.from_env().images).import_image(ref, chosen).key)
+        return cls(import_image(ref, chosen, client=client).key)
 
     @classmethod
     def from_registry(cls, ref: str, name: str | None = None) -> Image:
@@ -223,7 +222,7 @@ class _Build:
     # -- the daemon's images
 
     def _image(self, name: str) -> ImageInfo:
-        return self.client.call(Call("GET", f"/v1/images/{name}", _model(ImageInfo)))
+        return self.client.call(image_call(name))
 
     def _exists(self, key: str) -> bool:
         try:
@@ -243,7 +242,7 @@ class _Build:
         request = CommitImageRequest(parent=parent, checkpoint=checkpoint, name=name, key=key,
                                      config=config.model_dump(), step=step.describe())  # fmt: skip
         try:
-            return self.client.call(Call("POST", "/v1/images/commit", _model(ImageInfo), json=request.model_dump()))
+            return self.client.call(commit_image_call(request))
         finally:
             if checkpoint is not None:
                 Sandbox.delete_checkpoint(checkpoint, client=self.client)
@@ -302,3 +301,29 @@ def _digest(path: Path) -> str:
     digest = hashlib.sha256(path.read_bytes())
     digest.update(str(path.stat().st_mode & 0o7777).encode())
     return base64.b16encode(digest.digest()[:16]).decode()
+
+
+def import_image(
+    ref: str, name: str, *, client: Client | None = None, on_progress: ProgressCallback | None = None
+) -> ImageInfo:
+    """An OCI or Docker image imported by the daemon (the only writer of images): a registry's by reference,
+    or a local archive or OCI layout uploaded to it, so a daemon over TCP gets it the same way."""
+    client = client or Client()
+    with import_image_call(ref, name) as call:
+        return image_result(client.stream_lines(call), on_progress)
+
+
+def build_recipe(
+    recipe: str = "default", *, force: bool = False, client: Client | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> ImageInfo:  # fmt: skip
+    """A built-in recipe's image, built by the daemon (cached by the recipe's hash unless ``force``)."""
+    return image_result((client or Client()).stream_lines(build_image_call(recipe, force)), on_progress)
+
+
+def list_images(client: Client | None = None) -> list[ImageInfo]:
+    return (client or Client()).call(images_call())  # type: ignore[no-any-return]
+
+
+def get_image(name: str, client: Client | None = None) -> ImageInfo:
+    return (client or Client()).call(image_call(name))  # type: ignore[no-any-return]

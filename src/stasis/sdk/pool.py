@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import time
 
-from ..errors import StasisError
+from ..errors import PoolNotReady
 from ..models import CreatePoolRequest, PoolInfo, build
 from ._base import Call, _model, _models
 from ._client import Client
-
-
-class PoolNotReady(StasisError):
-    """The pool did not fill in time; the message says how far it got and why it last failed."""
-
-    status_code = 504
 
 
 class Pool:

@@ -17,19 +17,13 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from ..errors import NameTaken, NotFound, StasisError
+from ..errors import NameTaken, NotFound, TemplateNotReady
 from ..models import TEMPLATE_PREFIX as PREFIX
 from ..models import CheckpointType, build
 from ..models import CreateSandboxRequest as _Request
 from . import _base as b
 from ._client import Client
 from ._sync import Sandbox
-
-
-class TemplateNotReady(StasisError):
-    """The ready command did not pass in time; the message has its output and the start command's."""
-
-    status_code = 400
 
 
 @dataclass(frozen=True)

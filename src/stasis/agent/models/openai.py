@@ -8,13 +8,7 @@ from typing import Any
 
 import openai
 
-from ...errors import StasisError
-
-
-class ModelError(StasisError):
-    """The model endpoint failed after its retries."""
-
-    status_code = 502
+from ...errors import ModelError
 
 
 @dataclass(frozen=True)
