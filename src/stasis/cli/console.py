@@ -20,10 +20,11 @@ def ui(
     """The web console on 127.0.0.1: prints its URL and a login token, opens a browser, serves until Ctrl-C."""
     import uvicorn
 
+    from ..sdk._host import console_token_call
     from .ui_proxy import proxy_app
 
     c = client()
-    token = c.json("POST", "/v1/console/tokens")["token"]  # starts the daemon if it does not run
+    token = c.call(console_token_call())  # starts the daemon if it does not run
     if c.url:  # a daemon served over TCP serves the console itself
         url = c.url.rstrip("/") + "/ui/"
         _show(url, token, browser)

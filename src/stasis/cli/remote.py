@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..models import RemoteEntry, TransferResult
+from ..models import TransferResult
+from ..sdk._host import remote_call, remote_listing_call
 from ._common import Json, ago, app, client, err, out
 
 Kind = Annotated[str | None, typer.Option("--kind", help="sandbox | checkpoint, when a name could be either.")]
@@ -32,9 +33,7 @@ def push(
 ) -> None:
     """Send a sandbox (suspended first; it leaves this node) or a checkpoint (copied) to the remote store."""
     with err.status(f"pushing {ref}..."):
-        result = TransferResult.model_validate(
-            client().json("POST", "/v1/remote/push", json={"ref": ref, "kind": kind})
-        )
+        result = client().call(remote_call("push", ref, kind))
     _report(result, "pushed", as_json)
     if result.kind == "sandbox" and not as_json:
         out.print("any node of the store resumes it: [bold]stasis resume[/bold] " + (result.name or result.id))
@@ -48,16 +47,14 @@ def pull(
 ) -> None:
     """Take a sandbox over from the remote store (suspended, not resumed) or copy a checkpoint here."""
     with err.status(f"pulling {ref}..."):
-        result = TransferResult.model_validate(
-            client().json("POST", "/v1/remote/pull", json={"ref": ref, "kind": kind})
-        )
+        result = client().call(remote_call("pull", ref, kind))
     _report(result, "pulled", as_json)
 
 
 @app.command(name="remote")
 def remote_listing(as_json: Json = False) -> None:
     """What the remote store holds: sandboxes (and the node that owns each) and checkpoints."""
-    entries = [RemoteEntry.model_validate(e) for e in client().json("GET", "/v1/remote")]
+    entries = client().call(remote_listing_call())
     if as_json:
         print(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
         return

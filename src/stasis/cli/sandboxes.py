@@ -15,11 +15,12 @@ from rich.table import Table
 
 from ..backends import BACKENDS, DEFAULT_BACKEND
 from ..errors import InvalidRequest
-from ..models import DiskUsage, SandboxInfo, SandboxSpec, build
+from ..models import SandboxInfo, SandboxSpec, build
 from ..netpolicy import NetworkPolicy
 from ..paths import Paths
 from ..sdk import Sandbox
-from ..sdk._base import EXIT_CODE_TIMEOUT
+from ..sdk._base import EXIT_CODE_TIMEOUT, resume_call
+from ..sdk._host import disk_usage_call
 from ._common import AllowOut, DenyOut, Json, Name, ago, app, client, err, in_, out, status
 
 SPEC = SandboxSpec.model_fields
@@ -236,7 +237,7 @@ def resume(name: Name) -> None:
     """Resume a suspended sandbox exactly where it was; with a remote store, also one suspended on another
     node and pushed there (it is taken over and fetched first)."""
     with err.status(f"resuming {name}..."):
-        info = SandboxInfo.model_validate(client().json("POST", f"/v1/sandboxes/{name}/resume"))
+        info = client().call(resume_call(name))
     seconds = info.last_resume_seconds
     out.print(f"resumed [bold]{name}[/bold]{f' in {seconds:.3f}s' if seconds else ''}")
 
@@ -306,7 +307,7 @@ def fork(
 @app.command()
 def df(as_json: Json = False) -> None:
     """Disk used by sandboxes, checkpoints and images."""
-    usage = DiskUsage.model_validate(client().json("GET", "/v1/df"))
+    usage = client().call(disk_usage_call())
     if as_json:
         print(usage.model_dump_json(indent=2))
         return

@@ -21,6 +21,7 @@ from ..models import (
 )
 from ..netpolicy import NetworkPolicy
 from . import _base as b
+from . import _host as h
 from ._client import AsyncClient
 from ._dirs import pack, unpack
 
@@ -70,22 +71,22 @@ class AsyncSandbox(b.SandboxBase):
     async def push(self) -> TransferResult:
         """Suspend it (if it runs) and hand it to the daemon's remote store: it leaves this node, and any
         node of the store resumes it (``Sandbox.pull`` or a resume by name there)."""
-        return await self._client.call(b.remote_call("push", self.id, "sandbox"))
+        return await self._client.call(h.remote_call("push", self.id, "sandbox"))
 
     @classmethod
     async def pull(cls, ref: str, client: AsyncClient | None = None) -> TransferResult:
         """Take a sandbox over from the remote store, suspended (a resume by name does this too)."""
-        return await (client or AsyncClient()).call(b.remote_call("pull", ref, "sandbox"))
+        return await (client or AsyncClient()).call(h.remote_call("pull", ref, "sandbox"))
 
     @classmethod
     async def push_checkpoint(cls, ref: str, client: AsyncClient | None = None) -> TransferResult:
         """Copy a checkpoint to the remote store, for any node to restore."""
-        return await (client or AsyncClient()).call(b.remote_call("push", ref, "checkpoint"))
+        return await (client or AsyncClient()).call(h.remote_call("push", ref, "checkpoint"))
 
     @classmethod
     async def pull_checkpoint(cls, ref: str, client: AsyncClient | None = None) -> TransferResult:
         """Copy a checkpoint from the remote store to this node (a create from it does this too)."""
-        return await (client or AsyncClient()).call(b.remote_call("pull", ref, "checkpoint"))
+        return await (client or AsyncClient()).call(h.remote_call("pull", ref, "checkpoint"))
 
     async def terminate(self) -> SandboxInfo:
         return await self._client.call(self._terminate_call())

@@ -33,7 +33,6 @@ from ..models import (
     SshHostKey,
     SshKeysRequest,
     StartProcessRequest,
-    TransferResult,
     build,
 )
 from ..netpolicy import NetworkPolicy, as_policy
@@ -254,9 +253,8 @@ def list_checkpoints_call() -> Call:
     return Call("GET", "/v1/checkpoints", _models(CheckpointInfo))
 
 
-def remote_call(action: str, ref: str, kind: str | None) -> Call:
-    """Push to or pull from the daemon's remote store (``kind``: "sandbox", "checkpoint" or either)."""
-    return Call("POST", f"/v1/remote/{action}", _model(TransferResult), json={"ref": ref, "kind": kind})
+def resume_call(ref: str) -> Call:
+    return Call("POST", f"/v1/sandboxes/{ref}/resume", _model(SandboxInfo))
 
 
 def checkpoint_call(method: str, checkpoint_id: str) -> Call:
