@@ -237,7 +237,10 @@ def sandbox(client: Client, backend: str) -> Iterator[Sandbox]:
     sbx.terminate()
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """``predicate`` true, eventually: ``timeout`` bounds a test that would otherwise hang, never a speed (at
+    least 60 s: a loaded 2-core machine runs a TCG microVM 10x slower than a quiet one)."""
+    timeout = max(timeout, 60.0)
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
