@@ -28,7 +28,7 @@ CALLERS = {
     "daemon/remote.py": "a pulled sandbox's directory, a base disk's UUID from a manifest",
     "daemon/ssh.py": "a sandbox's host key folder",
     "remote/cache.py": "piece hashes from a manifest",
-    "backends/microvm/templates.py": "a boot template's key",
+    "backends/microvm/boot_snapshots.py": "a boot snapshot's key",
 }
 TRAVERSALS = ["..", "../x", "a/../../b", "/etc", "x/y", ".hidden", "", "a\0b", "default-0123/../../home", "é" * 3]
 

@@ -47,9 +47,9 @@ from ..suspend_image import SuspendImage
 from . import portable, qemu
 from .accel import Accelerator, choose_accelerator, tsc_khz
 from .artifacts import BootFiles, boot_files, root_disk
+from .boot_snapshots import SNAPSHOT_VM_PREFIX, BootSnapshots
 from .files import copy_file, grow_disk
 from .qemu import Machine, VmFiles
-from .templates import TEMPLATE_PREFIX, Templates
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class MicrovmBackend:
         self.accel = Accelerator("tcg", "not probed yet")
         self.tsc_khz = 0
         spares = paths.home / "microvm-spares"
-        self.templates = Templates(self.cache, spares, self._launch, self._connect_booted)
+        self.boot_snapshots = BootSnapshots(self.cache, spares, self._launch, self._connect_booted)
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
@@ -96,7 +96,7 @@ class MicrovmBackend:
         self.accel = await choose_accelerator(self.binary, self.version, self.boot.kernel, self.boot.initramfs, cache)
         self.tsc_khz = tsc_khz()
         self.vm_runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.templates.spares.mkdir(parents=True, exist_ok=True)
+        self.boot_snapshots.spares.mkdir(parents=True, exist_ok=True)
 
     def describe(self, state: dict[str, Any] | None = None) -> dict[str, Any]:
         if state is not None:
@@ -193,7 +193,7 @@ class MicrovmBackend:
         netns = None
         if machine.network:  # made by the daemon for a sandbox; a template's is made here, for its one boot
             net = self._net(vm_id)
-            if vm_id.startswith(TEMPLATE_PREFIX):
+            if vm_id.startswith(SNAPSHOT_VM_PREFIX):
                 await namespaces.create(net, "tap")
             netns = net.gateway_path
         await qemu.launch(qemu.command_line(self.binary, machine, files, name, incoming), files, netns)
@@ -300,13 +300,13 @@ class MicrovmBackend:
             self.boot.key, box.image_key, self.version, self.accel.name, machine.cpus, machine.memory_mb,
             box.spec.disk_mb, base.name, *(["network"] if machine.network else []),
         ]  # fmt: skip
-        key = Templates.key(identity)
+        key = BootSnapshots.key(identity)
         try:
-            template = await self.templates.get(key, base, machine, box.spec.disk_mb)
+            template = await self.boot_snapshots.get(key, base, machine, box.spec.disk_mb)
         finally:
             if machine.network:
-                await namespaces.remove(self._net(TEMPLATE_PREFIX + key[:12]))
-        await self.templates.copy_into(template, box.directory, files.disk, files.memory)
+                await namespaces.remove(self._net(SNAPSHOT_VM_PREFIX + key[:12]))
+        await self.boot_snapshots.copy_into(template, box.directory, files.disk, files.memory)
         machine = self._stored_machine(template)
         channel = await self._restore(box, machine, template / "vmstate", True, "microvm.start.after_restore")
         return channel, self._state(machine, template.name)

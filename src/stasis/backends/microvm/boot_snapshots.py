@@ -1,7 +1,8 @@
-"""microVM templates: an image booted once and saved right after its agent came up.
+"""microVM boot snapshots: an image booted once and saved right after its agent came up (not to be
+confused with a user's warm template, :class:`stasis.Template`: that one is a MEMORY checkpoint).
 
-A create restores a copy of a template instead of booting a kernel. A *spare* copy
-of the template's files is kept ready (files only, no process), so a create renames
+A create restores a copy of a boot snapshot instead of booting a kernel. A *spare* copy
+of the snapshot's files is kept ready (files only, no process), so a create renames
 it instead of copying, and the next spare is copied in the background.
 
     <cache>/templates/<key>/   disk.qcow2 memory.ram vmstate vm.json   (shared, read-only)
@@ -34,13 +35,13 @@ from .qemu import Machine, VmFiles
 log = logging.getLogger(__name__)
 
 TEMPLATE_FORMAT = 3  # bump when what a template contains changes
-TEMPLATE_PREFIX = "template-"  # the VM id of a template's one boot
+SNAPSHOT_VM_PREFIX = "template-"  # the VM id of a boot snapshot's one boot (the name on disk predates the rename)
 
 Launch = Callable[[str, Path, Machine, bool], Awaitable[VmFiles]]
 Connect = Callable[[VmFiles, str], Awaitable[GuestChannel]]
 
 
-class Templates:
+class BootSnapshots:
     def __init__(self, cache: Path, spares: Path, launch: Launch, connect: Connect) -> None:
         self.root = cache / "templates"
         self.spares = spares
@@ -74,7 +75,7 @@ class Templates:
         for stale in self.root.glob(f".{key}.*"):  # we hold the lock: whoever made these is gone
             shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
-        vm_id = f"{TEMPLATE_PREFIX}{key[:12]}"
+        vm_id = f"{SNAPSHOT_VM_PREFIX}{key[:12]}"
         files: VmFiles | None = None
         try:
             await create_overlay(base, staging / "disk.qcow2", disk_mb)
