@@ -1,0 +1,88 @@
+"""The console's routes in process, on the fake backend: login, the CSRF gate on every action, the pages,
+an action carried out, a checkpoint restored. (The real-browser tests are test_console.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import pytest
+
+from stasis.daemon.app import create_app
+from stasis.daemon.service import SandboxService
+from tests.fakes import FakeBackend
+from tests.fastkit import fake_home
+
+pytestmark = pytest.mark.fast
+TOKEN = "routes-token"
+
+
+def with_console(scenario) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        paths = fake_home("console-routes")
+        service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
+        app = create_app(paths, token=TOKEN, service=service)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
+                try:
+                    await scenario(http, service)
+                finally:
+                    for info in service.store.list():
+                        await service.terminate(info.id)
+
+    asyncio.run(main())
+
+
+async def logged_in(http: httpx.AsyncClient) -> str:
+    """Log in; the page's CSRF token."""
+    answer = await http.post("/ui/login", data={"token": TOKEN})
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/"
+    page = await http.get("/ui/")
+    return re.search(r'<meta name="csrf" content="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+
+
+def test_pages_need_a_login_and_actions_the_pages_csrf_token() -> None:
+    async def scenario(http: httpx.AsyncClient, service: SandboxService) -> None:
+        assert (await http.get("/ui/")).headers["location"] == "/ui/login"
+        wrong = await http.post("/ui/login", data={"token": "nope"})
+        assert wrong.status_code == 401 and "not this daemon" in wrong.text
+        api = {"authorization": f"Bearer {TOKEN}"}
+        created = await http.post("/v1/sandboxes", json={"name": "<b>box</b>", "backend": "fake"}, headers=api)
+        assert created.status_code == 400  # names are validated before any page shows one
+        created = await http.post("/v1/sandboxes", json={"name": "routes-box", "backend": "fake"}, headers=api)
+        sandbox_id = created.json()["id"]
+        assert (await http.post(f"/ui/sandboxes/{sandbox_id}/suspend")).status_code == 401  # no session
+        csrf = await logged_in(http)
+        assert "routes-box" in (await http.get("/ui/")).text
+        assert (await http.post(f"/ui/sandboxes/{sandbox_id}/suspend")).status_code == 401  # no CSRF header
+        forged = await http.post(f"/ui/sandboxes/{sandbox_id}/suspend", headers={"x-stasis-csrf": "forged"})
+        assert forged.status_code == 401
+        done = await http.post(f"/ui/sandboxes/{sandbox_id}/suspend", headers={"x-stasis-csrf": csrf})
+        assert done.json() == {"ok": True} and service.get(sandbox_id).status.value == "suspended"
+        page = await http.get(f"/ui/sandboxes/{sandbox_id}")
+        assert page.status_code == 200 and "routes-box" in page.text  # shown resumed, its files listed
+        missing = await http.get("/ui/sandboxes/sb-000000000000")
+        assert missing.status_code == 404 and "no sandbox" in missing.text
+
+    with_console(scenario)
+
+
+def test_a_checkpoint_taken_and_restored_from_the_console() -> None:
+    async def scenario(http: httpx.AsyncClient, service: SandboxService) -> None:
+        api = {"authorization": f"Bearer {TOKEN}"}
+        sandbox_id = (await http.post("/v1/sandboxes", json={"name": "tree", "backend": "fake"}, headers=api)).json()[
+            "id"
+        ]
+        csrf = {"x-stasis-csrf": await logged_in(http)}
+        taken = await http.post(f"/ui/sandboxes/{sandbox_id}/checkpoint", json={"type": "filesystem"}, headers=csrf)
+        checkpoint = taken.json()["checkpoint"]
+        assert checkpoint in (await http.get("/ui/checkpoints")).text
+        restored = await http.post(f"/ui/checkpoints/{checkpoint}/restore", headers=csrf)
+        child = restored.json()["sandbox"]
+        assert service.get(child).from_checkpoint == checkpoint
+        assert (await http.post(f"/ui/sandboxes/{child}/remove", headers=csrf)).json() == {"ok": True}
+        assert service.store.get(child).status.value == "terminated"
+
+    with_console(scenario)
