@@ -12,7 +12,7 @@ from tests.conftest import Daemon
 
 def attach(daemon: Daemon, name: str) -> pexpect.spawn:
     return pexpect.spawn(
-        sys.executable, ["-m", "stasis", "shell", name], env=daemon.env, dimensions=(30, 100), timeout=30
+        sys.executable, ["-m", "stasis", "shell", name], env=daemon.env, dimensions=(30, 100), timeout=180
     )
 
 
