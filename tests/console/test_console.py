@@ -90,6 +90,16 @@ def log_in(page: Page) -> None:
     expect(page.locator("h1")).to_have_text("Sandboxes")
 
 
+def echo_in_terminal(page: Page, word: str) -> None:
+    """Open the sandbox page's terminal, type ``echo WORD`` and see WORD on its screen."""
+    page.click("#open-terminal")
+    page.wait_for_function("window.stasisTerminal !== undefined")
+    page.locator("#terminal").click()
+    page.wait_for_timeout(1500)  # the shell's prompt
+    page.keyboard.type(f"echo {word}\n")
+    page.wait_for_function(f"{SCREEN}.some(line => line.trim() === '{word}')", timeout=60_000)
+
+
 def test_a_wrong_or_missing_token_shows_the_login_page_and_never_data(
     page: Page, base: str, console_daemon: Daemon
 ) -> None:
@@ -143,12 +153,7 @@ def test_the_terminal_runs_echo_hi(page: Page, console_daemon: Daemon) -> None:
         sbx = Sandbox.create("term-box", memory_mb=256, client=client)
     log_in(page)
     page.goto(f"/ui/sandboxes/{sbx.id}")
-    page.click("#open-terminal")
-    page.wait_for_function("window.stasisTerminal !== undefined")
-    page.locator("#terminal").click()
-    page.wait_for_timeout(1500)  # the shell's prompt
-    page.keyboard.type("echo hi\n")
-    page.wait_for_function(f"{SCREEN}.some(line => line.trim() === 'hi')", timeout=20_000)
+    echo_in_terminal(page, "hi")
     shoot(page, "terminal")
     with console_daemon.client() as client:
         Sandbox.connect(sbx.id, client=client).terminate()
@@ -245,12 +250,7 @@ def test_stasis_ui_serves_the_console_of_a_socket_only_daemon(browser: Browser, 
         expect(page.locator("#sandboxes tr", has_text="ui-box")).to_be_visible(timeout=15_000)
         assert token not in page.url
         page.click("text=ui-box")
-        page.click("#open-terminal")
-        page.wait_for_function("window.stasisTerminal !== undefined")
-        page.locator("#terminal").click()
-        page.wait_for_timeout(1500)
-        page.keyboard.type("echo through-the-proxy\n")
-        page.wait_for_function(f"{SCREEN}.some(line => line.trim() === 'through-the-proxy')", timeout=20_000)
+        echo_in_terminal(page, "through-the-proxy")
         shoot(page, "stasis-ui")
         context.close()
         with daemon.client() as client:
@@ -360,12 +360,7 @@ def test_a_page_from_a_sandbox_port_reaches_neither_the_console_nor_other_ports_
         assert victim.info().status.value == "running"
         assert victim.run("test -e /root/pwned").exit_code == 1
         page.goto(f"/ui/sandboxes/{victim.id}")  # the console itself still opens its terminal
-        page.click("#open-terminal")
-        page.wait_for_function("window.stasisTerminal !== undefined")
-        page.locator("#terminal").click()
-        page.wait_for_timeout(1500)
-        page.keyboard.type("echo from-the-console\n")
-        page.wait_for_function(f"{SCREEN}.some(line => line.trim() === 'from-the-console')", timeout=20_000)
+        echo_in_terminal(page, "from-the-console")
     finally:
         for sbx in (victim, attacker):
             sbx.terminate()
