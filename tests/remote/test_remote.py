@@ -95,7 +95,7 @@ def test_a_sandbox_suspended_on_one_node_resumes_on_another(nodes: tuple[Daemon,
         assert digest_after == digest, "its memory came along"
         assert rounds_after > rounds_before, "it went on counting, not from the start"
         if backend == "microvm":  # its disk's base is node B's copy, fetched from the store
-            fetched = list((b.paths.images / "microvm" / "remote-bases").glob("*/base.ext4"))
+            fetched = list((b.paths.images / "remote-externals").glob("ext4-*/file"))
             assert len(fetched) == 1
             info = subprocess.run(["qemu-img", "info", "-U", str(b.paths.sandboxes / sbx.id / "disk.qcow2")],
                                   capture_output=True, text=True, check=True)  # fmt: skip
