@@ -86,7 +86,7 @@ def agent_part(client: Client) -> list[str]:
         )
         return []
     from stasis.agent import AgentRunner, Journal, OpenAIModel
-    from stasis.cli import _show_agent_event
+    from stasis.cli.agent import _show_agent_event
 
     console.rule("an agent in the same sandbox")
     journal = Journal(Paths.from_env().agent_journal)
