@@ -35,6 +35,7 @@ from ..errors import StasisError
 from ..fsutil import atomic_write
 from ..models import ExposedPort, ExposePortRequest
 from ..network.http1 import forward_requests
+from ..network.relay import pipe
 from .guest_tcp import open_guest_tcp
 from .service import SandboxService
 
@@ -238,12 +239,7 @@ async def _responses(
             first_line_end = reply.index(b"\r\n") + 2
             header = f"set-cookie: {set_cookie}; Path=/; HttpOnly; SameSite=Lax\r\n".encode()
             writer.write(reply[:first_line_end] + header + reply[first_line_end:])
-        while data := await upstream.read(1 << 18):
-            touch()
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
+        await pipe(upstream, writer, touch)
 
 
 def _strip_token(head: bytes, cookie: str) -> tuple[bytes, list[str], bool]:

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-HEAD_LIMIT = 64 * 1024
+from .relay import pipe
+
 COPY_CHUNK = 1 << 16
 
 
@@ -57,7 +58,7 @@ async def forward_requests(
             on_data()
             body = framing(head)
             if body == "raw":
-                await _copy_rest(client, upstream, on_data)
+                await pipe(client, upstream, on_data)
                 return
             if body == "chunked":
                 await _copy_chunked(client, upstream)
@@ -100,10 +101,3 @@ async def _copy_chunked(client: asyncio.StreamReader, upstream: asyncio.StreamWr
             upstream.write(b"\r\n")
             return
         await _copy_exactly(client, upstream, size + 2)  # the chunk and its CRLF
-
-
-async def _copy_rest(client: asyncio.StreamReader, upstream: asyncio.StreamWriter, on_data: Callable[[], None]) -> None:
-    while data := await client.read(COPY_CHUNK):
-        upstream.write(data)
-        on_data()
-        await upstream.drain()

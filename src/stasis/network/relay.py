@@ -11,7 +11,8 @@ from collections.abc import Callable
 CHUNK = 256 * 1024
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_data: Callable[[], None]) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_data: Callable[[], None]) -> None:
+    """Copy one direction to its end, then half-close the other side; a broken side is reset."""
     try:
         while data := await reader.read(CHUNK):
             on_data()
@@ -29,7 +30,7 @@ async def relay(
     on_data: Callable[[], None] = lambda: None,
 ) -> None:
     try:
-        await asyncio.gather(_pipe(a[0], b[1], on_data), _pipe(b[0], a[1], on_data))
+        await asyncio.gather(pipe(a[0], b[1], on_data), pipe(b[0], a[1], on_data))
     finally:
         for _, writer in (a, b):
             writer.close()
