@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stasis import Client, GuestTimeout, InvalidRequest, Sandbox
+from stasis.backends.gvisor import disk
 from stasis.images.recipe import RECIPES
 from tests.conftest import Daemon, loop_devices_under, wait_until
 from tests.daemon.test_hardening import host_pid
@@ -82,7 +83,8 @@ def test_a_mount_namespace_made_later_never_keeps_a_suspended_sandboxs_disk(daem
         wait_until(lambda: str(daemon.paths.home) in Path(f"/proc/{pinner.pid}/mounts").read_text(), timeout=30)
         sbx.suspend()
         directory = str(daemon.paths.home / "sandboxes" / sbx.id)
-        assert [m for m in loop_devices_under(daemon.paths.home) if sbx.id in m] == []
+        held_by = disk.holders(daemon.paths.home / "sandboxes")
+        assert [m for m in loop_devices_under(daemon.paths.home) if sbx.id in m] == [], held_by
         held = [line for line in Path(f"/proc/{pinner.pid}/mounts").read_text().splitlines() if directory in line]
         assert held == [], held
         sbx.resume()

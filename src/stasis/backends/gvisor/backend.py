@@ -349,7 +349,7 @@ class GvisorBackend:
         faults.point("gvisor.suspend.after_delete")
         self._unmount(box)
         try:  # a busy unmount detached lazily: suspended means its disk is closed
-            await disk.released(self._paths(box)["disk_image"], timeout=10)
+            await disk.released(self._paths(box)["disk_image"], timeout=30)
         except BackendError as exc:
             log.warning("suspended %s, but %s", box.id, exc)
 

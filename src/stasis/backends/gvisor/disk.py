@@ -88,8 +88,25 @@ async def released(image: Path, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while in_use(image):
         if time.monotonic() > deadline:
-            raise BackendError(f"the disk {image} is still held by a loop device after {timeout:.0f}s; try again")
+            raise BackendError(
+                f"the disk {image} is still held by a loop device after {timeout:.0f}s "
+                f"(processes whose mount namespace still has it: {holders(image.parent) or 'none'}); try again"
+            )
         await asyncio.sleep(0.05)
+
+
+def holders(directory: Path) -> list[str]:
+    """``pid (command)``, one per mount namespace other than ours that has a mount under ``directory``."""
+    prefix, own, seen, found = f" {directory}/", os.readlink("/proc/self/ns/mnt"), set(), []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            namespace = os.readlink(f"/proc/{entry}/ns/mnt") if entry.isdigit() else own
+            if namespace in seen or namespace == own:
+                continue
+            seen.add(namespace)
+            if prefix in Path(f"/proc/{entry}/mounts").read_text():
+                found.append(f"{entry} ({Path(f'/proc/{entry}/comm').read_text().strip()})")
+    return found
 
 
 def fresh_dir(path: Path, mode: int) -> None:

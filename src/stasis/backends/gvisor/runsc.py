@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -9,6 +10,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from ...errors import BackendError
 log = logging.getLogger(__name__)
 
 DELETE_TIMEOUT = 20.0  # `runsc delete` takes ~0.1 s; longer means the sandbox is wedged
+GONE_TIMEOUT = 10.0  # for its killed processes to exit, before they are killed again by pid
 PLATFORM_PREFERENCE = ("systrap", "ptrace")  # never kvm: on these hosts /dev/kvm is PVM and runsc hangs
 
 
@@ -159,6 +162,7 @@ class Runsc:
         try:
             result = await self._run("delete", "-force", sandbox_id, timeout=DELETE_TIMEOUT)
             if result.returncode == 0 or not self.has_record(sandbox_id):
+                await self._gone(sandbox_id)
                 return
             why = result.output
         except BackendError as exc:
@@ -168,11 +172,31 @@ class Runsc:
         result = await self._run("delete", "-force", sandbox_id, timeout=DELETE_TIMEOUT)
         if result.returncode != 0 and self.has_record(sandbox_id):
             raise BackendError(f"`runsc delete` failed for {sandbox_id}: {result.output}")
+        await self._gone(sandbox_id)
+
+    async def _gone(self, sandbox_id: str) -> None:
+        """Wait until the container's processes have exited: `runsc delete` signals them, and a gofer still
+        exiting holds files of the sandbox's root open (its disk stays busy until it is gone)."""
+        for attempt in range(2):
+            deadline = time.monotonic() + GONE_TIMEOUT
+            while self._processes(sandbox_id):
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                return
+            if attempt == 0:
+                log.warning("processes of %s outlived `runsc delete`; killing %s", sandbox_id, self.kill(sandbox_id))
+        left = self._processes(sandbox_id)
+        raise BackendError(f"processes of sandbox {sandbox_id} are still running after SIGKILL: {left}")
+
+    def _processes(self, sandbox_id: str) -> list[tuple[int, str]]:
+        root = f"--root={self.root}"
+        return procs.processes(lambda cmd: cmd.startswith("runsc") and root in cmd and sandbox_id in cmd)
 
     def kill(self, sandbox_id: str) -> list[int]:
         """SIGKILL every process of this container (its sandbox and gofer name our root and its id)."""
-        root = f"--root={self.root}"
-        found = procs.processes(lambda cmd: cmd.startswith("runsc") and root in cmd and sandbox_id in cmd)
+        found = self._processes(sandbox_id)
         for pid, _ in found:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
