@@ -7,13 +7,14 @@ import base64
 import contextlib
 import json
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from stasis.backends.base import BoxRef
-from stasis.errors import FileError, FileNotFound, GuestError, InvalidRequest, StateError
+from stasis.errors import FileError, FileNotFound, GuestError, GuestTimeout, InvalidRequest, StateError
 from stasis.guest import protocol as P
 from stasis.guest.client import GuestChannel
 from stasis.models import SandboxSpec
@@ -222,5 +223,34 @@ def test_replies_travel_as_one_json_line_each() -> None:
         assert [text(r.stdout) for r in replies] == [f"{i}\n" for i in range(20)]
         assert json.loads(json.dumps(P.encode(replies[0], keep_none=True)))["exit_code"] == 0
         assert os.path.exists(box.directory / "from_guest.fifo")
+
+    run(scenario)
+
+
+def test_a_request_cancelled_before_the_agent_read_it_never_runs(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The agent is stopped while a request waits in its channel, and its clock is an hour behind the host's
+    (as a microVM's can fall behind while QEMU is stopped), so expiry cannot refuse the request: the cancel
+    line the channel sends when it gives up reaches the agent with the request, and the request never runs."""
+    import stasis.guest.channel as channel_module
+
+    async def scenario(backend: FakeBackend, box: BoxRef, channel: GuestChannel) -> None:
+        await channel.call(P.Health())
+        pid = backend.pid(box)
+        assert pid is not None
+        marker = tmp_path / "ran"
+        real_time = channel_module.time.time
+        monkeypatch.setattr(channel_module.time, "time", lambda: real_time() + 3600)
+        os.killpg(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(GuestTimeout):
+                await channel.call(P.Exec(cmd=["touch", str(marker)]), timeout=1)
+            await asyncio.sleep(0.5)  # the cancel line is written behind the request
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        monkeypatch.undo()
+        await channel.call(P.Exec(cmd=["true"]))  # answered after the agent has read what waited before it
+        assert not marker.exists()
+        assert (await channel.call(P.Exec(cmd=["touch", str(marker)]), timeout=30)).exit_code == 0
+        assert marker.exists()
 
     run(scenario)

@@ -53,21 +53,55 @@ OS_ERROR_KINDS = {
 }
 
 
-def read_lines(fd: int) -> Iterator[bytes]:
-    """Lines from a byte stream that may be non-blocking and never ends."""
+def read_batches(fd: int) -> Iterator[list[bytes]]:
+    """The whole lines of a byte stream (maybe non-blocking, never ending), a batch at a time: each
+    batch holds all that had arrived, so that a cancel line is seen together with the request it names."""
     pending = b""
     while True:
-        try:
-            chunk = os.read(fd, 1 << 20)
-        except BlockingIOError:
-            select.select([fd], [], [], 1.0)
-            continue
-        if not chunk:  # FIFOs: never (held open); a virtio-serial port: while no host is connected
+        chunk = read_some(fd, wait=1.0)
+        if not chunk:  # FIFOs: never EOF (held open); a virtio-serial port: while no host is connected
             time.sleep(0.02)
             continue
         pending += chunk
+        while more := read_some(fd, wait=0):
+            pending += more
         *lines, pending = pending.split(b"\n")
-        yield from lines
+        if lines:
+            yield lines
+
+
+def read_some(fd: int, wait: float) -> bytes:
+    if not select.select([fd], [], [], wait)[0]:
+        return b""
+    try:
+        return os.read(fd, 1 << 20)
+    except BlockingIOError:
+        return b""
+
+
+def without_cancelled(lines: list[bytes]) -> list[bytes]:
+    """The requests of a batch, less those a cancel line in the same batch names (and the cancel lines)."""
+    cancels = [line for line in lines if line.startswith(P.CANCEL_PREFIX)]
+    if not cancels:
+        return lines
+    cancelled = {message_field(line, "cancel") for line in cancels}
+    kept = []
+    for line in lines:
+        if line.startswith(P.CANCEL_PREFIX):
+            continue
+        if (req_id := message_field(line, "id")) in cancelled:
+            print(f"stasis agent: request {req_id} was cancelled before it ran", file=sys.stderr)
+            continue
+        kept.append(line)
+    return kept
+
+
+def message_field(line: bytes, key: str) -> Any:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    return message.get(key) if isinstance(message, dict) else None
 
 
 def error_kind(exc: OSError) -> str:
@@ -123,13 +157,14 @@ class Agent:
 
     def serve(self) -> None:
         self.procs.start_reaping()
-        for line in read_lines(self.reader_fd):
-            if not line.strip():
-                continue
-            try:
-                start_thread(self.handle, line)
-            except RequestError:  # out of threads: still answer, from this thread
-                self.handle(line)
+        for batch in read_batches(self.reader_fd):
+            for line in without_cancelled(batch):
+                if not line.strip():
+                    continue
+                try:
+                    start_thread(self.handle, line)
+                except RequestError:  # out of threads: still answer, from this thread
+                    self.handle(line)
 
     def handle(self, line: bytes) -> None:
         req_id: Any = None

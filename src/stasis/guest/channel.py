@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any, Self
 
 from ..errors import GuestDisconnected, GuestTimeout
+from .wire import cancel_line
 
 log = logging.getLogger(__name__)
 
 STREAM_LIMIT = 64 << 20  # longest reply line (a 4 MiB chunk is ~5.6 MB of base64)
+CANCEL_WRITE_TIMEOUT = 5.0
 
 
 class JsonLinesChannel:
@@ -42,6 +44,7 @@ class JsonLinesChannel:
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)  # ids never collide with a previous daemon's
         self._closed = False
+        self._cancels: set[asyncio.Task[None]] = set()
         self._reader_task = asyncio.get_running_loop().create_task(self._read_replies())
 
     @classmethod
@@ -82,7 +85,11 @@ class JsonLinesChannel:
                 self._writer.discard_unread()
                 await self.close()
                 raise
-            return await asyncio.wait_for(future, timeout)
+            try:
+                return await asyncio.wait_for(future, timeout)
+            except TimeoutError:
+                self._cancel(req_id)
+                raise
         except TimeoutError:
             raise GuestTimeout(
                 f"the agent in {self.label} did not answer {message.get('op')!r} within {timeout:.0f}s "
@@ -91,6 +98,21 @@ class JsonLinesChannel:
             ) from None
         finally:
             self._pending.pop(req_id, None)
+
+    def _cancel(self, req_id: str) -> None:
+        """Tell the agent we gave up on ``req_id``: if it has not read the request yet, it reads the cancel
+        with it and drops both (a stopped guest's clock cannot be trusted to expire it)."""
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._write_quietly(cancel_line(req_id)))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _write_quietly(self, data: bytes) -> None:
+        try:
+            await asyncio.wait_for(self._writer.write(data), CANCEL_WRITE_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            log.info("%s: could not send a cancel to the agent: %s", self.label, exc)
 
     async def _read_replies(self) -> None:
         try:
@@ -120,6 +142,10 @@ class JsonLinesChannel:
     async def close(self) -> None:
         if self._reader_task.done() and self._closed:
             return
+        for task in list(self._cancels):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         self._writer.close()
         if self._read_transport is not None:
             self._read_transport.close()

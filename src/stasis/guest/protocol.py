@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The protocol's vocabulary (re-exported: host and agent write P.ErrorKind, P.encode, ...)
-from .wire import VERSION, ErrorKind, Operation, decode, encode  # noqa: F401
+from .wire import CANCEL_PREFIX, VERSION, ErrorKind, Operation, cancel_line, decode, encode  # noqa: F401
 
 # ---------------------------------------------------------------- results
 

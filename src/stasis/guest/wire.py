@@ -8,7 +8,16 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 R = TypeVar("R")
 
-VERSION = 3  # 2: boot ids (requests sent before the agent booted are refused); 3: expiry ("expires")
+VERSION = 4  # 2: boot ids (requests sent before the agent booted are refused); 3: expiry ("expires"); 4: cancel lines
+
+# A line ``{"cancel":"<request id>"}`` (no reply): the host gave up on that request. The agent drops a request
+# whose cancel arrives with it, so a request that waited in the channel while the guest was stopped never runs,
+# whatever the guest's clock says.
+CANCEL_PREFIX = b'{"cancel":'
+
+
+def cancel_line(request_id: str) -> bytes:
+    return b'{"cancel":"' + request_id.encode() + b'"}\n'
 
 
 class ErrorKind:
