@@ -174,7 +174,11 @@ def test_a_daemon_killed_during_a_session_drops_it_and_the_next_one_works(
     def sessions() -> list[str]:
         return [p.id for p in sbx.list_processes() if p.id.startswith("ssh-") and p.status == "running"]
 
-    wait_until(lambda: sessions() == [], timeout=20)  # the dropped session was hung up, as sshd would be
+    try:
+        wait_until(lambda: sessions() == [], timeout=20)  # the dropped session was hung up, as sshd would be
+    except AssertionError as exc:
+        log = own_daemon.log()[-6000:]
+        raise AssertionError(f"{exc}; {sessions()} still run. The daemon's log ends:\n{log}") from None
 
 
 def test_stasis_ssh_runs_a_command_with_a_given_key_which_stays_authorised(

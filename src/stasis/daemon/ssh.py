@@ -158,14 +158,24 @@ async def serve_session(service: SandboxService, keys: HostKeys, websocket: WebS
 
 async def _hang_up(channel: GuestChannel, session: str) -> None:
     """End a session as a dropped connection would: sshd sees EOF and exits; what the user left running
-    on purpose (a tmux server, nohup) lives on. Only a server that does not go is killed (itself alone)."""
-    with contextlib.suppress(StasisError):
+    on purpose (a tmux server, nohup) lives on. Only a server that does not go is killed (itself alone).
+    Each step goes on whatever the one before it said: a session whose input is already gone is still ended."""
+    try:
         await channel.call(P.WriteStdin(id=session, close=True))
-        for _ in range(50):
+    except StasisError as exc:
+        log.info("SSH session %s: closing its input: %s", session, exc)
+    for _ in range(50):
+        try:
             if (await channel.call(P.GetProcess(id=session))).status != "running":
                 return
-            await asyncio.sleep(0.1)
+        except StasisError:
+            return  # gone, or the sandbox is: nothing left to end
+        await asyncio.sleep(0.1)
+    log.warning("SSH session %s did not end on EOF within 5s; killing its server", session)
+    try:
         await channel.call(P.SignalProcess(id=session, signal="SIGKILL", tree=False))
+    except StasisError as exc:
+        log.warning("SSH session %s: killing its server failed: %s", session, exc)
 
 
 async def _end_orphans(channel: GuestChannel) -> None:
