@@ -411,3 +411,20 @@ class CommitImageRequest(_Strict):
     key: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
     config: dict[str, Any] = Field(default_factory=dict, description="the image config after the step")
     step: str = ""
+
+
+class E2bServeRequest(_Strict):
+    """Open the E2B face on a TCP listener for as long as the request's stream stays open (`stasis e2b serve`)."""
+
+    listen: str = Field("127.0.0.1:3000", max_length=300, description="HOST:PORT (port 0: any free port)")
+    backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
+    memory_mb: int = Field(1024, ge=128, le=262144, description="each sandbox's memory (E2B's templates carry none)")
+    cpus: float = Field(1.0, ge=0.01, le=64)
+    domain: str | None = Field(
+        None, max_length=253, description="route by Host PORT-ID.DOMAIN too (needs a wildcard DNS name)"
+    )
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        return validate_backend(backend)

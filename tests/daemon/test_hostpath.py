@@ -12,6 +12,7 @@ import pytest
 
 from stasis import hostpath
 from stasis.daemon.checkpoints import CheckpointFiles
+from stasis.daemon.e2b.records import Records
 from stasis.daemon.ssh import HostKeys
 from stasis.errors import ImageNotFound, InvalidRequest
 from stasis.images.store import ImageStore
@@ -29,6 +30,7 @@ CALLERS = {
     "daemon/ssh.py": "a sandbox's host key folder",
     "remote/cache.py": "piece hashes from a manifest",
     "backends/microvm/boot_snapshots.py": "a boot snapshot's key",
+    "daemon/e2b/records.py": "an E2B record (a sandbox id)",
 }
 TRAVERSALS = ["..", "../x", "a/../../b", "/etc", "x/y", ".hidden", "", "a\0b", "default-0123/../../home", "é" * 3]
 
@@ -57,6 +59,8 @@ def test_every_caller_refuses_a_traversal(tmp_path: Path, name: str) -> None:
         ChunkCache(tmp_path / "cache", 1 << 20).get(name)
     with pytest.raises(InvalidRequest):
         asyncio.run(HostKeys(tmp_path / "keys").get(name))
+    with pytest.raises(InvalidRequest):
+        Records(tmp_path / "e2b").get(name)
     assert not (tmp_path / "keys").exists() or list((tmp_path / "keys").iterdir()) == []
 
 

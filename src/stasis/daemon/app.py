@@ -40,7 +40,10 @@ def create_app(
         await Recovery(rooms.core, rooms.remote).run()
         await rooms.pools.start()
         rooms.reaper.start()
+        rooms.e2b.start()
         yield
+        await rooms.e2b_listeners.close_all()
+        await rooms.e2b.stop()
         if mcp_app is not None:
             await mcp_app.aclose()
         await rooms.reaper.stop()

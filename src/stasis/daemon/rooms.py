@@ -1,6 +1,6 @@
 """The daemon's rooms, wired together in one place: the lifecycle core, and what stands on it.
 
-    faces       routes/ (HTTP), console/, mcp_http          translate a protocol onto the rooms below
+    faces       routes/ (HTTP), console/, mcp_http, e2b/    translate a protocol onto the rooms below
     front       Front: create and resume get their source   pools, templates, the remote store
     features    Checkpoints, forks, PoolManager, Ports, RemoteService, GuestOperations, ssh, idle reaper
     core        SandboxService: locks, store transitions, channels, backends, one teardown
@@ -21,6 +21,9 @@ from ..paths import Paths
 from ..remote.config import RemoteConfig
 from .checkpointing import Checkpoints
 from .console.sessions import Sessions
+from .e2b.keys import E2bKeys
+from .e2b.listener import E2bListeners
+from .e2b.room import E2bRoom
 from .front import Front
 from .idle import IdleReaper
 from .operations import GuestOperations
@@ -43,6 +46,8 @@ class Rooms:
     ops: GuestOperations
     host_keys: HostKeys
     reaper: IdleReaper
+    e2b: E2bRoom
+    e2b_listeners: E2bListeners
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
 
@@ -54,10 +59,12 @@ class Rooms:
         pools = PoolManager(core)
         ports = Ports(core)
         core.teardown_hooks.append(ports.forget)  # an exposed port's listener goes with its sandbox
+        front, ops = Front(core, pools, remote), GuestOperations(core)
+        e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token))
         rooms = cls(
-            paths=paths, core=core, front=Front(core, pools, remote), checkpoints=checkpoints, pools=pools,
-            ports=ports, remote=remote, ops=GuestOperations(core), host_keys=HostKeys(paths.home / "ssh-host-keys"),
-            reaper=IdleReaper(core, checkpoints), token=token,
+            paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
+            ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints),
+            e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), token=token,
         )  # fmt: skip
         if token:
             rooms.logins.tokens.add(token)

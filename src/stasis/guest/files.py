@@ -8,7 +8,9 @@ under ``UPLOADS``, so one left by an interrupted upload is removed when the agen
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
+import pwd
 import shutil
 import stat
 import time
@@ -55,9 +57,48 @@ def file_stat(path: str, name: str) -> P.FileStat:
         kind = "file"
     else:
         kind = "other"
+    target = os.readlink(path) if kind == "symlink" else None
     return P.FileStat(
-        name=name, path=path, type=kind, size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime
-    )
+        name=name, path=path, type=kind, size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime,
+        owner=user_name(st.st_uid), group=group_name(st.st_gid), target=target,
+    )  # fmt: skip
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def owner_ids(owner: str | None) -> tuple[int, int] | None:
+    if owner is None:
+        return None
+    try:
+        entry = pwd.getpwnam(str(owner))
+    except KeyError:
+        raise RequestError(P.ErrorKind.INVALID, f"no user {owner!r} in the sandbox") from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def make_dirs(path: str, ids: tuple[int, int] | None, exist_ok: bool = True) -> None:
+    """``os.makedirs``; the directories it made belong to ``ids`` (uid, gid) if given."""
+    missing = []
+    probe = path
+    while probe not in ("/", "") and not os.path.lexists(probe):
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    os.makedirs(path, exist_ok=exist_ok)
+    if ids is not None:
+        for made in missing:
+            os.lchown(made, *ids)
 
 
 def remove_interrupted_uploads(older_than: float = 0.0) -> int:
@@ -100,8 +141,9 @@ class Files:
         if os.path.isdir(path):
             raise RequestError(P.ErrorKind.IS_A_DIRECTORY, f"{path} is a directory, not a file")
         parent = os.path.dirname(path)
+        ids = owner_ids(req.owner)
         if req.make_parents:
-            os.makedirs(parent, exist_ok=True)
+            make_dirs(parent, ids)
         upload = str(req.upload_id)
         if not upload.isalnum():
             raise RequestError(P.ErrorKind.INVALID, "upload_id must be alphanumeric")
@@ -119,6 +161,8 @@ class Files:
             os.pwrite(fd, unb64(req.data), offset)
             if req.final:
                 os.fchmod(fd, int(req.mode))
+                if ids is not None:
+                    os.fchown(fd, *ids)
                 os.fsync(fd)
         finally:
             os.close(fd)
@@ -243,7 +287,7 @@ class Files:
 
     def mkdir(self, req: P.MakeDir) -> P.PathResult:
         path = absolute(req.path)
-        os.makedirs(path, exist_ok=bool(req.exist_ok))
+        make_dirs(path, owner_ids(req.owner), exist_ok=bool(req.exist_ok))
         return P.PathResult(path=path)
 
 

@@ -137,6 +137,9 @@ class FileStat:
     size: int
     mode: int
     mtime: float
+    owner: str = ""  # user and group names (the number when the guest has no name for it)
+    group: str = ""
+    target: str | None = None  # a symlink's target
 
 
 @dataclass
@@ -336,6 +339,7 @@ class WriteFile(Operation[PathResult]):
     mode: int = 0o644
     make_parents: bool = True
     abort: bool = False  # the upload was cut off: remove its temp file now
+    owner: str | None = None  # a user of the guest: the file (and parents it makes) become theirs
 
 
 @dataclass
@@ -388,6 +392,7 @@ class MakeDir(Operation[PathResult]):
     result = PathResult
     path: str
     exist_ok: bool = True
+    owner: str | None = None  # as WriteFile's
 
 
 @dataclass

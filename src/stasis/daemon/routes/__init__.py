@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
-from . import checkpoints, commands, files, images, pools, ports, remote, sandboxes, system, terminals
+from . import checkpoints, commands, e2b, files, images, pools, ports, remote, sandboxes, system, terminals
 
-ROUTERS = [m.router for m in (system, images, sandboxes, pools, checkpoints, remote, commands, terminals, ports, files)]
+ROUTERS = [
+    m.router for m in (system, images, sandboxes, pools, checkpoints, remote, commands, terminals, ports, files, e2b)
+]

@@ -1,0 +1,52 @@
+"""`stasis e2b serve`: the E2B face on a TCP listener, for the official E2B SDKs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn
+
+from ..backends import DEFAULT_BACKEND
+from ..models import E2bServeRequest
+from ..sdk import e2b
+from ._common import app, client, err, out
+
+e2b_app = typer.Typer(help="Speak E2B: the official E2B SDKs (Python, TypeScript) against this daemon.")
+app.add_typer(e2b_app, name="e2b")
+
+
+@e2b_app.command("serve")
+def serve(
+    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on (port 0: any free one).")] = (
+        "127.0.0.1:3000"
+    ),
+    backend: Annotated[str, typer.Option("--backend", help="What E2B's sandboxes run on.")] = DEFAULT_BACKEND,
+    memory_mb: Annotated[int, typer.Option("--memory-mb", help="Each sandbox's memory.")] = 1024,
+    domain: Annotated[
+        str | None, typer.Option("--domain", help="Also route Host PORT-ID.DOMAIN (a wildcard DNS name of yours).")
+    ] = None,
+) -> None:
+    """Serve E2B's API until interrupted; prints the three variables to export for the SDKs."""
+    request = E2bServeRequest(listen=listen, backend=backend, memory_mb=memory_mb, domain=domain)
+    daemon = client()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err, transient=True) as progress:
+        task = progress.add_task("the base template's image (e2b-base)")
+
+        def step(number: int, total: int, description: str, cached: bool) -> None:
+            state = "cached" if cached else "building"
+            progress.update(task, description=f"e2b-base: step {number}/{total} {state}: {description[:60]}")
+
+        e2b.base_image(daemon, on_step=step)
+    lines = e2b.serve(request, daemon)
+    first = next(lines)
+    for name, value in first["exports"].items():
+        out.print(f"export {name}={value}", highlight=False, soft_wrap=True)
+    err.print(f"[dim]E2B's API on {first['listening']} (backend {backend}); Ctrl-C stops it[/dim]")
+    try:
+        for _ in lines:
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        lines.close()

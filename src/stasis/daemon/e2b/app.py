@@ -1,0 +1,110 @@
+"""One E2B listener's ASGI app: a request that names a sandbox goes to its envd or one of its ports; any other
+to the control plane.
+
+A request names a sandbox as the SDKs do: with ``E2B_SANDBOX_URL`` set, in the ``E2b-Sandbox-Id`` and
+``E2b-Sandbox-Port`` headers; without it, in the Host, ``PORT-ID.DOMAIN`` (a wildcard DNS name and
+certificate of the user's, see the README). Every sandbox request needs that sandbox's envd access token
+(``X-Access-Token``) or the API key; a port of a sandbox made with ``allowPublicTraffic`` needs none.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from ...errors import StasisError
+from ..operations import GuestOperations
+from ..ports import Ports
+from ..service import SandboxService
+from .control import create_control_app
+from .envd.filesystem_connect import FilesystemASGIApplication
+from .envd.process_connect import ProcessASGIApplication
+from .filesystem import FilesystemService, create_files_app
+from .port_proxy import proxy_http
+from .process import ProcessService
+from .requests import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER
+from .room import Defaults, E2bRoom
+
+log = logging.getLogger(__name__)
+
+ENVD_PORT = 49983
+HOST_FORM = re.compile(r"^(\d{1,5})-([A-Za-z0-9][A-Za-z0-9_.-]{0,127}?)\.")
+
+
+class E2bApp:
+    def __init__(
+        self, room: E2bRoom, core: SandboxService, ops: GuestOperations, ports: Ports, defaults: Defaults,
+        domain: str | None = None,
+    ) -> None:  # fmt: skip
+        self.room = room
+        self.ports = ports
+        self.domain = domain
+        self.control = create_control_app(room, defaults, domain)
+        files = FilesystemService(core, ops)
+        self.process = ProcessASGIApplication(ProcessService(core, ops, room.records))
+        self.filesystem = FilesystemASGIApplication(files)
+        self.files = create_files_app(ops, files)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return
+        headers = Headers(scope=scope)
+        target = self.target(headers)
+        if target is None:
+            await self.control(scope, receive, send)
+            return
+        ref, port = target
+        if not 0 < port < 65536:
+            await self.refuse(scope, receive, send, 400, "E2b-Sandbox-Port must be a port number (1-65535)")
+            return
+        try:
+            info = self.room.sandbox(ref)
+        except StasisError as exc:
+            await self.refuse(scope, receive, send, 502, f"The sandbox {ref} was not found: {exc}")
+            return
+        record = self.room.records.get(info.id)
+        public = port != ENVD_PORT and record is not None and record.public_traffic
+        keys = self.room.keys
+        if not (public or keys.valid_envd_token(info.id, headers.get(TOKEN_HEADER))
+                or keys.valid_api_key(headers.get("x-api-key"))):  # fmt: skip
+            await self.refuse(scope, receive, send, 401, f"sandbox {info.id} needs its envd access token")
+            return
+        scope = with_header(scope, SANDBOX_HEADER, info.id)
+        if port != ENVD_PORT:
+            await proxy_http(self.ports, info.id, port, scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path.startswith("/process.Process/"):
+            await self.process(scope, receive, send)
+        elif path.startswith("/filesystem.Filesystem/"):
+            await self.filesystem(scope, receive, send)
+        else:
+            await self.files(scope, receive, send)
+
+    def target(self, headers: Headers) -> tuple[str, int] | None:
+        """(sandbox ref, port) a request names, or None for the control plane."""
+        if (sandbox := headers.get(SANDBOX_HEADER)) is not None:
+            port = headers.get(PORT_HEADER, str(ENVD_PORT))
+            return sandbox, int(port) if port.isdigit() else -1
+        host = headers.get("host", "")
+        if self.domain and host.split(":")[0].endswith("." + self.domain) and (m := HOST_FORM.match(host)):
+            return m.group(2), int(m.group(1))
+        return None
+
+    @staticmethod
+    async def refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+            return
+        await JSONResponse({"code": status, "message": message}, status_code=status)(scope, receive, send)
+
+
+def with_header(scope: Scope, name: str, value: str) -> dict[str, Any]:
+    key = name.encode()
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != key]
+    return {**scope, "headers": [*headers, (key, value.encode())]}

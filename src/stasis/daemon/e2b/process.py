@@ -1,0 +1,214 @@
+"""envd's ``process.Process`` service over the guest agent: commands (and their streams) by pid.
+
+A command started here is an agent process (id ``e2b-…``, its tag as its name), so stasis' own API sees it
+too. Its output streams from the agent's buffers: a client that connects later (``Connect``) gets what comes
+from then on, as from envd. Each call holds the sandbox in use for as long as it streams (never idle-suspended
+under a running ``commands.run``), and resumes a paused sandbox first.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+from protobuf import Oneof
+
+from ...errors import ProcessNotFound, StasisError
+from ...guest import protocol as P
+from ..operations import GuestOperations
+from ..service import SandboxService
+from .envd import process_pb as pb
+from .records import Records
+from .requests import caller, home_of
+
+log = logging.getLogger(__name__)
+
+OUTPUT_BUFFER = 16 << 20  # bytes of each stream the agent keeps for a reader that lags
+READ_WAIT = 10.0  # seconds a read waits for output before a keepalive goes out
+SIGNALS = {pb.Signal.SIGKILL: "SIGKILL", pb.Signal.SIGTERM: "SIGTERM"}
+
+
+class ProcessService:
+    def __init__(self, core: SandboxService, ops: GuestOperations, records: Records) -> None:
+        self.core = core
+        self.ops = ops
+        self.records = records
+
+    # -- starting and following
+
+    async def start(self, request: pb.StartRequest, ctx: RequestContext[Any, Any]) -> AsyncIterator[pb.StartResponse]:
+        sandbox_id, user = caller(ctx)
+        config = request.process or pb.ProcessConfig()
+        if request.pty is not None:
+            raise ConnectError(Code.UNIMPLEMENTED, "PTYs through envd are not served by stasis yet: use `stasis shell`")
+        if not config.cmd:
+            raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is empty: name the program to run")
+        record = self.records.get(sandbox_id)
+        env = {**(record.envs if record else {}), **dict(config.envs)}
+        defaults = self.ops._defaults(sandbox_id, env, config.cwd if config.has_field("cwd") else None, user)
+        if user is not None and not config.has_field("cwd"):
+            defaults["cwd"] = home_of(user)
+        process_id = f"e2b-{secrets.token_hex(6)}"
+        start = P.StartProcess(
+            cmd=[config.cmd, *config.args], id=process_id, name=request.tag if request.has_field("tag") else None,
+            stdin=bool(request.stdin), max_output=OUTPUT_BUFFER, **defaults,
+        )  # fmt: skip
+        async with self.core.guest(sandbox_id) as channel:
+            try:
+                state = await channel.call(start)
+            except StasisError as exc:
+                raise _rpc_error(exc) from exc
+            yield pb.StartResponse(event=event("start", pb.ProcessEvent.StartEvent(pid=state.pid)))
+            async for update in self._follow(channel, process_id, 0, 0):
+                yield pb.StartResponse(event=update)
+
+    async def connect(
+        self, request: pb.ConnectRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[pb.ConnectResponse]:
+        sandbox_id, _ = caller(ctx)
+        async with self.core.guest(sandbox_id) as channel:
+            state = await self._find(channel, request.process)
+            yield pb.ConnectResponse(event=event("start", pb.ProcessEvent.StartEvent(pid=state.pid)))
+            async for update in self._follow(channel, state.id, state.stdout_bytes, state.stderr_bytes):
+                yield pb.ConnectResponse(event=update)
+
+    async def _follow(self, channel: Any, process_id: str, out: int, err: int) -> AsyncIterator[pb.ProcessEvent]:
+        """Its output from these offsets, then its end; a keepalive whenever it is quiet for READ_WAIT."""
+        while True:
+            read = P.ReadStreams(process_id, out, err, max_bytes=1 << 20, wait=READ_WAIT)
+            reply = await channel.call(read, timeout=READ_WAIT + 60)
+            quiet = True
+            for name, part in (("stdout", reply.stdout), ("stderr", reply.stderr)):
+                if part.lost:
+                    log.warning(
+                        "%s: a reader of %s fell behind; %d bytes of its %s lost", process_id, name, part.lost, name
+                    )
+                if part.data:
+                    quiet = False
+                    data = pb.ProcessEvent.DataEvent(output=Oneof(name, base64.b64decode(part.data)))
+                    yield event("data", data)
+            out, err = reply.stdout.next_offset, reply.stderr.next_offset
+            drained = reply.stdout.eof and reply.stderr.eof
+            if reply.exit_code is not None and (drained or quiet):
+                code = reply.exit_code
+                status = f"exit status {code}" if code >= 0 else f"signal: {-code}"
+                end = pb.ProcessEvent.EndEvent(exit_code=code, exited=True, status=status)
+                yield event("end", end)
+                return
+            if quiet:
+                yield event("keepalive", pb.ProcessEvent.KeepAlive())
+
+    # -- the rest
+
+    async def list(self, request: pb.ListRequest, ctx: RequestContext[Any, Any]) -> pb.ListResponse:
+        sandbox_id, _ = caller(ctx)
+        async with self.core.guest(sandbox_id) as channel:
+            listing = await channel.call(P.ListProcesses())
+        return pb.ListResponse(
+            processes=[
+                pb.ProcessInfo(
+                    pid=p.pid,
+                    tag=p.name,
+                    config=pb.ProcessConfig(cmd=p.cmd[0] if p.cmd else "", args=p.cmd[1:], envs={}),
+                )
+                for p in listing.processes
+                if p.status == "running"
+            ]
+        )
+
+    async def send_input(self, request: pb.SendInputRequest, ctx: RequestContext[Any, Any]) -> pb.SendInputResponse:
+        sandbox_id, _ = caller(ctx)
+        data = stdin_of(request.input)
+        async with self.core.guest(sandbox_id) as channel:
+            state = await self._find(channel, request.process)
+            await self._call(channel, P.WriteStdin(id=state.id, data=base64.b64encode(data or b"").decode()))
+        return pb.SendInputResponse()
+
+    async def stream_input(
+        self, requests: AsyncIterator[pb.StreamInputRequest], ctx: RequestContext[Any, Any]
+    ) -> pb.StreamInputResponse:
+        sandbox_id, _ = caller(ctx)
+        async with self.core.guest(sandbox_id) as channel:
+            process_id = None
+            async for message in requests:
+                match message.event:
+                    case Oneof("start", start):
+                        process_id = (await self._find(channel, start.process)).id
+                        continue
+                    case Oneof("data", data_event):
+                        data = base64.b64encode(stdin_of(data_event.input)).decode()
+                    case _:
+                        continue
+                if process_id is None:
+                    raise ConnectError(Code.FAILED_PRECONDITION, "the input stream must start by naming a process")
+                if data:
+                    await self._call(channel, P.WriteStdin(id=process_id, data=data))
+        return pb.StreamInputResponse()
+
+    async def close_stdin(self, request: pb.CloseStdinRequest, ctx: RequestContext[Any, Any]) -> pb.CloseStdinResponse:
+        sandbox_id, _ = caller(ctx)
+        async with self.core.guest(sandbox_id) as channel:
+            state = await self._find(channel, request.process)
+            await self._call(channel, P.WriteStdin(id=state.id, close=True))
+        return pb.CloseStdinResponse()
+
+    async def send_signal(self, request: pb.SendSignalRequest, ctx: RequestContext[Any, Any]) -> pb.SendSignalResponse:
+        sandbox_id, _ = caller(ctx)
+        signal = SIGNALS.get(request.signal)
+        if signal is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"signal {request.signal!r}: only SIGKILL and SIGTERM are sent")
+        async with self.core.guest(sandbox_id) as channel:
+            state = await self._find(channel, request.process)
+            await self._call(channel, P.SignalProcess(id=state.id, signal=signal, tree=True))
+        return pb.SendSignalResponse()
+
+    async def update(self, request: pb.UpdateRequest, ctx: RequestContext[Any, Any]) -> pb.UpdateResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "PTYs through envd are not served by stasis yet")
+
+    async def _find(self, channel: Any, selector: pb.ProcessSelector | None) -> P.ProcessState:
+        """A running process by pid or tag: NOT_FOUND otherwise (what the SDKs' kill and connect expect)."""
+        listing = await channel.call(P.ListProcesses())
+        running = [p for p in listing.processes if p.status == "running"]
+        match selector.selector if selector is not None else None:
+            case Oneof("pid", pid):
+                found, what = [p for p in running if p.pid == pid], f"pid {pid}"
+            case Oneof("tag", tag):
+                found, what = [p for p in running if p.name == tag], f"tag {tag!r}"
+            case _:
+                raise ConnectError(Code.INVALID_ARGUMENT, "name the process by pid or tag")
+        if not found:
+            raise ConnectError(Code.NOT_FOUND, f"process with {what} not found")
+        return found[0]
+
+    @staticmethod
+    async def _call(channel: Any, op: Any) -> Any:
+        try:
+            return await channel.call(op)
+        except StasisError as exc:
+            raise _rpc_error(exc) from exc
+
+
+def _rpc_error(exc: StasisError) -> ConnectError:
+    if isinstance(exc, ProcessNotFound):
+        return ConnectError(Code.NOT_FOUND, str(exc))
+    code = {400: Code.INVALID_ARGUMENT, 404: Code.NOT_FOUND, 409: Code.FAILED_PRECONDITION}.get(exc.status_code)
+    return ConnectError(code or Code.INTERNAL, str(exc))
+
+
+def event(kind: str, value: Any) -> pb.ProcessEvent:
+    return pb.ProcessEvent(event=Oneof(kind, value))
+
+
+def stdin_of(given: pb.ProcessInput | None) -> bytes:
+    match given.input if given is not None else None:
+        case Oneof("stdin", data):
+            return bytes(data)
+        case Oneof("pty", _):
+            raise ConnectError(Code.UNIMPLEMENTED, "PTYs through envd are not served by stasis yet")
+    return b""

@@ -1,0 +1,227 @@
+"""The E2B room: E2B's sandbox lifecycle over stasis' rooms (the front desk, the core, checkpoints, forks).
+
+What E2B adds to a stasis sandbox (its template name, metadata, envs and lifetime) is a :class:`Record`.
+A lifetime that ends kills the sandbox, or with ``auto_pause`` suspends it (its memory and processes kept);
+``connect`` resumes a paused one and extends its lifetime. E2B's "paused" is stasis' suspended: a sandbox
+stasis suspended when idle is paused to E2B too, and any envd call resumes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from ...errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError
+from ...models import (
+    TEMPLATE_PREFIX,
+    CheckpointInfo,
+    CheckpointType,
+    CreateCheckpointRequest,
+    CreateSandboxRequest,
+    SandboxInfo,
+    SandboxStatus,
+)
+from ...netpolicy import NetworkPolicy
+from ..checkpointing import Checkpoints
+from ..forks import fork
+from ..front import Front
+from ..service import SandboxService
+from .keys import E2bKeys
+from .records import Record, Records
+
+log = logging.getLogger(__name__)
+
+S = SandboxStatus
+BASE_TEMPLATE = "base"  # E2B's default template
+BASE_IMAGE = "e2b-base"  # what it resolves to: built by `stasis e2b serve` (stasis.images' builder)
+DEFAULT_TIMEOUT = 300  # E2B's default lifetime, seconds
+MAX_TIMEOUT = 365 * 24 * 3600  # stasis has no cap; a year keeps the arithmetic sane
+PAUSED = (S.SUSPENDED, S.SUSPENDING)
+GONE = (S.TERMINATED, S.FAILED)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a listener creates when E2B does not say (E2B has no backend, and templates carry the size)."""
+
+    backend: str
+    memory_mb: int = 1024
+    cpus: float = 1.0
+
+
+class E2bRoom:
+    def __init__(self, core: SandboxService, front: Front, checkpoints: Checkpoints, keys: E2bKeys) -> None:
+        self.core = core
+        self.front = front
+        self.checkpoints = checkpoints
+        self.keys = keys
+        self.records = Records(core.paths.home / "e2b")
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle
+
+    async def create(
+        self, defaults: Defaults, template: str, timeout: int | None, auto_pause: bool, metadata: dict[str, str],
+        envs: dict[str, str], network: NetworkPolicy | None, public_traffic: bool = False,
+    ) -> tuple[SandboxInfo, Record]:  # fmt: skip
+        request = self._request(defaults, template, network)
+        info = await self.front.create(request)
+        now = time.time()
+        record = Record(
+            sandbox_id=info.id, template=template, started_at=now, end_at=now + _timeout(timeout),
+            auto_pause=auto_pause, metadata=metadata, envs=envs, public_traffic=public_traffic,
+        )  # fmt: skip
+        self.records.put(record)
+        log.info("E2B sandbox %s from template %r, lifetime %ss", info.id, template, _timeout(timeout))
+        return info, record
+
+    def _request(self, defaults: Defaults, template: str, network: NetworkPolicy | None) -> CreateSandboxRequest:
+        """A template is a stasis image, a stasis template, or a snapshot (a MEMORY checkpoint's id or name)."""
+        base = {"backend": defaults.backend, "memory_mb": defaults.memory_mb, "cpus": defaults.cpus, "network": network}
+        name = BASE_IMAGE if template == BASE_TEMPLATE else template
+        with contextlib.suppress(ImageNotFound, InvalidRequest):
+            self.core.images.get(name)
+            return CreateSandboxRequest(image=name, **base)
+        if template != BASE_TEMPLATE:
+            with contextlib.suppress(NotFound, InvalidRequest):
+                self.core.store.get_checkpoint(TEMPLATE_PREFIX + template)
+                return CreateSandboxRequest(template=template, **base)
+            with contextlib.suppress(NotFound, InvalidRequest):
+                checkpoint = self.core.store.get_checkpoint(template)
+                return CreateSandboxRequest(snapshot_id=checkpoint.id, **base)
+        hint = " (`stasis e2b serve` builds it)" if template == BASE_TEMPLATE else ""
+        raise NotFound(
+            f"template {template!r} not found{hint}: a template is a stasis image (`stasis image ls`), "
+            "a stasis template (`stasis template ls`) or a snapshot id"
+        )
+
+    def record(self, info: SandboxInfo) -> Record:
+        """Its E2B record; a stasis sandbox made elsewhere gets one when E2B first sees it."""
+        if (record := self.records.get(info.id)) is not None:
+            return record
+        record = Record(
+            sandbox_id=info.id, template=info.spec.image, started_at=info.created_at,
+            end_at=time.time() + DEFAULT_TIMEOUT,
+        )  # fmt: skip
+        self.records.put(record)
+        return record
+
+    def sandbox(self, ref: str) -> SandboxInfo:
+        """A live sandbox by E2B id (a stasis id or name); E2B's 404 otherwise."""
+        try:
+            info = self.core.lookup(ref)
+        except (SandboxNotFound, InvalidRequest):
+            raise SandboxNotFound(f"sandbox {ref!r} not found") from None
+        if info.status in GONE:
+            raise SandboxNotFound(f"sandbox {ref!r} not found (it is {info.status.value})")
+        return info
+
+    def listing(self) -> list[tuple[SandboxInfo, Record]]:
+        return [
+            (info, self.record(info))
+            for info in self.core.list(include_terminated=False)
+            if info.status not in GONE and info.pool is None
+        ]
+
+    async def kill(self, ref: str) -> None:
+        info = self.sandbox(ref)
+        await self.core.terminate(info.id)
+        self.records.remove(info.id)
+
+    def set_timeout(self, ref: str, timeout: int) -> Record:
+        info = self.sandbox(ref)
+        record = self.record(info).model_copy(update={"end_at": time.time() + _timeout(timeout)})
+        self.records.put(record)
+        return record
+
+    async def pause(self, ref: str) -> SandboxInfo:
+        return await self.core.suspend(self.sandbox(ref).id)
+
+    async def connect(self, ref: str, timeout: int | None) -> tuple[SandboxInfo, Record, bool]:
+        """Resume it if paused; its lifetime runs at least ``timeout`` from now. True if it was resumed."""
+        info = self.sandbox(ref)
+        resumed = info.status in PAUSED
+        if resumed:
+            info = await self.front.resume(info.id)
+        record = self.record(info)
+        end_at = max(record.end_at, time.time() + _timeout(timeout))
+        record = record.model_copy(update={"end_at": end_at})
+        self.records.put(record)
+        return info, record, resumed
+
+    async def fork(self, ref: str, count: int, timeout: int | None) -> list[tuple[SandboxInfo, Record]]:
+        parent = self.sandbox(ref)
+        parent_record = self.record(parent)
+        children = await fork(self.core, self.checkpoints, parent.id, count)
+        made = []
+        for child in children:
+            record = parent_record.model_copy(
+                update={"sandbox_id": child.id, "started_at": time.time(), "end_at": time.time() + _timeout(timeout)}
+            )
+            self.records.put(record)
+            made.append((child, record))
+        return made
+
+    async def snapshot(self, ref: str, name: str | None) -> CheckpointInfo:
+        info = self.sandbox(ref)
+        request = CreateCheckpointRequest(type=CheckpointType.MEMORY, name=name, metadata={"e2b": True})
+        return await self.checkpoints.take(info.id, request)
+
+    def snapshots(self, sandbox_id: str | None) -> list[CheckpointInfo]:
+        return [
+            c
+            for c in self.core.store.list_checkpoints()
+            if c.type == CheckpointType.MEMORY and (sandbox_id is None or c.sandbox_id == sandbox_id)
+        ]
+
+    # -- lifetimes
+
+    def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.reap(time.time())
+            except Exception:
+                log.exception("ending E2B sandboxes whose lifetime ran out failed; trying again")
+
+    async def reap(self, now: float) -> None:
+        """Kill (or, with auto_pause, suspend) every sandbox whose lifetime ended; forget records of gone ones."""
+        for record in self.records.all():
+            try:
+                info = self.core.get(record.sandbox_id)
+            except SandboxNotFound:
+                self.records.remove(record.sandbox_id)
+                continue
+            if info.status in GONE:
+                self.records.remove(record.sandbox_id)
+            elif record.end_at <= now and info.status == S.RUNNING:
+                try:
+                    if record.auto_pause:
+                        log.info("E2B lifetime of %s ended: pausing it", info.id)
+                        await self.core.suspend(info.id)
+                    else:
+                        log.info("E2B lifetime of %s ended: killing it", info.id)
+                        await self.core.terminate(info.id)
+                        self.records.remove(info.id)
+                except StasisError as exc:
+                    log.warning("ending %s at the end of its E2B lifetime failed: %s", info.id, exc)
+
+
+def _timeout(timeout: int | None) -> int:
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if timeout < 0:
+        raise InvalidRequest(f"timeout must be a number of seconds >= 0, got {timeout}")
+    return min(timeout, MAX_TIMEOUT)

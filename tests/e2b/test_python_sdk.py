@@ -1,0 +1,191 @@
+"""The official `e2b` Python SDK (pinned, from PyPI), unchanged, against `stasis e2b serve`.
+
+One listener per backend, started through the CLI as a user would; the three exported variables are what the
+SDK gets. A sandbox is shared where its state is not the subject.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from e2b import CommandExitException, NotFoundException, Sandbox, SandboxException
+from e2b.exceptions import AuthenticationException
+
+from stasis import Client
+from stasis import Sandbox as StasisSandbox
+from tests.conftest import Daemon, wait_until
+
+E2B_VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
+
+
+class Listener:
+    def __init__(self, daemon: Daemon, backend: str) -> None:
+        self.backend = backend
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stasis", "e2b", "serve", "--listen", "127.0.0.1:0", "--backend", backend,
+             "--memory-mb", "256"],
+            env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        self.exports: dict[str, str] = {}
+        while len(self.exports) < len(E2B_VARS):
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"`stasis e2b serve` ended: {self.proc.stderr.read() if self.proc.stderr else ''}")
+            name, _, value = line.strip().removeprefix("export ").partition("=")
+            self.exports[name] = value
+
+    def close(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module", params=["gvisor", "microvm"])
+def listener(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[Listener]:
+    served = Listener(daemon, request.param)
+    yield served
+    served.close()
+
+
+@pytest.fixture
+def e2b(listener: Listener, monkeypatch: pytest.MonkeyPatch) -> Listener:
+    for name, value in listener.exports.items():
+        monkeypatch.setenv(name, value)
+    return listener
+
+
+@pytest.fixture(scope="module")
+def shared(listener: Listener) -> Iterator[Sandbox]:
+    sbx = Sandbox.create(timeout=1800, metadata={"suite": "e2b"}, **opts(listener))
+    yield sbx
+    sbx.kill()
+
+
+def opts(listener: Listener) -> dict[str, str]:
+    return {
+        "api_key": listener.exports["E2B_API_KEY"],
+        "api_url": listener.exports["E2B_API_URL"],
+        "sandbox_url": listener.exports["E2B_SANDBOX_URL"],
+    }
+
+
+def test_the_serve_command_prints_the_three_exports(e2b: Listener) -> None:
+    assert set(e2b.exports) == set(E2B_VARS)
+    assert e2b.exports["E2B_API_URL"].startswith("http://127.0.0.1:")
+
+
+def test_a_command_runs_as_the_base_templates_user_in_its_home(e2b: Listener, shared: Sandbox) -> None:
+    result = shared.commands.run("whoami; pwd; echo to-stderr >&2")
+    assert result.stdout == "user\n/home/user\n" and result.stderr == "to-stderr\n" and result.exit_code == 0
+    assert shared.commands.run("whoami", user="root").stdout == "root\n"
+    streamed: list[str] = []
+    shared.commands.run("for i in 1 2 3; do echo line-$i; done", on_stdout=streamed.append)
+    assert "".join(streamed) == "line-1\nline-2\nline-3\n"
+    assert shared.commands.run("echo $GREETING; pwd", envs={"GREETING": "hi"}, cwd="/tmp").stdout == "hi\n/tmp\n"
+
+
+def test_a_failing_command_raises_the_sdks_own_exception(e2b: Listener, shared: Sandbox) -> None:
+    with pytest.raises(CommandExitException) as failed:
+        shared.commands.run("echo partial; exit 3")
+    assert failed.value.exit_code == 3 and failed.value.stdout == "partial\n"
+
+
+def test_background_commands_are_listed_fed_and_killed_by_pid(e2b: Listener, shared: Sandbox) -> None:
+    handle = shared.commands.run("cat", background=True, stdin=True)
+    assert handle.pid in [p.pid for p in shared.commands.list()]
+    shared.commands.send_stdin(handle.pid, "fed through stdin\n")
+    shared.commands.close_stdin(handle.pid)
+    result = handle.wait()
+    assert result.stdout == "fed through stdin\n"
+    sleeper = shared.commands.run("sleep 600", background=True)
+    assert shared.commands.kill(sleeper.pid) is True
+    assert sleeper.pid not in [p.pid for p in shared.commands.list()]
+    assert shared.commands.kill(sleeper.pid) is False  # gone: the SDK's NOT_FOUND
+
+
+def test_files_are_written_read_listed_moved_and_removed(e2b: Listener, shared: Sandbox) -> None:
+    info = shared.files.write("notes/today.txt", "relative to the user's home")
+    assert info.path == "/home/user/notes/today.txt"
+    assert shared.files.read("/home/user/notes/today.txt") == "relative to the user's home"
+    assert shared.files.read("notes/today.txt", format="bytes") == b"relative to the user's home"
+    assert shared.commands.run("stat -c %U notes/today.txt notes").stdout == "user\nuser\n"  # theirs, as in E2B
+    shared.files.write_files([{"path": "/tmp/many/a", "data": "A"}, {"path": "/tmp/many/b", "data": b"B"}])
+    assert sorted(e.name for e in shared.files.list("/tmp/many")) == ["a", "b"]
+    assert shared.files.exists("/tmp/many/a") and not shared.files.exists("/tmp/many/nope")
+    entry = shared.files.get_info("/tmp/many/a")
+    assert (entry.name, entry.size, entry.type.value) == ("a", 1, "file")
+    assert shared.files.make_dir("/tmp/many/sub") is True and shared.files.make_dir("/tmp/many/sub") is False
+    shared.files.write("/tmp/many/sub/deep", "x")
+    assert {e.path for e in shared.files.list("/tmp/many", depth=2)} >= {"/tmp/many/sub/deep"}
+    moved = shared.files.rename("/tmp/many/a", "/tmp/many/c")
+    assert moved.path == "/tmp/many/c" and not shared.files.exists("/tmp/many/a")
+    shared.files.remove("/tmp/many")
+    assert not shared.files.exists("/tmp/many")
+    with pytest.raises(NotFoundException):
+        shared.files.read("/tmp/many/c")
+
+
+def test_a_sandbox_is_listed_with_its_metadata_and_a_stasis_sandbox_too(
+    e2b: Listener, shared: Sandbox, client: Client
+) -> None:
+    found = {s.sandbox_id: s for s in Sandbox.list(query=None).next_items()}
+    assert found[shared.sandbox_id].metadata == {"suite": "e2b"} and found[shared.sandbox_id].state.value == "running"
+    info = shared.get_info()
+    assert info.template_id == "base" and info.metadata == {"suite": "e2b"}
+    assert StasisSandbox.connect(shared.sandbox_id, client=client).run("whoami").stdout == "user\n"
+
+
+def test_pause_then_connect_finds_a_background_process_still_counting(e2b: Listener) -> None:
+    sbx = Sandbox.create(timeout=600)
+    try:
+        sbx.commands.run("python3 -c 'import time,itertools\nfor i in itertools.count():\n"
+                         " open(\"/tmp/count\",\"w\").write(str(i)); time.sleep(0.2)' &", background=True)  # fmt: skip
+        sbx.commands.run("python3 - <<'EOF'\nimport pickle\npickle.dump(list(range(100000)), open('/tmp/mem.pkl','wb'))\nEOF")
+        wait_until(lambda: sbx.commands.run("cat /tmp/count").stdout not in ("", "0"), timeout=60)
+        before = int(sbx.commands.run("cat /tmp/count").stdout)
+        assert sbx.pause() is not False
+        assert Sandbox.list(query=None).next_items()  # the listing still answers while it is paused
+        states = {s.sandbox_id: s.state.value for s in Sandbox.list(query=None).next_items()}
+        assert states[sbx.sandbox_id] == "paused"
+        again = Sandbox.connect(sbx.sandbox_id)
+        wait_until(lambda: int(again.commands.run("cat /tmp/count").stdout) > before, timeout=60)
+        after = int(again.commands.run("cat /tmp/count").stdout)
+        assert before < after < before + 10_000  # counting on from where it was, not from 0
+    finally:
+        sbx.kill()
+
+
+def test_set_timeout_extends_and_a_lifetime_that_ends_kills_the_sandbox(e2b: Listener) -> None:
+    sbx = Sandbox.create(timeout=600)
+    sbx.set_timeout(2)
+    wait_until(lambda: not sbx.is_running(), timeout=120)
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id)
+
+
+def test_a_wrong_or_missing_api_key_is_refused(e2b: Listener, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_API_KEY", "e2b_wrong")
+    with pytest.raises(AuthenticationException):
+        Sandbox.create()
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(query=None).next_items()
+
+
+def test_an_unknown_template_is_a_404_naming_stasis_images(e2b: Listener) -> None:
+    with pytest.raises(SandboxException, match="404: template 'no-such-template' not found.*stasis image ls"):
+        Sandbox.create("no-such-template")
+
+
+def test_time_left_is_reported(e2b: Listener, shared: Sandbox) -> None:
+    info = shared.get_info()
+    assert info.end_at.timestamp() > time.time()
