@@ -145,22 +145,31 @@ def test_a_sandbox_is_listed_with_its_metadata_and_a_stasis_sandbox_too(
     assert StasisSandbox.connect(shared.sandbox_id, client=client).run("whoami").stdout == "user\n"
 
 
+COUNTER = 'python3 -c \'import itertools,time\nfor i in itertools.count(): open("/tmp/count","w").write(str(i)); time.sleep(0.2)\''
+
+
+def start_counter(sbx: Sandbox) -> int:
+    """A process that counts in its memory and writes each number down; the number it reached."""
+    sbx.commands.run(COUNTER, background=True)
+    wait_until(lambda: count(sbx) > 0, timeout=60)
+    return count(sbx)
+
+
+def count(sbx: Sandbox) -> int:
+    written = sbx.commands.run("cat /tmp/count 2>/dev/null || true").stdout.strip()
+    return int(written) if written.isdigit() else 0
+
+
 def test_pause_then_connect_finds_a_background_process_still_counting(e2b: Listener) -> None:
     sbx = Sandbox.create(timeout=600)
     try:
-        sbx.commands.run("python3 -c 'import time,itertools\nfor i in itertools.count():\n"
-                         " open(\"/tmp/count\",\"w\").write(str(i)); time.sleep(0.2)' &", background=True)  # fmt: skip
-        sbx.commands.run("python3 - <<'EOF'\nimport pickle\npickle.dump(list(range(100000)), open('/tmp/mem.pkl','wb'))\nEOF")
-        wait_until(lambda: sbx.commands.run("cat /tmp/count").stdout not in ("", "0"), timeout=60)
-        before = int(sbx.commands.run("cat /tmp/count").stdout)
+        before = start_counter(sbx)
         assert sbx.pause() is not False
-        assert Sandbox.list(query=None).next_items()  # the listing still answers while it is paused
         states = {s.sandbox_id: s.state.value for s in Sandbox.list(query=None).next_items()}
         assert states[sbx.sandbox_id] == "paused"
         again = Sandbox.connect(sbx.sandbox_id)
-        wait_until(lambda: int(again.commands.run("cat /tmp/count").stdout) > before, timeout=60)
-        after = int(again.commands.run("cat /tmp/count").stdout)
-        assert before < after < before + 10_000  # counting on from where it was, not from 0
+        wait_until(lambda: count(again) > before, timeout=60)
+        assert before < count(again) < before + 10_000  # counting on from where it was in memory, not from 0
     finally:
         sbx.kill()
 
@@ -182,10 +191,43 @@ def test_a_wrong_or_missing_api_key_is_refused(e2b: Listener, monkeypatch: pytes
 
 
 def test_an_unknown_template_is_a_404_naming_stasis_images(e2b: Listener) -> None:
-    with pytest.raises(SandboxException, match="404: template 'no-such-template' not found.*stasis image ls"):
+    with pytest.raises(SandboxException, match=r"404: template 'no-such-template' not found.*stasis image ls"):
         Sandbox.create("no-such-template")
 
 
 def test_time_left_is_reported(e2b: Listener, shared: Sandbox) -> None:
     info = shared.get_info()
     assert info.end_at.timestamp() > time.time()
+
+
+def test_a_fork_and_a_snapshot_restored_twice_keep_a_running_process_and_its_memory(e2b: Listener) -> None:
+    sbx = Sandbox.create(timeout=600)
+    made: list[Sandbox] = []
+    try:
+        reached = start_counter(sbx)
+        sbx.commands.run("echo on-disk > state.txt")
+        forks = sbx.fork(count=1)
+        assert len(forks) == 1 and isinstance(forks[0], Sandbox)
+        made.append(forks[0])
+        snapshot = sbx.create_snapshot()
+        made += [Sandbox.create(snapshot.snapshot_id, timeout=600) for _ in range(2)]
+        assert len({s.sandbox_id for s in [sbx, *made]}) == 4  # each one its own sandbox
+        for child in made:
+            assert child.commands.run("cat state.txt").stdout == "on-disk\n"
+            wait_until(lambda child=child: count(child) > reached, timeout=60)  # the same process, counting on
+            child.commands.run("echo diverged > state.txt")
+        assert sbx.commands.run("cat state.txt").stdout == "on-disk\n"  # a child's write stays its own
+        listed = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()
+        assert snapshot.snapshot_id in [s.snapshot_id for s in listed]
+        assert Sandbox.delete_snapshot(snapshot.snapshot_id) is True
+        assert snapshot.snapshot_id not in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+    finally:
+        for child in [*made, sbx]:
+            child.kill()
+
+
+def test_metrics_are_a_sample_measured_inside_the_sandbox(e2b: Listener, shared: Sandbox) -> None:
+    [sample] = shared.get_metrics()
+    assert 200 << 20 < sample.mem_total <= 300 << 20  # the 256 MiB it was given, less what its kernel keeps
+    assert 0 < sample.mem_used < sample.mem_total and 0 < sample.disk_used < sample.disk_total
+    assert sample.cpu_count >= 1 and 0 <= sample.cpu_used_pct <= 100 * sample.cpu_count

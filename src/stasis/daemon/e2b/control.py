@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
@@ -66,6 +67,7 @@ class Fork(_Body):
 
 class Snapshot(_Body):
     name: str | None = None
+    memory: bool = True  # False: E2B's "filesystem" mode
 
 
 def policy(allow_internet_access: bool | None, network: NetworkConfig | None) -> NetworkPolicy | None:
@@ -229,7 +231,18 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
 
     @app.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
     async def snapshot(sandbox_id: str, body: Snapshot | None = None) -> dict[str, Any]:
-        return plane.snapshot_info(await room.snapshot(sandbox_id, body.name if body else None))
+        body = body or Snapshot()
+        return plane.snapshot_info(await room.snapshot(sandbox_id, body.name, body.memory))
+
+    @app.delete("/templates/{template_id}", status_code=204)
+    async def delete_snapshot(template_id: str) -> Response:
+        room.delete_snapshot(template_id)
+        return Response(status_code=204)
+
+    @app.put("/sandboxes/{sandbox_id}/network", status_code=204)
+    async def update_network(sandbox_id: str, body: NetworkConfig) -> Response:
+        await room.update_network(sandbox_id, policy(True, body) or NetworkPolicy.no_egress())
+        return Response(status_code=204)
 
     @app.get("/snapshots")
     async def snapshots(sandbox_id: Annotated[str | None, Query(alias="sandboxID")] = None) -> list[dict[str, Any]]:
@@ -239,7 +252,15 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
 
     @app.get("/sandboxes/{sandbox_id}/metrics")
     async def metrics(sandbox_id: str) -> list[dict[str, Any]]:
-        room.sandbox(sandbox_id)
-        return []  # not collected per sandbox yet: an empty series, never invented numbers
+        """One sample, taken now (stasis keeps no history of them); none for a paused sandbox."""
+        sample = await room.metrics(sandbox_id)
+        if sample is None:
+            return []
+        now = time.time()
+        return [{
+            "timestamp": iso(now), "timestampUnix": int(now), "cpuCount": sample["cpu_count"],
+            "cpuUsedPct": sample["cpu_used_pct"], "memUsed": sample["mem_used"], "memTotal": sample["mem_total"],
+            "memCache": sample["mem_cache"], "diskUsed": sample["disk_used"], "diskTotal": sample["disk_total"],
+        }]  # fmt: skip
 
     return app

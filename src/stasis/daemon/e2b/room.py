@@ -9,12 +9,14 @@ stasis suspended when idle is paused to E2B too, and any envd call resumes it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
 from ...errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError
+from ...guest import protocol as P
 from ...models import (
     TEMPLATE_PREFIX,
     CheckpointInfo,
@@ -28,6 +30,7 @@ from ...netpolicy import NetworkPolicy
 from ..checkpointing import Checkpoints
 from ..forks import fork
 from ..front import Front
+from ..networking import update_network
 from ..service import SandboxService
 from .keys import E2bKeys
 from .records import Record, Records
@@ -41,6 +44,11 @@ DEFAULT_TIMEOUT = 300  # E2B's default lifetime, seconds
 MAX_TIMEOUT = 365 * 24 * 3600  # stasis has no cap; a year keeps the arithmetic sane
 PAUSED = (S.SUSPENDED, S.SUSPENDING)
 GONE = (S.TERMINATED, S.FAILED)
+# /proc/stat's cpu line twice, 0.5 s apart, then memory and the root file system: read inside the sandbox
+METRICS_SCRIPT = (
+    "head -1 /proc/stat; sleep 0.5; head -1 /proc/stat; grep -E '^(MemTotal|MemAvailable|Cached):' /proc/meminfo; "
+    "df -P -k / | tail -1; nproc"
+)
 
 
 @dataclass(frozen=True)
@@ -165,17 +173,38 @@ class E2bRoom:
             made.append((child, record))
         return made
 
-    async def snapshot(self, ref: str, name: str | None) -> CheckpointInfo:
+    async def snapshot(self, ref: str, name: str | None, memory: bool = True) -> CheckpointInfo:
+        """A checkpoint: MEMORY (E2B's full snapshot: restores with its processes) or FILESYSTEM (cold boots)."""
         info = self.sandbox(ref)
-        request = CreateCheckpointRequest(type=CheckpointType.MEMORY, name=name, metadata={"e2b": True})
+        kind = CheckpointType.MEMORY if memory else CheckpointType.FILESYSTEM
+        request = CreateCheckpointRequest(type=kind, name=name, metadata={"e2b_template": self.record(info).template})
         return await self.checkpoints.take(info.id, request)
 
     def snapshots(self, sandbox_id: str | None) -> list[CheckpointInfo]:
+        """Checkpoints a sandbox can be created from (a template's own are stasis' business)."""
         return [
             c
             for c in self.core.store.list_checkpoints()
-            if c.type == CheckpointType.MEMORY and (sandbox_id is None or c.sandbox_id == sandbox_id)
+            if not (c.name or "").startswith(TEMPLATE_PREFIX) and (sandbox_id is None or c.sandbox_id == sandbox_id)
         ]
+
+    def delete_snapshot(self, ref: str) -> None:
+        checkpoint = self.core.store.get_checkpoint(ref)
+        if (checkpoint.name or "").startswith(TEMPLATE_PREFIX):
+            raise InvalidRequest(f"{ref} is a stasis template: remove it with `stasis template rm`")
+        self.checkpoints.delete(checkpoint.id)
+
+    async def update_network(self, ref: str, policy: NetworkPolicy) -> SandboxInfo:
+        return await update_network(self.core, self.sandbox(ref).id, policy)
+
+    async def metrics(self, ref: str) -> dict[str, float] | None:
+        """One sample, taken now inside a running sandbox (a paused one has none and is not woken for it)."""
+        info = self.sandbox(ref)
+        if info.status != S.RUNNING:
+            return None
+        async with self.core.guest(info.id) as channel:
+            result = await channel.call(P.Exec(cmd=["sh", "-c", METRICS_SCRIPT], timeout=30), timeout=60)
+        return parse_metrics(base64.b64decode(result.stdout).decode(errors="replace"))
 
     # -- lifetimes
 
@@ -225,3 +254,18 @@ def _timeout(timeout: int | None) -> int:
     if timeout < 0:
         raise InvalidRequest(f"timeout must be a number of seconds >= 0, got {timeout}")
     return min(timeout, MAX_TIMEOUT)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    lines = text.splitlines()
+    first, second = ([int(v) for v in line.split()[1:]] for line in lines[:2])
+    busy = lambda t: sum(t) - t[3] - (t[4] if len(t) > 4 else 0)  # noqa: E731 (all but idle and iowait)
+    total = sum(second) - sum(first)
+    memory = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines[2:5]}
+    disk = lines[5].split()
+    return {
+        "cpu_used_pct": round(100.0 * (busy(second) - busy(first)) / total, 2) if total > 0 else 0.0,
+        "mem_total": memory.get("MemTotal", 0), "mem_used": memory.get("MemTotal", 0) - memory.get("MemAvailable", 0),
+        "mem_cache": memory.get("Cached", 0), "disk_total": int(disk[1]) * 1024, "disk_used": int(disk[2]) * 1024,
+        "cpu_count": int(lines[6]),
+    }  # fmt: skip
