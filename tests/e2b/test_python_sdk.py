@@ -145,12 +145,17 @@ def test_a_sandbox_is_listed_with_its_metadata_and_a_stasis_sandbox_too(
     assert StasisSandbox.connect(shared.sandbox_id, client=client).run("whoami").stdout == "user\n"
 
 
-COUNTER = 'python3 -c \'import itertools,time\nfor i in itertools.count(): open("/tmp/count","w").write(str(i)); time.sleep(0.2)\''
+COUNTER = """import itertools, time
+for i in itertools.count():
+    open("/tmp/count", "w").write(str(i))
+    time.sleep(0.2)
+"""
 
 
 def start_counter(sbx: Sandbox) -> int:
     """A process that counts in its memory and writes each number down; the number it reached."""
-    sbx.commands.run(COUNTER, background=True)
+    sbx.files.write("/tmp/counter.py", COUNTER)
+    sbx.commands.run("python3 /tmp/counter.py", background=True)
     wait_until(lambda: count(sbx) > 0, timeout=60)
     return count(sbx)
 
