@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from e2b import CommandExitException, NotFoundException, Sandbox, SandboxException
 from e2b.exceptions import AuthenticationException
@@ -22,6 +23,7 @@ from stasis import Sandbox as StasisSandbox
 from tests.conftest import Daemon, wait_until
 
 E2B_VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
+DOMAIN = "e2b.test"  # routed by the Host header alone: the test never resolves it
 
 
 class Listener:
@@ -29,7 +31,7 @@ class Listener:
         self.backend = backend
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stasis", "e2b", "serve", "--listen", "127.0.0.1:0", "--backend", backend,
-             "--memory-mb", "256"],
+             "--memory-mb", "256", "--domain", DOMAIN],
             env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         assert self.proc.stdout is not None
@@ -236,3 +238,22 @@ def test_metrics_are_a_sample_measured_inside_the_sandbox(e2b: Listener, shared:
     assert 200 << 20 < sample.mem_total <= 300 << 20  # the 256 MiB it was given, less what its kernel keeps
     assert 0 < sample.mem_used < sample.mem_total and 0 < sample.disk_used < sample.disk_total
     assert sample.cpu_count >= 1 and 0 <= sample.cpu_used_pct <= 100 * sample.cpu_count
+
+
+def test_a_sandbox_port_is_reached_by_headers_or_by_host_and_needs_its_token(e2b: Listener, shared: Sandbox) -> None:
+    shared.files.write("/tmp/site/index.html", "served from the sandbox")
+    shared.commands.run("cd /tmp/site && exec python3 -m http.server 8000", background=True)
+    url = e2b.exports["E2B_SANDBOX_URL"]
+    by_headers = {"E2b-Sandbox-Id": shared.sandbox_id, "E2b-Sandbox-Port": "8000"}
+    token = {"e2b-traffic-access-token": shared.traffic_access_token or ""}
+
+    def page(headers: dict[str, str]) -> httpx.Response:
+        return httpx.get(f"{url}/index.html", headers=headers, timeout=60)
+
+    wait_until(lambda: page({**by_headers, **token}).status_code == 200, timeout=60)
+    assert page({**by_headers, **token}).text == "served from the sandbox"
+    host = shared.get_host(8000)
+    assert host == f"8000-{shared.sandbox_id}.{DOMAIN}"
+    assert page({"Host": host, **token}).text == "served from the sandbox"
+    assert page(by_headers).status_code == 401  # no token: never the sandbox's answer
+    assert page({**by_headers, "e2b-traffic-access-token": "wrong"}).status_code == 401

@@ -4,7 +4,8 @@ to the control plane.
 A request names a sandbox as the SDKs do: with ``E2B_SANDBOX_URL`` set, in the ``E2b-Sandbox-Id`` and
 ``E2b-Sandbox-Port`` headers; without it, in the Host, ``PORT-ID.DOMAIN`` (a wildcard DNS name and
 certificate of the user's, see the README). Every sandbox request needs that sandbox's envd access token
-(``X-Access-Token``) or the API key; a port of a sandbox made with ``allowPublicTraffic`` needs none.
+(``X-Access-Token``, or for a port ``e2b-traffic-access-token``: the SDK's ``traffic_access_token``) or the
+API key; a port of a sandbox made with ``allowPublicTraffic`` needs none.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .envd.process_connect import ProcessASGIApplication
 from .filesystem import FilesystemService, create_files_app
 from .port_proxy import proxy_http
 from .process import ProcessService
-from .requests import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER
+from .requests import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from .room import Defaults, E2bRoom
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,8 @@ class E2bApp:
         record = self.room.records.get(info.id)
         public = port != ENVD_PORT and record is not None and record.public_traffic
         keys = self.room.keys
-        if not (public or keys.valid_envd_token(info.id, headers.get(TOKEN_HEADER))
-                or keys.valid_api_key(headers.get("x-api-key"))):  # fmt: skip
+        token = headers.get(TOKEN_HEADER) or headers.get(TRAFFIC_TOKEN_HEADER)
+        if not (public or keys.valid_envd_token(info.id, token) or keys.valid_api_key(headers.get("x-api-key"))):
             await self.refuse(scope, receive, send, 401, f"sandbox {info.id} needs its envd access token")
             return
         scope = with_header(scope, SANDBOX_HEADER, info.id)

@@ -101,6 +101,7 @@ class ControlPlane:
         return {
             "templateID": record.template, "sandboxID": info.id, "clientID": CLIENT_ID, "envdVersion": ENVD_VERSION,
             "envdAccessToken": self.room.keys.envd_token(info.id), "alias": record.template, "domain": self.domain,
+            "trafficAccessToken": None if record.public_traffic else self.room.keys.envd_token(info.id),
         }  # fmt: skip
 
     def listed(self, info: SandboxInfo, record: Record) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ...validation import validate_user
 SANDBOX_HEADER = "e2b-sandbox-id"
 PORT_HEADER = "e2b-sandbox-port"
 TOKEN_HEADER = "x-access-token"
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 
 
 def user_of(headers: Mapping[str, str]) -> str | None:
