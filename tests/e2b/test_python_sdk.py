@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2b import CommandExitException, NotFoundException, Sandbox, SandboxException
+from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, SandboxException
 from e2b.exceptions import AuthenticationException
 
 from stasis import Client
@@ -257,3 +257,14 @@ def test_a_sandbox_port_is_reached_by_headers_or_by_host_and_needs_its_token(e2b
     assert page({"Host": host, **token}).text == "served from the sandbox"
     assert page(by_headers).status_code == 401  # no token: never the sandbox's answer
     assert page({**by_headers, "e2b-traffic-access-token": "wrong"}).status_code == 401
+
+
+def test_a_pty_is_an_interactive_shell_of_the_user_that_can_be_resized(e2b: Listener, shared: Sandbox) -> None:
+    terminal = shared.pty.create(PtySize(rows=24, cols=80))
+    assert terminal.pid in [p.pid for p in shared.commands.list()]
+    shared.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
+    shared.pty.send_stdin(terminal.pid, b"stty size; whoami; tty; exit\n")
+    screen = bytearray()
+    terminal.wait(on_pty=screen.extend)
+    text = screen.decode(errors="replace")
+    assert "30 100" in text and "user" in text and "/dev/pts/" in text, text

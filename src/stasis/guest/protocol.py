@@ -287,6 +287,7 @@ class OpenPty(Operation[ProcessState]):
     rows: int = 24
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    user: str | None = None  # as Exec's: its shell runs as this user, in their home unless cwd says
 
 
 @dataclass

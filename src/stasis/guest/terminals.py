@@ -21,6 +21,7 @@ from .processes import (
     ProcessTable,
     RequestError,
     command_env,
+    resolve_user,
     start_thread,
     write_all,
 )
@@ -45,11 +46,17 @@ class Terminals:
     def open(self, req: P.OpenPty) -> P.ProcessState:
         cols, rows = _window(req.cols, req.rows)
         cmd = req.cmd or ["/bin/bash", "-l"]
+        identity = resolve_user(str(req.user)) if req.user else None
         master, slave = os.openpty()
         _set_window(master, cols, rows)
         with self.procs.lock:
             pty_id = self.procs.next_id("t")
             env = command_env(req.env, pty_id)
+            if identity is not None:
+                name = str(req.user).partition(":")[0]
+                for key, value in (("HOME", identity[2]), ("USER", name), ("LOGNAME", name)):
+                    if key not in req.env:  # the caller's own values win
+                        env[key] = value
             group = self.procs.fence.new_group() if self.procs.fence else None
             try:
                 pid = os.fork()
@@ -68,6 +75,10 @@ class Terminals:
                     for fd in (0, 1, 2):
                         os.dup2(slave, fd)
                     os.closerange(3, 4096)
+                    if identity is not None:
+                        os.setgroups([])
+                        os.setgid(identity[1])
+                        os.setuid(identity[0])
                     os.chdir(req.cwd or env.get("HOME", "/"))
                     os.execvpe(cmd[0], cmd, env)
                 finally:

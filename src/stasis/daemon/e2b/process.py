@@ -1,9 +1,9 @@
-"""envd's ``process.Process`` service over the guest agent: commands (and their streams) by pid.
+"""envd's ``process.Process`` service over the guest agent: commands, PTYs and their streams, by pid.
 
-A command started here is an agent process (id ``e2b-…``, its tag as its name), so stasis' own API sees it
-too. Its output streams from the agent's buffers: a client that connects later (``Connect``) gets what comes
-from then on, as from envd. Each call holds the sandbox in use for as long as it streams (never idle-suspended
-under a running ``commands.run``), and resumes a paused sandbox first.
+A command started here is an agent process (id ``e2b-…``, its tag as its name; a PTY is an agent terminal), so
+stasis' own API sees it too. Its output streams from the agent's buffers: a client that connects later
+(``Connect``) gets what comes from then on, as from envd. Each call holds the sandbox in use for as long as it
+streams (never idle-suspended under a running ``commands.run``), and resumes a paused sandbox first.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ class ProcessService:
     async def start(self, request: pb.StartRequest, ctx: RequestContext[Any, Any]) -> AsyncIterator[pb.StartResponse]:
         sandbox_id, user = caller(ctx)
         config = request.process or pb.ProcessConfig()
-        if request.pty is not None:
-            raise ConnectError(Code.UNIMPLEMENTED, "PTYs through envd are not served by stasis yet: use `stasis shell`")
         if not config.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is empty: name the program to run")
         record = self.records.get(sandbox_id)
@@ -54,18 +52,20 @@ class ProcessService:
         defaults = self.ops._defaults(sandbox_id, env, config.cwd if config.has_field("cwd") else None, user)
         if user is not None and not config.has_field("cwd"):
             defaults["cwd"] = home_of(user)
-        process_id = f"e2b-{secrets.token_hex(6)}"
-        start = P.StartProcess(
-            cmd=[config.cmd, *config.args], id=process_id, name=request.tag if request.has_field("tag") else None,
-            stdin=bool(request.stdin), max_output=OUTPUT_BUFFER, **defaults,
-        )  # fmt: skip
+        cmd = [config.cmd, *config.args]
+        start: P.OpenPty | P.StartProcess
+        if request.pty is not None:
+            size = request.pty.size or pb.PTY.Size(cols=80, rows=24)
+            start = P.OpenPty(cmd=cmd, cols=size.cols, rows=size.rows, **defaults)
+        else:
+            start = P.StartProcess(
+                cmd=cmd, id=f"e2b-{secrets.token_hex(6)}", name=request.tag if request.has_field("tag") else None,
+                stdin=bool(request.stdin), max_output=OUTPUT_BUFFER, **defaults,
+            )  # fmt: skip
         async with self.core.guest(sandbox_id) as channel:
-            try:
-                state = await channel.call(start)
-            except StasisError as exc:
-                raise _rpc_error(exc) from exc
+            state = await self._call(channel, start)
             yield pb.StartResponse(event=event("start", pb.ProcessEvent.StartEvent(pid=state.pid)))
-            async for update in self._follow(channel, process_id, 0, 0):
+            async for update in self._follow(channel, state.id, 0, 0, pty=request.pty is not None):
                 yield pb.StartResponse(event=update)
 
     async def connect(
@@ -75,11 +75,15 @@ class ProcessService:
         async with self.core.guest(sandbox_id) as channel:
             state = await self._find(channel, request.process)
             yield pb.ConnectResponse(event=event("start", pb.ProcessEvent.StartEvent(pid=state.pid)))
-            async for update in self._follow(channel, state.id, state.stdout_bytes, state.stderr_bytes):
+            pty = state.id.startswith("t")  # the agent's terminals are t1, t2...
+            async for update in self._follow(channel, state.id, state.stdout_bytes, state.stderr_bytes, pty=pty):
                 yield pb.ConnectResponse(event=update)
 
-    async def _follow(self, channel: Any, process_id: str, out: int, err: int) -> AsyncIterator[pb.ProcessEvent]:
-        """Its output from these offsets, then its end; a keepalive whenever it is quiet for READ_WAIT."""
+    async def _follow(
+        self, channel: Any, process_id: str, out: int, err: int, pty: bool = False
+    ) -> AsyncIterator[pb.ProcessEvent]:
+        """Its output from these offsets, then its end; a keepalive whenever it is quiet for READ_WAIT. A
+        terminal's output is all on stdout, and goes out as ``pty`` data."""
         while True:
             read = P.ReadStreams(process_id, out, err, max_bytes=1 << 20, wait=READ_WAIT)
             reply = await channel.call(read, timeout=READ_WAIT + 60)
@@ -91,7 +95,8 @@ class ProcessService:
                     )
                 if part.data:
                     quiet = False
-                    data = pb.ProcessEvent.DataEvent(output=Oneof(name, base64.b64decode(part.data)))
+                    kind = "pty" if pty else name
+                    data = pb.ProcessEvent.DataEvent(output=Oneof(kind, base64.b64decode(part.data)))
                     yield event("data", data)
             out, err = reply.stdout.next_offset, reply.stderr.next_offset
             drained = reply.stdout.eof and reply.stderr.eof
@@ -124,10 +129,9 @@ class ProcessService:
 
     async def send_input(self, request: pb.SendInputRequest, ctx: RequestContext[Any, Any]) -> pb.SendInputResponse:
         sandbox_id, _ = caller(ctx)
-        data = stdin_of(request.input)
         async with self.core.guest(sandbox_id) as channel:
             state = await self._find(channel, request.process)
-            await self._call(channel, P.WriteStdin(id=state.id, data=base64.b64encode(data or b"").decode()))
+            await self._call(channel, input_op(state.id, request.input))
         return pb.SendInputResponse()
 
     async def stream_input(
@@ -142,13 +146,9 @@ class ProcessService:
                         process_id = (await self._find(channel, start.process)).id
                         continue
                     case Oneof("data", data_event):
-                        data = base64.b64encode(stdin_of(data_event.input)).decode()
-                    case _:
-                        continue
-                if process_id is None:
-                    raise ConnectError(Code.FAILED_PRECONDITION, "the input stream must start by naming a process")
-                if data:
-                    await self._call(channel, P.WriteStdin(id=process_id, data=data))
+                        if process_id is None:
+                            raise ConnectError(Code.FAILED_PRECONDITION, "the input stream must name a process first")
+                        await self._call(channel, input_op(process_id, data_event.input))
         return pb.StreamInputResponse()
 
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx: RequestContext[Any, Any]) -> pb.CloseStdinResponse:
@@ -169,7 +169,15 @@ class ProcessService:
         return pb.SendSignalResponse()
 
     async def update(self, request: pb.UpdateRequest, ctx: RequestContext[Any, Any]) -> pb.UpdateResponse:
-        raise ConnectError(Code.UNIMPLEMENTED, "PTYs through envd are not served by stasis yet")
+        """A terminal's new size."""
+        sandbox_id, _ = caller(ctx)
+        if request.pty is None or request.pty.size is None:
+            return pb.UpdateResponse()
+        async with self.core.guest(sandbox_id) as channel:
+            state = await self._find(channel, request.process)
+            size = request.pty.size
+            await self._call(channel, P.ResizePty(id=state.id, cols=size.cols, rows=size.rows))
+        return pb.UpdateResponse()
 
     async def _find(self, channel: Any, selector: pb.ProcessSelector | None) -> P.ProcessState:
         """A running process by pid or tag: NOT_FOUND otherwise (what the SDKs' kill and connect expect)."""
@@ -205,10 +213,10 @@ def event(kind: str, value: Any) -> pb.ProcessEvent:
     return pb.ProcessEvent(event=Oneof(kind, value))
 
 
-def stdin_of(given: pb.ProcessInput | None) -> bytes:
+def input_op(process_id: str, given: pb.ProcessInput | None) -> P.WriteStdin | P.WritePty:
     match given.input if given is not None else None:
+        case Oneof("pty", data):
+            return P.WritePty(id=process_id, data=base64.b64encode(bytes(data)).decode())
         case Oneof("stdin", data):
-            return bytes(data)
-        case Oneof("pty", _):
-            raise ConnectError(Code.UNIMPLEMENTED, "PTYs through envd are not served by stasis yet")
-    return b""
+            return P.WriteStdin(id=process_id, data=base64.b64encode(bytes(data)).decode())
+    return P.WriteStdin(id=process_id, data="")
