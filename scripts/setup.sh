@@ -100,6 +100,12 @@ if [ ! -f "$vendor/.xterm-6.0.0" ]; then
   touch "$vendor/.xterm-6.0.0"
 fi
 
+# The E2B face's JavaScript tests: the official e2b npm package, pinned by its lock file.
+if [ ! -d tests/e2b/js/node_modules/e2b ] || [ tests/e2b/js/package-lock.json -nt tests/e2b/js/node_modules/.package-lock.json ]; then
+  say "installing the e2b npm package for the E2B face's tests"
+  (cd tests/e2b/js && npm ci --no-audit --no-fund --silent)
+fi
+
 say "default image"
 .venv/bin/python -m stasis.images default  # in place: no daemon runs yet (later, `stasis image build` asks it)
 

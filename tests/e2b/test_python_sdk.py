@@ -29,6 +29,7 @@ DOMAIN = "e2b.test"  # routed by the Host header alone: the test never resolves 
 class Listener:
     def __init__(self, daemon: Daemon, backend: str) -> None:
         self.backend = backend
+        self.env = daemon.env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stasis", "e2b", "serve", "--listen", "127.0.0.1:0", "--backend", backend,
              "--memory-mb", "256", "--domain", DOMAIN],
