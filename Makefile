@@ -33,6 +33,7 @@ bench: setup
 	.venv/bin/python benchmarks/exec.py
 	.venv/bin/python benchmarks/density.py
 	.venv/bin/python benchmarks/remote.py
+	.venv/bin/python benchmarks/e2b_face.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30

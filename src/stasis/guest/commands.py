@@ -24,6 +24,7 @@ from .processes import (
 )
 
 READ_CHUNK_LIMIT = 4 << 20
+EXIT_GRACE = 0.2  # seconds a read of an exited process waits for streams a daemonised child keeps open
 
 
 def b64(data: bytes) -> str:
@@ -129,18 +130,23 @@ class Commands:
         deadline = time.monotonic() + float(req.wait)
 
         def idle() -> bool:
-            # Wait for new data or for both streams to close; one closed stream is no reason to return,
-            # the other may still be draining what the process wrote before it exited.
+            # Wait for new data, or for the end: both streams closed and the process reaped (one closed stream
+            # is no reason to return, the other may still be draining what the process wrote before it
+            # exited). A process that exited while its streams stay open (a daemonised child holds them) ends
+            # the wait EXIT_GRACE after its exit.
             buffers = [(getattr(proc, name), offset) for name, offset in offsets.items()]
-            no_data = all(buffer.end <= offset for buffer, offset in buffers)
-            return no_data and not all(buffer.closed for buffer, _ in buffers)
+            if any(buffer.end > offset for buffer, offset in buffers):
+                return False
+            if all(buffer.closed for buffer, _ in buffers):
+                return proc.exit_code is None
+            return proc.finished_at is None or time.time() - proc.finished_at < EXIT_GRACE
 
         with self.procs.lock:
             while idle():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self.procs.lock.wait(left)
+                self.procs.lock.wait(left if proc.exit_code is None else min(left, EXIT_GRACE))
             return P.ProcessStreams(
                 exit_code=proc.exit_code,
                 timed_out=proc.timed_out,
