@@ -3,6 +3,7 @@ against `stasis e2b serve` on each backend."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from tests.e2b.test_python_sdk import Listener, listener  # noqa: F401 (the fixture: one listener per backend)
 
 JS = Path(__file__).parent / "js"
+JS_TESTS = (JS / "sdk.test.mjs").read_text().count("\ntest(")
 
 
 def test_the_js_sdk_runs_unchanged(listener: Listener) -> None:  # noqa: F811
@@ -21,4 +23,5 @@ def test_the_js_sdk_runs_unchanged(listener: Listener) -> None:  # noqa: F811
     run = subprocess.run(["node", "--test", "--test-reporter=spec", "sdk.test.mjs"], cwd=JS, env=env,
                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]
-    assert "ℹ pass 6" in run.stdout and "ℹ fail 0" in run.stdout, run.stdout[-4000:]  # every test ran, none failed
+    summary = dict(re.findall(r"^\S+ (pass|fail) (\d+)$", run.stdout, re.MULTILINE))
+    assert summary == {"pass": str(JS_TESTS), "fail": "0"}, run.stdout[-4000:]  # every test ran, none failed

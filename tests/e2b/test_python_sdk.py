@@ -269,3 +269,17 @@ def test_a_pty_is_an_interactive_shell_of_the_user_that_can_be_resized(e2b: List
     terminal.wait(on_pty=screen.extend)
     text = screen.decode(errors="replace")
     assert "30 100" in text and "user" in text and "/dev/pts/" in text, text
+
+
+def test_watch_dir_reports_changes_below_a_directory_recursively(e2b: Listener, shared: Sandbox) -> None:
+    shared.files.make_dir("/tmp/watched/deep")
+    watcher = shared.files.watch_dir("/tmp/watched", recursive=True)
+    try:
+        shared.files.write("/tmp/watched/deep/new.txt", "x")
+        shared.commands.run("rm /tmp/watched/deep/new.txt")
+        seen: list[tuple[str, str]] = []
+        wait_until(lambda: seen.extend((e.name, e.type.value) for e in watcher.get_new_events())
+                   or ("deep/new.txt", "remove") in seen, timeout=60)  # fmt: skip
+        assert ("deep/new.txt", "write") in seen or ("deep/new.txt", "create") in seen, seen
+    finally:
+        watcher.stop()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stasis.backends.base import BoxRef
-from stasis.errors import FileError, FileNotFound, GuestError, GuestTimeout, InvalidRequest, StateError
+from stasis.errors import FileError, FileNotFound, GuestError, GuestTimeout, InvalidRequest, NotFound, StateError
 from stasis.guest import protocol as P
 from stasis.guest.client import GuestChannel
 from stasis.models import SandboxSpec
@@ -252,5 +252,27 @@ def test_a_request_cancelled_before_the_agent_read_it_never_runs(tmp_path: Path,
         assert not marker.exists()
         assert (await channel.call(P.Exec(cmd=["touch", str(marker)]), timeout=30)).exit_code == 0
         assert marker.exists()
+
+    run(scenario)
+
+
+def test_a_recursive_watch_reports_what_happens_below_a_directory_made_after_it_started(tmp_path: Path) -> None:
+    async def scenario(backend: FakeBackend, box: BoxRef, channel: GuestChannel) -> None:
+        watch = await channel.call(P.StartWatch(path=str(tmp_path), recursive=True))
+        (tmp_path / "sub").mkdir()
+        await channel.call(P.ReadWatch(id=watch.id, wait=5))  # the mkdir: the new directory is watched from now
+        (tmp_path / "sub" / "f").write_text("x")
+        (tmp_path / "sub" / "f").rename(tmp_path / "g")
+        (tmp_path / "g").unlink()
+        seen: list[tuple[str, str]] = []
+        while ("g", "remove") not in seen:
+            batch = await channel.call(P.ReadWatch(id=watch.id, wait=5))
+            assert batch.events, f"no more events after {seen}"
+            seen += [(e.name, e.type) for e in batch.events]
+        assert seen.index(("sub/f", "create")) < seen.index(("sub/f", "write")) < seen.index(("sub/f", "rename"))
+        assert ("g", "create") in seen
+        await channel.call(P.StopWatch(id=watch.id))
+        with pytest.raises(NotFound, match="no watch"):
+            await channel.call(P.ReadWatch(id=watch.id))
 
     run(scenario)

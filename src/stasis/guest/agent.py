@@ -39,6 +39,7 @@ from .fence import setup as setup_fence
 from .files import Files, remove_interrupted_uploads, write_atomic
 from .processes import ProcessTable, RequestError, start_thread, write_all
 from .terminals import Terminals
+from .watches import Watches
 
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
@@ -124,6 +125,7 @@ class Agent:
         self.identity_written = threading.Event()  # commands see the new identity's files, never the old ones
         self.identity_written.set()
         commands, terminals, files = Commands(self.procs), Terminals(self.procs), Files()
+        watches = Watches()
         self.handlers: dict[type[P.Operation[Any]], Callable[[Any], Any]] = {
             P.Health: self.health,
             P.Sync: self.sync,
@@ -150,6 +152,9 @@ class Agent:
             P.ExtractTar: files.extract,
             P.PackTar: files.pack,
             P.ListFifos: files.fifos,
+            P.StartWatch: watches.start,
+            P.ReadWatch: watches.read,
+            P.StopWatch: watches.stop,
         }
         assert set(self.handlers) == set(P.OPERATIONS.values()), "every operation has a handler"
 

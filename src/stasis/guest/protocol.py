@@ -419,11 +419,59 @@ class ListFifos(Operation[FifoList]):
     skip: list[str] = field(default_factory=list)
 
 
+# ---------------------------------------------------------------- watching directories
+
+
+@dataclass
+class WatchEvent:
+    name: str  # the path below the watched directory
+    type: str  # "create" | "write" | "remove" | "rename" | "chmod"
+
+
+@dataclass
+class WatchInfo:
+    id: str
+
+
+@dataclass
+class WatchEvents:
+    events: list[WatchEvent] = field(default_factory=list, metadata={"of": WatchEvent})
+    lost: int = 0  # events dropped because nobody read them (the queue holds WATCH_QUEUE)
+    closed: bool = False  # the watched directory is gone
+
+
+@dataclass
+class StartWatch(Operation[WatchInfo]):
+    """Watch a directory (and, ``recursive``, those below it, made later ones too) with inotify."""
+
+    op = "watch_start"
+    result = WatchInfo
+    path: str
+    recursive: bool = False
+
+
+@dataclass
+class ReadWatch(Operation[WatchEvents]):
+    """The events since the last read; waits up to ``wait`` seconds for one."""
+
+    op = "watch_read"
+    result = WatchEvents
+    id: str
+    wait: float = 0.0
+
+
+@dataclass
+class StopWatch(Operation[Empty]):
+    op = "watch_stop"
+    result = Empty
+    id: str
+
+
 OPERATIONS: dict[str, type[Operation[Any]]] = {
     op.op: op
     for op in (
         Health, Sync, SetIdentity, Exec, ExecStatus, StartProcess, ListProcesses, GetProcess, ReadStreams,
         ReadOutput, SignalProcess, WriteStdin, OpenPty, WritePty, ResizePty, ClosePty, ReadFile, WriteFile,
-        ListDir, StatFile, DeleteFile, MakeDir, ExtractTar, PackTar, ListFifos,
+        ListDir, StatFile, DeleteFile, MakeDir, ExtractTar, PackTar, ListFifos, StartWatch, ReadWatch, StopWatch,
     )
 }  # fmt: skip

@@ -84,3 +84,15 @@ test('the listing carries metadata, and getInfo the template', async () => {
 test('a wrong API key is refused', async () => {
   await assert.rejects(Sandbox.create({ apiKey: 'e2b_wrong' }), (e) => e instanceof AuthenticationError)
 })
+
+test('watchDir streams the changes below a directory', async () => {
+  await sbx.files.makeDir('/tmp/jswatch/deep')
+  const seen = []
+  const watcher = await sbx.files.watchDir('/tmp/jswatch', (e) => seen.push(`${e.name} ${e.type}`), { recursive: true })
+  try {
+    await sbx.files.write('/tmp/jswatch/deep/f.txt', 'x')
+    await waitFor(async () => seen.some((s) => s.startsWith('deep/f.txt')))
+  } finally {
+    await watcher.stop()
+  }
+})

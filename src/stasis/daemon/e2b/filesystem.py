@@ -6,7 +6,9 @@ request names (the image's default user when it names none).
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import stat
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +18,7 @@ from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from protobuf import Oneof
 from protobuf.wkt.google.protobuf import timestamp_pb
 
 from ...errors import FileNotFound, InvalidRequest, StasisError
@@ -26,6 +29,11 @@ from .envd import filesystem_pb as pb
 from .requests import SANDBOX_HEADER, absolute, caller, user_of
 
 FILE_TYPES = {"file": pb.FileType.FILE, "directory": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
+EVENT_TYPES = {
+    "create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove": pb.EventType.REMOVE,
+    "rename": pb.EventType.RENAME, "chmod": pb.EventType.CHMOD,
+}  # fmt: skip
+WATCH_WAIT = 10.0  # seconds a watch read waits before a keepalive goes out
 MAX_DEPTH = 32
 
 
@@ -102,18 +110,54 @@ class FilesystemService:
         await self._call(sandbox_id, P.DeleteFile(path=path, recursive=True))
         return pb.RemoveResponse()
 
-    async def watch_dir(self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "watching a directory is not served by stasis yet")
-        yield  # pragma: no cover (a generator: the error is the stream's)
+    async def create_watcher(
+        self, request: pb.CreateWatcherRequest, ctx: RequestContext[Any, Any]
+    ) -> pb.CreateWatcherResponse:
+        sandbox_id, path, _ = self._target(ctx, request.path)
+        watch = await self._call(sandbox_id, P.StartWatch(path=path, recursive=bool(request.recursive)))
+        return pb.CreateWatcherResponse(watcher_id=watch.id)
 
-    async def create_watcher(self, request: Any, ctx: RequestContext[Any, Any]) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "watching a directory is not served by stasis yet")
+    async def get_watcher_events(
+        self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[Any, Any]
+    ) -> pb.GetWatcherEventsResponse:
+        sandbox_id, _ = caller(ctx)
+        batch = await self._call(sandbox_id, P.ReadWatch(id=request.watcher_id, wait=0))
+        return pb.GetWatcherEventsResponse(events=[fs_event(e) for e in batch.events])
 
-    async def get_watcher_events(self, request: Any, ctx: RequestContext[Any, Any]) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "watching a directory is not served by stasis yet")
+    async def remove_watcher(
+        self, request: pb.RemoveWatcherRequest, ctx: RequestContext[Any, Any]
+    ) -> pb.RemoveWatcherResponse:
+        sandbox_id, _ = caller(ctx)
+        await self._call(sandbox_id, P.StopWatch(id=request.watcher_id))
+        return pb.RemoveWatcherResponse()
 
-    async def remove_watcher(self, request: Any, ctx: RequestContext[Any, Any]) -> Any:
-        raise ConnectError(Code.UNIMPLEMENTED, "watching a directory is not served by stasis yet")
+    async def watch_dir(
+        self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[pb.WatchDirResponse]:
+        """A stream of the directory's events (a keepalive when quiet), for as long as the client reads it."""
+        sandbox_id, path, _ = self._target(ctx, request.path)
+        async with self.core.guest(sandbox_id) as channel:
+            try:
+                watch = await channel.call(P.StartWatch(path=path, recursive=bool(request.recursive)))
+            except StasisError as exc:
+                raise rpc_error(exc) from exc
+            try:
+                yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
+                while True:
+                    batch = await channel.call(P.ReadWatch(id=watch.id, wait=WATCH_WAIT), timeout=WATCH_WAIT + 60)
+                    for item in batch.events:
+                        yield pb.WatchDirResponse(event=Oneof("filesystem", fs_event(item)))
+                    if batch.closed:
+                        return
+                    if not batch.events:
+                        yield pb.WatchDirResponse(event=Oneof("keepalive", pb.WatchDirResponse.KeepAlive()))
+            finally:
+                with contextlib.suppress(Exception):  # the watch goes with the stream, even a cut one
+                    await asyncio.shield(channel.call(P.StopWatch(id=watch.id)))
+
+
+def fs_event(item: P.WatchEvent) -> pb.FilesystemEvent:
+    return pb.FilesystemEvent(name=item.name, type=EVENT_TYPES.get(item.type, pb.EventType.UNSPECIFIED))
 
 
 def entry(item: P.FileStat) -> pb.EntryInfo:
