@@ -6,10 +6,12 @@ SDK gets. A sandbox is shared where its state is not the subject.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -45,6 +47,8 @@ class Listener:
             self.exports[name] = value
 
     def close(self) -> None:
+        if self.proc.poll() is not None:
+            return
         os.killpg(self.proc.pid, signal.SIGINT)
         try:
             self.proc.wait(timeout=60)
@@ -171,8 +175,11 @@ def count(sbx: Sandbox) -> int:
 def test_pause_then_connect_finds_a_background_process_still_counting(e2b: Listener) -> None:
     sbx = Sandbox.create(timeout=600)
     try:
-        before = start_counter(sbx)
-        assert sbx.pause() is not False
+        start_counter(sbx)
+        sbx.pause()
+        assert sbx.commands.run("echo woken").stdout == "woken\n"  # any envd call resumes a paused sandbox
+        before = count(sbx)
+        sbx.pause()
         states = {s.sandbox_id: s.state.value for s in Sandbox.list(query=None).next_items()}
         assert states[sbx.sandbox_id] == "paused"
         again = Sandbox.connect(sbx.sandbox_id)
@@ -283,3 +290,44 @@ def test_watch_dir_reports_changes_below_a_directory_recursively(e2b: Listener, 
         assert ("deep/new.txt", "write") in seen or ("deep/new.txt", "create") in seen, seen
     finally:
         watcher.stop()
+
+
+def test_a_daemon_killed_mid_call_keeps_the_sandbox_and_its_e2b_record(own_daemon: Daemon) -> None:
+    served = Listener(own_daemon.start(), "gvisor")
+    try:
+        sbx = Sandbox.create(timeout=900, metadata={"owner": "me"}, **opts(served))
+        end_at = sbx.get_info().end_at
+
+        def run_until_cut() -> None:
+            with contextlib.suppress(Exception):  # the daemon goes away under it
+                sbx.commands.run("sleep 3; echo finished > /tmp/done", timeout=120)
+
+        cut = threading.Thread(target=run_until_cut)
+        cut.start()
+        wait_until(lambda: any(p.cmd == "/bin/bash" for p in sbx.commands.list()), timeout=60)
+        own_daemon.kill()
+        cut.join(timeout=120)
+        assert not cut.is_alive()  # the SDK's call ended with an error, it did not hang
+        assert served.proc.wait(timeout=60) != 0
+        assert "run `stasis e2b serve` again" in (served.proc.stderr.read() if served.proc.stderr else "")
+    finally:
+        served.close()
+    own_daemon.start()
+    again = Listener(own_daemon, "gvisor")
+    try:
+        assert again.exports["E2B_API_KEY"] == served.exports["E2B_API_KEY"]  # the same key after a restart
+        back = Sandbox.connect(sbx.sandbox_id, **opts(again))
+        wait_until(lambda: back.commands.run("cat /tmp/done 2>/dev/null || true").stdout == "finished\n", timeout=60)
+        info = back.get_info()
+        assert info.metadata == {"owner": "me"} and info.end_at >= end_at
+        back.kill()
+    finally:
+        again.close()
+
+
+def test_logs_are_the_sandboxs_lifecycle_journal(e2b: Listener, shared: Sandbox) -> None:
+    answer = httpx.get(f"{e2b.exports['E2B_API_URL']}/v2/sandboxes/{shared.sandbox_id}/logs",
+                       headers={"X-API-KEY": e2b.exports["E2B_API_KEY"]}, timeout=60)  # fmt: skip
+    assert answer.status_code == 200
+    messages = [entry["message"] for entry in answer.json()["logs"]]
+    assert any("-> running" in m for m in messages), messages

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import httpx
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from ..backends import DEFAULT_BACKEND
+from ..errors import StasisError
 from ..models import E2bServeRequest
 from ..sdk import e2b
 from ._common import app, client, err, out
@@ -46,7 +48,11 @@ def serve(
     try:
         for _ in lines:
             pass
+        raise StasisError("the daemon ended the listener")
     except KeyboardInterrupt:
         pass
+    except (StasisError, httpx.HTTPError) as exc:
+        err.print(f"[red]the daemon went away ({exc}); its listener went with it: run `stasis e2b serve` again[/red]")
+        raise typer.Exit(1) from None
     finally:
         lines.close()

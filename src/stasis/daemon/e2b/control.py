@@ -122,6 +122,19 @@ class ControlPlane:
             detail["network"] = {"allowOut": network.allow_out, "denyOut": network.deny_out}
         return detail
 
+    def log_entries(self, sandbox_id: str) -> list[dict[str, Any]]:
+        rows = self.room.core.store.transitions(sandbox_id)
+        return [
+            {
+                "timestamp": iso(row["at"]),
+                "level": "error" if row["to_status"] == "failed" else "info",
+                "message": f"{row['from_status'] or 'new'} -> {row['to_status']} ({row['phase']})"
+                + (f": {row['detail']}" if row["detail"] else ""),
+                "fields": {"phase": row["phase"], "status": row["to_status"]},
+            }
+            for row in rows
+        ]
+
     @staticmethod
     def snapshot_info(checkpoint: CheckpointInfo) -> dict[str, Any]:
         return {"snapshotID": checkpoint.id, "names": [checkpoint.name] if checkpoint.name else [checkpoint.id]}
@@ -250,6 +263,16 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
         if sandbox_id is not None:
             sandbox_id = room.sandbox(sandbox_id).id
         return [plane.snapshot_info(c) for c in room.snapshots(sandbox_id)]
+
+    @app.get("/sandboxes/{sandbox_id}/logs")
+    async def logs(sandbox_id: str) -> dict[str, Any]:
+        """The sandbox's lifecycle journal (stasis' transitions: created, suspended, resumed...) as E2B's logs."""
+        entries = plane.log_entries(room.sandbox(sandbox_id).id)
+        return {"logs": [{"timestamp": e["timestamp"], "line": e["message"]} for e in entries], "logEntries": entries}
+
+    @app.get("/v2/sandboxes/{sandbox_id}/logs")
+    async def logs_v2(sandbox_id: str) -> dict[str, Any]:
+        return {"logs": plane.log_entries(room.sandbox(sandbox_id).id)}
 
     @app.get("/sandboxes/{sandbox_id}/metrics")
     async def metrics(sandbox_id: str) -> list[dict[str, Any]]:
