@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, SandboxException
-from e2b.exceptions import AuthenticationException
+from e2b.exceptions import AuthenticationException, TimeoutException
 
 from stasis import Client
 from stasis import Sandbox as StasisSandbox
@@ -331,3 +331,46 @@ def test_logs_are_the_sandboxs_lifecycle_journal(e2b: Listener, shared: Sandbox)
     assert answer.status_code == 200
     messages = [entry["message"] for entry in answer.json()["logs"]]
     assert any("-> running" in m for m in messages), messages
+
+
+def test_the_rest_of_the_surface(e2b: Listener, shared: Sandbox) -> None:
+    """Create-time envs, a running command joined by pid, a command's deadline, reading as a stream, pages."""
+    other = Sandbox.create(timeout=600, envs={"FROM_CREATE": "yes"}, metadata={"page": "1"})
+    try:
+        assert other.commands.run("echo $FROM_CREATE").stdout == "yes\n"
+        started = other.commands.run("sleep 2; echo joined", background=True)
+        assert other.commands.connect(started.pid).wait().stdout == "joined\n"
+        with pytest.raises(TimeoutException):
+            other.commands.run("sleep 30", timeout=2)
+        other.files.write("/tmp/streamed", b"s" * 3_000_000)
+        assert b"".join(other.files.read("/tmp/streamed", format="stream")) == b"s" * 3_000_000
+        pages = Sandbox.list(limit=1)
+        ids: list[str] = []
+        while pages.has_next:
+            ids += [s.sandbox_id for s in pages.next_items()]
+        assert {shared.sandbox_id, other.sandbox_id} <= set(ids) and len(ids) == len(set(ids))
+    finally:
+        other.kill()
+
+
+def test_a_lifetime_that_ends_pauses_a_sandbox_made_with_auto_pause(e2b: Listener) -> None:
+    sbx = Sandbox.create(timeout=600, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.files.write("/tmp/kept", "across the pause")
+        sbx.set_timeout(1)
+        wait_until(lambda: sbx.get_info().state.value == "paused", timeout=120)
+        back = Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert back.files.read("/tmp/kept") == "across the pause"
+    finally:
+        sbx.kill()
+
+
+def test_a_networked_sandboxs_egress_is_updated_live(e2b: Listener, client: Client) -> None:
+    sbx = Sandbox.create(timeout=600, network={"deny_out": ["0.0.0.0/0"], "allow_out": ["10.99.0.1"]})
+    try:
+        assert sbx.get_info().network is not None
+        sbx.update_network({"allow_out": ["10.99.0.2"], "deny_out": ["0.0.0.0/0"]})
+        stasis_view = StasisSandbox.connect(sbx.sandbox_id, client=client).info().spec.network
+        assert stasis_view is not None and stasis_view.allow_out == ["10.99.0.2"]
+    finally:
+        sbx.kill()
