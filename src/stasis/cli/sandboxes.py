@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
+import secrets
+import signal
+import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -14,12 +19,12 @@ import typer
 from rich.table import Table
 
 from ..backends import BACKENDS, DEFAULT_BACKEND
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, StasisError
 from ..models import SandboxInfo, SandboxSpec, build
 from ..netpolicy import NetworkPolicy
 from ..paths import Paths
 from ..sdk import Sandbox
-from ..sdk._base import EXIT_CODE_TIMEOUT, resume_call
+from ..sdk._base import EXIT_CODE_TIMEOUT, OutputEvent, resume_call
 from ..sdk._host import disk_usage_call
 from ._common import AllowOut, DenyOut, Json, Name, ago, app, client, err, in_, out, status
 
@@ -104,21 +109,30 @@ def list_sandboxes(
     out.print(table if sandboxes else "no sandboxes; create one with `stasis create NAME`")
 
 
-@app.command()
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 def run(
     name: Name,
-    command: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],
+    command: Annotated[
+        list[str], typer.Argument(help="One string: run by /bin/sh, as the SDK does ('a | b'). Several: that argv.")
+    ],
     timeout: Annotated[
         float | None, typer.Option(help="Kill the command (and its children) after this many seconds.")
     ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE, repeatable.")] = None,
     cwd: Annotated[str | None, typer.Option("--cwd", help="Working directory inside the sandbox.")] = None,
+    no_stdin: Annotated[bool, typer.Option("--no-stdin", "-n", help="Do not send this stdin (as ssh -n).")] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Start it in the background, print its id, leave it running.")
+    ] = False,
 ) -> None:
-    """Run a command to completion; print its output and exit with its exit code."""
+    """Run a command like `ssh host cmd`: its output as it comes, piped stdin sent, its exit code returned.
+
+    Ctrl-C (or SIGTERM) ends the command and its children in the sandbox, and exits 130 (143)."""
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise InvalidRequest("no command given; usage: stasis run NAME -- CMD [ARGS...]")
+        raise InvalidRequest("no command given; usage: stasis run NAME -- CMD [ARGS...]  or  stasis run NAME 'a | b'")
+    argv = ["/bin/sh", "-c", command[0]] if len(command) == 1 else command
     environment = {}
     for item in env or []:
         key, sep, value = item.partition("=")
@@ -126,20 +140,77 @@ def run(
             raise InvalidRequest(f"--env wants KEY=VALUE, got {item!r}")
         environment[key] = value
     sbx = Sandbox.connect(name, client=client())
+    if detach:
+        started = sbx.start_process(argv, env=environment, **({"working_dir": cwd} if cwd else {}))
+        out.print(f"started {started.id} (pid {started.pid}); `stasis logs {name} {started.id} -f` follows it")
+        return
+    stdin = None if no_stdin else piped_stdin()
+    exec_id = f"cli-{secrets.token_hex(6)}"
+    options: dict = {"env": environment, "working_dir": cwd, "timeout": timeout, "exec_id": exec_id}
+    if stdin is not None:
+        options["stdin"] = stdin
     code = 0
-    for event in sbx.stream(command, env=environment, working_dir=cwd, timeout=timeout):  # printed as it comes
-        if event.kind == "exit":
-            if event.limit:
-                err.print(f"[yellow]stasis: {event.limit}[/yellow]")
-            if event.timed_out:
-                err.print(f"[yellow]stasis: command timed out after {timeout:g}s and was killed[/yellow]")
-                raise typer.Exit(EXIT_CODE_TIMEOUT)
-            code = event.exit_code if event.exit_code is not None else 1
-        else:
-            target = sys.stdout if event.kind == "stdout" else sys.stderr
-            target.buffer.write(event.data)
-            target.flush()
-    raise typer.Exit(code if code >= 0 else 128 - code)
+    with ending_remotely(sbx, exec_id):
+        for event in sbx.stream(argv, **{k: v for k, v in options.items() if v is not None}):
+            if event.kind == "exit":
+                code = _exit_code(event, timeout)
+            else:
+                target = sys.stdout if event.kind == "stdout" else sys.stderr
+                target.buffer.write(event.data)
+                target.flush()
+    raise typer.Exit(code)
+
+
+EXIT_CODE_TRUNCATED = 141  # as a shell reports a command whose output pipe broke (128 + SIGPIPE)
+
+
+def _exit_code(event: OutputEvent, timeout: float | None) -> int:
+    if event.limit:
+        err.print(f"[yellow]stasis: {event.limit}[/yellow]")
+    if event.timed_out:
+        err.print(f"[yellow]stasis: command timed out after {timeout:g}s and was killed[/yellow]")
+        return EXIT_CODE_TIMEOUT
+    lost = [name for name, cut in zip(("stdout", "stderr"), event.truncated, strict=True) if cut]
+    if lost:  # never silent: the output above is not all the command wrote
+        err.print(f"[red]stasis: this terminal read {' and '.join(lost)} too slowly: the oldest bytes were lost[/red]")
+        return EXIT_CODE_TRUNCATED
+    code = event.exit_code if event.exit_code is not None else 1
+    return code if code >= 0 else 128 - code
+
+
+def piped_stdin() -> bytes | None:
+    """What is piped or redirected into this command (a pipe or a file, never a terminal), read to its end."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError):
+        return None
+    if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
+        return None
+    return sys.stdin.buffer.read()
+
+
+@contextlib.contextmanager
+def ending_remotely(sbx: Sandbox, exec_id: str) -> Iterator[None]:
+    """Ctrl-C or SIGTERM here ends the command's process tree in the sandbox, then exits 130 or 143."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated) as stop:
+        code = 143 if isinstance(stop, Terminated) else 130
+        with contextlib.suppress(StasisError):
+            sbx.send_signal(exec_id, "SIGKILL")
+        err.print(f"[yellow]stasis: interrupted; the command ({exec_id}) and its children were killed[/yellow]")
+        raise typer.Exit(code) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 @app.command()

@@ -114,7 +114,8 @@ class GuestOperations:
         async with self.service.guest(ref) as channel:
             await channel.call(start)
             if request.stdin_b64 is not None:
-                await channel.call(P.WriteStdin(id=exec_id, data=request.stdin_b64, close=True))
+                with contextlib.suppress(StateError):  # it ended without reading it all, as `true < file` does
+                    await channel.call(P.WriteStdin(id=exec_id, data=request.stdin_b64, close=True))
             yield {"exec_id": exec_id}
             offsets, lost = {"stdout": 0, "stderr": 0}, {"stdout": False, "stderr": False}
             deadline = None if request.timeout is None else time.monotonic() + request.timeout
