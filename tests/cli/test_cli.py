@@ -73,7 +73,7 @@ def test_a_microvm_runs_its_own_linux_kernel_and_says_how(cli) -> None:  # type:
 
 def test_run_timeout_exits_124(cli) -> None:  # type: ignore[no-untyped-def]
     assert cli("create", "cli-timeout", "--memory-mb", "256").exit_code == 0
-    result = cli("run", "cli-timeout", "--timeout", "0.5", "--", "sleep", "30")
+    result = cli("run", "--timeout", "0.5", "cli-timeout", "--", "sleep", "30")
     assert result.exit_code == 124
     assert "timed out" in result.stderr
     cli("rm", "cli-timeout")

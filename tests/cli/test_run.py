@@ -45,6 +45,8 @@ def test_one_string_runs_through_the_shell_as_the_sdk_does_and_argv_stays_argv(d
     verbatim = stasis(daemon, "run", "run-cli", "--", "echo", "$HOME", "a|b")
     assert verbatim.stdout == b"$HOME a|b\n", verbatim.stderr  # argv: verbatim
     assert stasis(daemon, "run", "run-cli", "no-such-command --flag").returncode == 127  # as the shell says
+    misplaced = stasis(daemon, "run", "run-cli", "--timeout", "5", "--", "true")
+    assert misplaced.returncode != 0 and b"options go before the sandbox's name" in b" ".join(misplaced.stderr.split())
     assert box.run("no-such-command --flag").exit_code == 127  # the SDK: the same
 
 

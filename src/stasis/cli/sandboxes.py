@@ -127,7 +127,13 @@ def run(
 ) -> None:
     """Run a command like `ssh host cmd`: its output as it comes, piped stdin sent, its exit code returned.
 
-    Ctrl-C (or SIGTERM) ends the command and its children in the sandbox, and exits 130 (143)."""
+    Options go before NAME (as with `docker exec`); after it, everything is the command. Ctrl-C (or SIGTERM)
+    ends the command and its children in the sandbox, and exits 130 (143)."""
+    if command and command[0] in RUN_OPTIONS:
+        raise InvalidRequest(
+            f"{command[0]} is an option of stasis run: options go before the sandbox's name, as with `docker exec` "
+            f"(stasis run {command[0]} ... {name} -- CMD); after the name, everything is the command"
+        )
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -161,6 +167,7 @@ def run(
     raise typer.Exit(code)
 
 
+RUN_OPTIONS = {"--timeout", "--env", "-e", "--cwd", "--no-stdin", "-n", "--detach", "-d"}
 EXIT_CODE_TRUNCATED = 141  # as a shell reports a command whose output pipe broke (128 + SIGPIPE)
 
 
