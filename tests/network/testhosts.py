@@ -120,6 +120,7 @@ def make_hosts() -> dict[str, TestHost]:
     """``web`` (HTTP, and DNS for the *.test zone), ``other`` (HTTP, another public range) and
     ``private`` (HTTP in 10.77/16)."""
     public, other, private = blocks()
+    remove_stale(public, other, private)
     hosts = {
         "web": TestHost("web", _plus(public, 2), _plus(public, 1)),
         "other": TestHost("other", _plus(other, 2), _plus(other, 1)),
@@ -142,6 +143,23 @@ def make_hosts() -> dict[str, TestHost]:
             host.down()
         raise
     return hosts
+
+
+def remove_stale(*bases: str) -> None:
+    """Undo what a session killed before its teardown left in the slot we now hold (its lock died with it):
+    links on this host with the slot's addresses (their namespaces go with them), and the namespaces of
+    sessions that are gone. Left in place, a stale link answers for our addresses and our hosts are unreachable."""
+    ours = {_plus(base, 1) for base in bases}
+    for line in subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout.splitlines():
+        fields = line.split()
+        device, address = fields[1].split("@")[0], fields[3].split("/")[0]
+        if address in ours and device.startswith("sth"):
+            subprocess.run(["ip", "link", "del", device], check=False)
+    run = Path("/run/netns")
+    for namespace in run.iterdir() if run.is_dir() else []:
+        pid = namespace.name.removeprefix(PREFIX).split("-")[0]
+        if namespace.name.startswith(PREFIX) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["ip", "netns", "del", namespace.name], check=False)
 
 
 def leftover_namespaces() -> list[str]:
