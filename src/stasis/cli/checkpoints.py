@@ -35,8 +35,17 @@ def checkpoint(
 @checkpoints_app.callback()
 def checkpoints(ctx: typer.Context, as_json: Json = False) -> None:
     """List checkpoints."""
-    if ctx.invoked_subcommand is not None:
-        return
+    if ctx.invoked_subcommand is None:
+        list_checkpoints(as_json)
+
+
+@checkpoints_app.command("ls")
+def checkpoints_ls(as_json: Json = False) -> None:
+    """List checkpoints (as `stasis checkpoints` alone does)."""
+    list_checkpoints(as_json)
+
+
+def list_checkpoints(as_json: bool) -> None:
     items = Sandbox.list_checkpoints(client=client())
     if as_json:
         print(json.dumps([c.model_dump(mode="json") for c in items], indent=2))

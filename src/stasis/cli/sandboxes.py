@@ -235,9 +235,15 @@ def shell(
 
 
 @app.command()
-def ps(name: Name, as_json: Json = False) -> None:
-    """Processes started through stasis in a sandbox."""
+def ps(
+    name: Name,
+    as_json: Json = False,
+    show_all: Annotated[bool, typer.Option("--all", "-a", help="Finished ones too.")] = False,
+) -> None:
+    """Processes started through stasis in a sandbox that are running (--all: finished ones too)."""
     processes = Sandbox.connect(name, client=client()).list_processes()
+    if not show_all:
+        processes = [p for p in processes if p.status == "running"]
     if as_json:
         print(json.dumps([p.model_dump() for p in processes], indent=2))
         return
@@ -247,7 +253,7 @@ def ps(name: Name, as_json: Json = False) -> None:
     for p in processes:
         exit_code = "" if p.exit_code is None else str(p.exit_code)
         table.add_row(p.id, str(p.pid), p.name or "", p.status, exit_code, ago(p.started_at), " ".join(p.cmd)[:80])
-    out.print(table if processes else "no processes")
+    out.print(table if processes else "no processes running" + ("" if show_all else " (--all shows finished ones)"))
 
 
 def _process_id(sbx: Sandbox, ref: str) -> str:

@@ -53,6 +53,7 @@ def _entry(stat: P.FileStat) -> FileEntry:
 DIR_TRANSFERS = "/var/lib/stasis/transfers"  # tar files of upload_dir/download_dir while they move
 
 
+STREAMED_ENV = {"PYTHONUNBUFFERED": "1"}  # `python3 -m http.server`'s log reaches `stasis logs -f` as it is written
 EXEC_REPLY_GRACE = 15.0  # seconds past a command's timeout for its reply (killing it, its output)
 
 
@@ -60,10 +61,14 @@ class GuestOperations:
     def __init__(self, service: SandboxService) -> None:
         self.service = service
 
-    def _defaults(self, ref: str, env: dict[str, str], cwd: str | None, user: str | None) -> dict[str, Any]:
-        """What the request says, over what the sandbox's image says (its Env, WorkingDir, User)."""
+    def _defaults(
+        self, ref: str, env: dict[str, str], cwd: str | None, user: str | None, streamed: bool = False
+    ) -> dict[str, Any]:
+        """What the request says, over what the sandbox's image says (its Env, WorkingDir, User). A ``streamed``
+        command's output is read as it comes: Python there writes it unbuffered unless told otherwise."""
         image_env, image_cwd, image_user = self.service.boxes.command_defaults(self.service.lookup(ref))
-        return {"env": {**image_env, **env}, "cwd": cwd or image_cwd, "user": user or image_user}
+        base = STREAMED_ENV if streamed else {}
+        return {"env": {**base, **image_env, **env}, "cwd": cwd or image_cwd, "user": user or image_user}
 
     async def run(self, ref: str, request: RunRequest) -> RunResult:
         exec_id = request.exec_id or new_exec_id()
@@ -109,7 +114,7 @@ class GuestOperations:
         start = P.StartProcess(
             cmd=request.cmd, id=exec_id, stdin=request.stdin_b64 is not None,
             max_output=max(request.max_output, STREAM_BUFFER),
-            **self._defaults(ref, request.env, request.cwd, request.user),
+            **self._defaults(ref, request.env, request.cwd, request.user, streamed=True),
         )  # fmt: skip
         async with self.service.guest(ref) as channel:
             await channel.call(start)
@@ -155,7 +160,7 @@ class GuestOperations:
 
     async def start_process(self, ref: str, request: StartProcessRequest) -> ProcessInfo:
         op = P.StartProcess(cmd=request.cmd, name=request.name, stdin=request.stdin,
-                            **self._defaults(ref, request.env, request.cwd, request.user))  # fmt: skip
+                            **self._defaults(ref, request.env, request.cwd, request.user, streamed=True))  # fmt: skip
         async with self.service.guest(ref) as channel:
             return _process(await channel.call(op))
 
