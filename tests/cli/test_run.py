@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -75,3 +76,20 @@ def test_detach_leaves_the_command_running_on_purpose(daemon: Daemon, box: Sandb
     process_id = started.stdout.split()[1].decode()
     assert Sandbox.connect("run-cli", client=client).get_process(process_id).status == "running"
     box.kill_process(process_id)
+
+
+def test_fifty_megabytes_through_a_slow_reader_arrive_byte_exact(daemon: Daemon, box: Sandbox) -> None:
+    """The reader (this test) drains the CLI's stdout slowly: the command waits for it, as under ssh, and not a
+    byte is lost (an agent that kept only its last 8 MiB used to drop the rest, with exit code 0)."""
+    size = 50_000_000
+    cli = subprocess.Popen([sys.executable, "-m", "stasis", "run", "-n", "run-cli", f"yes | head -c {size}"],
+                           env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert cli.stdout is not None
+    digest, received = hashlib.sha256(), 0
+    while piece := cli.stdout.read(1 << 20):
+        digest.update(piece)
+        received += len(piece)
+        time.sleep(0.05)  # a terminal, a slow disk: the pipe stays full for a while each time
+    assert cli.wait(timeout=300) == 0, cli.stderr.read() if cli.stderr else ""
+    assert received == size
+    assert digest.hexdigest() == hashlib.sha256(b"y\n" * (size // 2)).hexdigest()

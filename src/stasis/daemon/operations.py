@@ -112,7 +112,7 @@ class GuestOperations:
         of what was streamed is the client's part."""
         exec_id = request.exec_id or new_exec_id()
         start = P.StartProcess(
-            cmd=request.cmd, id=exec_id, stdin=request.stdin_b64 is not None,
+            cmd=request.cmd, id=exec_id, stdin=request.stdin_b64 is not None, paced=True,
             max_output=max(request.max_output, STREAM_BUFFER),
             **self._defaults(ref, request.env, request.cwd, request.user, streamed=True),
         )  # fmt: skip

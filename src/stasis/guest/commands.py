@@ -116,6 +116,9 @@ class Commands:
     def start(self, req: P.StartProcess) -> P.ProcessState:
         limit = int(req.max_output or PROCESS_OUTPUT_LIMIT)
         proc = self.procs.spawn(req.cmd, req.env, req.cwd, req.id, limit, name=req.name, stdin=req.stdin, user=req.user)
+        if req.paced:
+            with self.procs.lock:
+                proc.stdout.paced = proc.stderr.paced = True
         return proc.state()
 
     def list(self, req: P.ListProcesses) -> P.ProcessListing:
@@ -128,6 +131,11 @@ class Commands:
         proc = self.procs.get(str(req.id))
         offsets = {"stdout": int(req.stdout_offset), "stderr": int(req.stderr_offset)}
         deadline = time.monotonic() + float(req.wait)
+        with self.procs.lock:  # what the reader has had: a paced writer may go on
+            for name, offset in offsets.items():
+                buffer: OutputBuffer = getattr(proc, name)
+                buffer.acked, buffer.last_read = max(buffer.acked, offset), time.monotonic()
+            self.procs.lock.notify_all()
 
         def idle() -> bool:
             # Wait for new data, or for the end: both streams closed and the process reaped (one closed stream

@@ -61,6 +61,9 @@ def write_all(fd: int, data: bytes) -> None:
             select.select([], [fd], [], 0.05)
 
 
+PACE_TIMEOUT = 60.0  # seconds a paced stream waits for its reader before it drops the oldest bytes again
+
+
 class OutputBuffer:
     """The last ``limit`` bytes of a stream, addressed by absolute offsets."""
 
@@ -69,6 +72,11 @@ class OutputBuffer:
         self.data = bytearray()
         self.start = 0  # absolute offset of data[0]
         self.closed = False
+        # Paced: a reader streams it, and the writer waits for the reader instead of losing the oldest bytes
+        # (the command blocks on its pipe, as under `ssh`). A reader silent for PACE_TIMEOUT unpaces it.
+        self.paced = False
+        self.acked = 0  # the reader has had everything before this offset
+        self.last_read = time.monotonic()
 
     @property
     def end(self) -> int:
@@ -300,6 +308,11 @@ class ProcessTable:
                     buffer.closed = True
                     self.lock.notify_all()
                     return
+                while buffer.paced and buffer.end + len(chunk) - buffer.acked > buffer.limit:
+                    if time.monotonic() - buffer.last_read > PACE_TIMEOUT:
+                        buffer.paced = False  # its reader went away: keep the newest bytes, as unpaced
+                        break
+                    self.lock.wait(1.0)
                 buffer.append(chunk)
                 self.lock.notify_all()
 

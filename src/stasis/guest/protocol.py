@@ -216,6 +216,7 @@ class StartProcess(Operation[ProcessState]):
     id: str | None = None
     max_output: int | None = None  # bytes of each stream kept; default 8 MiB
     user: str | None = None  # as Exec's
+    paced: bool = False  # streamed by a reader (ReadStreams): it waits for the reader rather than losing bytes
 
 
 @dataclass

@@ -60,7 +60,7 @@ class ProcessService:
         else:
             start = P.StartProcess(
                 cmd=cmd, id=f"e2b-{secrets.token_hex(6)}", name=request.tag if request.has_field("tag") else None,
-                stdin=bool(request.stdin), max_output=OUTPUT_BUFFER, **defaults,
+                stdin=bool(request.stdin), max_output=OUTPUT_BUFFER, paced=True, **defaults,
             )  # fmt: skip
         async with self.core.guest(sandbox_id) as channel:
             state = await self._call(channel, start)
