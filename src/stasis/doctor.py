@@ -9,6 +9,8 @@ from .errors import StasisError
 from .images import ImageStore
 from .paths import Paths
 
+BUILD_STEP_PREFIX = "build-"  # an Image build's cached step (stasis.sdk.image), not an image of its own
+
 
 async def check_host(paths: Paths) -> dict[str, Any]:
     backends: dict[str, dict[str, Any]] = {}
@@ -19,5 +21,6 @@ async def check_host(paths: Paths) -> dict[str, Any]:
                 backends[name] = {"works": True, **backend.describe()}
         except StasisError as exc:
             backends[name] = {"works": False, "problem": exc.message}
-    images = [info.key for info in ImageStore(paths.images).list()]
-    return {"backends": backends, "images": images}
+    built = ImageStore(paths.images).list()
+    images = [info.key for info in built if not info.name.startswith(BUILD_STEP_PREFIX)]
+    return {"backends": backends, "images": images, "build_step_caches": len(built) - len(images)}

@@ -97,11 +97,13 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(path.parent)
 
 
-def tree_bytes(path: Path) -> int:
-    """Disk space taken by the regular files below ``path`` (allocated blocks: holes cost nothing).
+def tree_bytes(path: Path, seen: set[tuple[int, int]] | None = None) -> int:
+    """Disk space taken by the regular files below ``path`` (allocated blocks: holes cost nothing), each
+    file once however many hard links it has here (an image's build layers share theirs), as `du` counts.
+    Pass one ``seen`` to several calls to count a file shared between their trees once in all.
 
     Stays on ``path``'s file system: a sandbox's mounted root (its image) is not its own bytes."""
-    total = 0
+    total, seen = 0, set() if seen is None else seen
     try:
         device = os.lstat(path).st_dev
     except OSError:
@@ -110,9 +112,14 @@ def tree_bytes(path: Path) -> int:
         dirs[:] = [d for d in dirs if _same_device(os.path.join(root, d), device)]
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                st = os.lstat(os.path.join(root, name))
             except OSError:
                 continue
+            if st.st_nlink > 1:
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
     return total
 
 

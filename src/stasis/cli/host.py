@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from typing import Annotated
 
 import typer
@@ -66,8 +67,10 @@ def doctor(as_json: Json = False) -> None:
         details = "\n".join(f"{k.replace('_', ' ')}: {v}" for k, v in result.items() if k not in ("works", "backend"))
         table.add_row(name, works, details)
     out.print(table)
-    images = report["images"]
-    out.print(f"images: {', '.join(images) if images else 'none built; run `stasis image build default`'}")
+    images, steps = report["images"], report["build_step_caches"]
+    listed = ", ".join(images) if images else "none built; run `stasis image build default`"
+    cached = f" (and {steps} cached build steps: `stasis image prune` removes unused ones)" if steps else ""
+    out.print(f"images: {listed}{cached}")
     if not any(r["works"] for r in report["backends"].values()):
         raise typer.Exit(1)
 
@@ -114,11 +117,13 @@ def image_build(
     if file is not None:
         _build_dockerfile(file, tag, name if name != "default" else ".", build_arg or [], network)
         return
+    asked = time.time()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
         task = progress.add_task(f"building image {name}", total=None)
         report = lambda line: progress.update(task, description=f"{name}: {line[:90]}")  # noqa: E731
         info = build_recipe(name, force=force, client=client(), on_progress=report)
-    out.print(f"image [bold]{info.key}[/bold]: {info.size_bytes / 1e6:.0f} MB, built in {info.build_seconds:.1f}s")
+    how = f"built in {info.build_seconds:.1f}s" if info.built_at >= asked else f"cached (built {ago(info.built_at)})"
+    out.print(f"image [bold]{info.key}[/bold]: {info.size_bytes / 1e6:.0f} MB, {how}")
 
 
 def _build_dockerfile(file: str, tag: str | None, context: str, build_args: list[str], network: bool) -> None:

@@ -304,10 +304,10 @@ def kill(
 
 def _transition(name: str, verb: str, act: Callable[[Sandbox], SandboxInfo]) -> None:
     sbx = Sandbox.connect(name, client=client())
+    started = time.monotonic()  # this command's own time: the record's may be an earlier transition's
     with err.status(f"{verb.removesuffix('e')}ing {name}..."):
-        info = act(sbx)
-    seconds = info.last_suspend_seconds if verb == "suspend" else info.last_resume_seconds
-    out.print(f"{verb.removesuffix('e')}ed [bold]{name}[/bold]{f' in {seconds:.3f}s' if seconds else ''}")
+        act(sbx)
+    out.print(f"{verb.removesuffix('e')}ed [bold]{name}[/bold] in {time.monotonic() - started:.3f}s")
 
 
 @app.command()
@@ -320,10 +320,10 @@ def suspend(name: Name) -> None:
 def resume(name: Name) -> None:
     """Resume a suspended sandbox exactly where it was; with a remote store, also one suspended on another
     node and pushed there (it is taken over and fetched first)."""
+    started = time.monotonic()
     with err.status(f"resuming {name}..."):
-        info = client().call(resume_call(name))
-    seconds = info.last_resume_seconds
-    out.print(f"resumed [bold]{name}[/bold]{f' in {seconds:.3f}s' if seconds else ''}")
+        client().call(resume_call(name))
+    out.print(f"resumed [bold]{name}[/bold] in {time.monotonic() - started:.3f}s")
 
 
 @app.command()

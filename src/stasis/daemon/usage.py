@@ -20,7 +20,7 @@ def disk_usage(service: SandboxService, remote: RemoteService | None) -> DiskUsa
         remote_cache_limit_bytes=remote.config.cache_limit_bytes if remote else 0,
         sandboxes_bytes=sum(sandboxes.values()),
         checkpoints_bytes=sum(checkpoints.values()),
-        images_bytes=sum(i.size_bytes for i in service.images.list()),
+        images_bytes=tree_bytes(service.images.directory),  # each file once: build layers share theirs
         sandboxes=sandboxes,
         checkpoints=checkpoints,
         shared_note=(
