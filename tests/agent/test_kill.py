@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -84,7 +85,25 @@ def test_killed_while_a_run_tool_call_is_in_flight(scene) -> None:  # type: igno
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert sbx.run("pgrep -f 'sleep 2'").exit_code == 0, "the command goes on without the harness"
+    assert listed_status(daemon, url) == "interrupted"  # nobody drives it any more: resumable
     resume_and_check(daemon, url, sbx, model)
+
+
+def listed_status(daemon: Daemon, url: str) -> str:
+    listing = harness(daemon, url, "ls", "--json")
+    output, _ = listing.communicate(timeout=60)
+    return json.loads(output)[-1]["status"]
+
+
+def test_the_harness_refuses_without_an_endpoint_or_with_one_that_does_not_answer(scene) -> None:  # type: ignore[no-untyped-def]
+    _, _, daemon, _ = scene
+    unset = subprocess.run([sys.executable, "-m", "stasis", "agent", "run", "--sandbox", "agent-box", "x"],
+                           env={k: v for k, v in daemon.env.items() if k != "OPENAI_BASE_URL"},
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert unset.returncode != 0 and "OPENAI_BASE_URL is not set" in " ".join(unset.stderr.split())
+    dead = harness(daemon, "http://127.0.0.1:9/v1", "run", "--sandbox", "agent-box", "x")
+    output, _ = dead.communicate(timeout=60)  # at once: no 25 s of retries first
+    assert dead.returncode != 0 and "http://127.0.0.1:9/v1" in " ".join(output.split()), output
 
 
 @pytest.mark.parametrize("point", faults.AGENT_POINTS)

@@ -9,6 +9,7 @@ again for a response it has, and never starts a tool call twice.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -26,12 +27,13 @@ CREATE TABLE IF NOT EXISTS runs (
     model TEXT NOT NULL,
     task TEXT NOT NULL,
     max_steps INTEGER NOT NULL,
-    status TEXT NOT NULL,           -- running | completed | step_limit | failed
+    status TEXT NOT NULL,           -- running | completed | step_limit | failed (read: interrupted)
     final TEXT,
     error TEXT,
     checkpoints TEXT NOT NULL DEFAULT '[]',
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    owner TEXT                      -- "pid:start time" of the process driving it
 );
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL,
@@ -89,6 +91,8 @@ class Journal:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = connect_sqlite(path)
         self.db.executescript(SCHEMA)
+        if "owner" not in {row["name"] for row in self.db.execute("PRAGMA table_info(runs)")}:  # older journals
+            self.db.execute("ALTER TABLE runs ADD COLUMN owner TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -98,10 +102,14 @@ class Journal:
     def create_run(self, run_id: str, sandbox: str, sandbox_id: str, model: str, task: str, max_steps: int) -> None:
         now = time.time()
         self.db.execute(
-            "INSERT INTO runs (id, sandbox, sandbox_id, model, task, max_steps, status, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
-            (run_id, sandbox, sandbox_id, model, task, max_steps, now, now),
+            "INSERT INTO runs (id, sandbox, sandbox_id, model, task, max_steps, status, created_at, updated_at, owner)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+            (run_id, sandbox, sandbox_id, model, task, max_steps, now, now, this_process()),
         )
+
+    def claim(self, run_id: str) -> None:
+        """This process drives the run from now on (a resume of an interrupted one)."""
+        self.db.execute("UPDATE runs SET owner = ?, updated_at = ? WHERE id = ?", (this_process(), time.time(), run_id))
 
     def run(self, run_id: str) -> RunRecord:
         row = self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -172,7 +180,30 @@ class Journal:
 def _run(row: sqlite3.Row) -> RunRecord:
     data = dict(row)
     data["checkpoints"] = json.loads(data["checkpoints"])
+    owner = data.pop("owner", None)
+    if data["status"] == "running" and not alive(owner):
+        data["status"] = "interrupted"  # its process is gone (killed, crashed): `stasis agent resume` goes on
     return RunRecord(**data)
+
+
+def this_process() -> str:
+    return f"{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def alive(owner: str | None) -> bool:
+    """Whether the process that wrote ``owner`` still runs (the same one: a reused pid has another start time)."""
+    if not owner:
+        return False
+    pid, _, started = owner.partition(":")
+    return pid.isdigit() and _start_time(int(pid)) == started
+
+
+def _start_time(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22, starttime (after the command's parentheses)
 
 
 def _event(row: sqlite3.Row) -> Event:

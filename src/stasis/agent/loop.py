@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import faults
-from ..errors import NotFound, StasisError
+from ..errors import Conflict, NotFound, StasisError
 from ..sdk import CheckpointType, Client, Sandbox
 from .journal import Event, Journal, RunRecord
 from .models import ModelError, OpenAIModel
@@ -104,8 +104,11 @@ class AgentRunner:
 
     def resume(self, run_id: str) -> RunRecord:
         record = self.journal.run(run_id)
-        if record.status != "running":
+        if record.status == "running":
+            raise Conflict(f"agent run {run_id} is being driven by another process; resume it once that one is gone")
+        if record.status != "interrupted":
             return record
+        self.journal.claim(run_id)
         resumes = sum(e.kind == "resume" for e in self.journal.events(run_id))
         self.journal.record(run_id, "resume", str(resumes + 1), {})  # where it picked up again (the console shows it)
         log.info("agent run %s resumed", run_id)

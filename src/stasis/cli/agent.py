@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from ..errors import InvalidRequest
 from ..paths import Paths
 from ._common import Json, ago, app, client, err, out
 
+TOOL_RESULT_LINES = 8  # of a tool's result shown as a run streams (the log shows them all)
 agent_app = typer.Typer(help="The agent harness: a tool-calling loop that runs inside a sandbox.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
 
@@ -18,11 +21,29 @@ app.add_typer(agent_app, name="agent")
 def _runner(model: str | None = None):  # type: ignore[no-untyped-def]
     from ..agent import AgentRunner, Journal, OpenAIModel
 
+    _check_endpoint()
     journal = Journal(Paths.from_env().agent_journal)
     return AgentRunner(journal, OpenAIModel(model=model), client(), on_event=_show_agent_event), journal
 
 
-def _show_agent_event(kind: str, data: dict[str, Any]) -> None:
+def _check_endpoint() -> None:
+    """OPENAI_BASE_URL is set and answers: never a silent fall back to api.openai.com, never 25 s of retries
+    against an address that does not answer before anyone hears of it."""
+    import httpx
+
+    base = os.environ.get("OPENAI_BASE_URL", "").rstrip("/")
+    if not base:
+        raise InvalidRequest(
+            "OPENAI_BASE_URL is not set: point it at an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1, "
+            "or https://api.openai.com/v1 to use OpenAI itself), with OPENAI_API_KEY if it needs one"
+        )
+    try:
+        httpx.get(f"{base}/models", timeout=5.0)  # any answer will do: the address is reachable
+    except httpx.HTTPError as exc:
+        raise InvalidRequest(f"the model endpoint {base} (OPENAI_BASE_URL) does not answer: {exc}") from None
+
+
+def _show_agent_event(kind: str, data: dict[str, Any], full: bool = False) -> None:
     if kind == "model":
         message = data["message"]
         if message.get("content"):
@@ -31,8 +52,11 @@ def _show_agent_event(kind: str, data: dict[str, Any]) -> None:
         out.print(f"[cyan]→ {data['name']}[/cyan] {str(data['arguments'])[:200]}", highlight=False)
     elif kind == "tool_result":
         lines = data["content"].splitlines() or [""]
-        more = f" [dim](+{len(lines) - 1} lines, {data['seconds']:.2f}s)[/dim]" if len(lines) > 1 else ""
-        out.print(f"[green]← {lines[0][:200]}[/green]{more}", highlight=False)
+        shown = lines if full else lines[:TOOL_RESULT_LINES]
+        more = len(lines) - len(shown)
+        rest = f"\n  [dim](+{more} more lines; `stasis agent log` has them all)[/dim]" if more else ""
+        body = "\n  ".join(line[:200] for line in shown)
+        out.print(f"[green]← {body}[/green] [dim]({data['seconds']:.2f}s)[/dim]{rest}", highlight=False)
     elif kind == "final":
         style = "green" if data["status"] == "completed" else "red"
         out.print(f"[{style}]■ {data['status']}[/{style}]: {data['text']}", highlight=False)
@@ -103,7 +127,7 @@ def agent_log(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
         elif event.kind == "tool_call":
             _show_agent_event("tool_call", event.payload)
         elif event.kind == "tool_result":
-            _show_agent_event("tool_result", {**event.payload, "seconds": event.seconds or 0})
+            _show_agent_event("tool_result", {**event.payload, "seconds": event.seconds or 0}, full=True)
     if record.final is not None or record.error:
         _show_agent_event("final", {"status": record.status, "text": record.final or record.error})
     if record.checkpoints:

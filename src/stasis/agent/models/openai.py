@@ -39,7 +39,7 @@ class OpenAIModel:
         try:
             response = self.client.chat.completions.create(model=self.model, messages=messages, tools=tools)
         except openai.APIError as exc:
-            raise ModelError(f"the model endpoint failed: {exc}") from exc
+            raise ModelError(f"the model endpoint {self.client.base_url} failed: {exc}") from exc
         if not response.choices:
             raise ModelError("the model endpoint answered with no choices")
         choice = response.choices[0]
