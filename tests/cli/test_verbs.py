@@ -83,3 +83,15 @@ def test_daemon_status_stop_and_restart(own_daemon: Daemon) -> None:
         sbx.terminate()
         stopped = stasis(own_daemon, "daemon", "stop")  # the daemon the CLI started: stopped by the CLI too
         assert stopped.returncode == 0, stopped.stderr
+
+
+def test_ls_shows_the_backend_and_never_cuts_a_name_or_an_id(daemon: Daemon, box: Sandbox) -> None:
+    long_name = "a-sandbox-whose-name-is-long-enough-to-be-cut-at-80-columns"
+    sbx = Sandbox.create(long_name, memory_mb=256, client=daemon.client())
+    try:
+        listing = stasis(daemon, "ls").stdout
+        row = next((line for line in listing.splitlines() if line.split()[:1] == [long_name]), listing)
+        assert sbx.id in row.split() and "gvisor" in row.split()
+        assert stasis(daemon, "ls").stdout.splitlines()[0].split()[:4] == ["NAME", "ID", "STATUS", "BACKEND"]
+    finally:
+        sbx.terminate()

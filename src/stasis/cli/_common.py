@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Annotated
 
@@ -18,7 +19,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-out = Console()
+# Piped or redirected, lines are as long as they need to be (a table is never cut at 80 columns for a script).
+out = Console(width=None if sys.stdout.isatty() else 400)
 err = Console(stderr=True)
 
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]

@@ -99,11 +99,13 @@ def list_sandboxes(
         print(json.dumps([s.model_dump(mode="json") for s in sandboxes], indent=2))
         return
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "ID", "STATUS", "IMAGE", "CPUS", "MEMORY", "CREATED", "LAST ACTIVITY"):
-        table.add_column(column, no_wrap=True)
-    for s in sandboxes:
+    names = [s.name or "-" for s in sandboxes]
+    for column in ("NAME", "ID", "STATUS", "BACKEND", "IMAGE", "CPUS", "MEMORY", "CREATED", "LAST ACTIVITY"):
+        whole = {"NAME": max(map(len, names), default=4), "ID": max((len(s.id) for s in sandboxes), default=2)}
+        table.add_column(column, no_wrap=True, min_width=whole.get(column))  # names and ids are never cut
+    for s, name in zip(sandboxes, names, strict=True):
         table.add_row(
-            s.name or "-", s.id, status(s), s.spec.image, f"{s.spec.cpus:g}", f"{s.spec.memory_mb} MiB",
+            name, s.id, status(s), s.spec.backend, s.spec.image, f"{s.spec.cpus:g}", f"{s.spec.memory_mb} MiB",
             ago(s.created_at), ago(s.last_activity),
         )  # fmt: skip
     out.print(table if sandboxes else "no sandboxes; create one with `stasis create NAME`")

@@ -251,7 +251,10 @@ async def _summary(info: Awaitable[SandboxInfo]) -> SandboxSummary:
 
 
 def serve_stdio() -> None:
-    build_server().run("stdio")
+    server = build_server()
+    for noisy in ("httpx", "httpcore"):  # each tool's request to the daemon is not news on the client's stderr
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    server.run("stdio")
 
 
 def http_app(server: MCPServer, path: str = "/mcp") -> Starlette:
