@@ -119,8 +119,12 @@ def test_bad_builds_are_clear_errors_and_leave_no_image(images_daemon: Daemon, i
     with pytest.raises(InvalidRequest, match=r"COPY nope\.txt: no such file"):
         Image(missing.base, missing.steps, tmp_path).build("bad", client=images_daemon.client())
     failing = Image.from_image("pyapp").run("echo about to fail; exit 3")
-    with pytest.raises(BuildError, match=r"(?s)exit code 3.*about to fail"):
+    with pytest.raises(BuildError, match=r"(?s)exit code 3.*about to fail") as plain:
         failing.build("bad", client=images_daemon.client())
+    assert "network" not in str(plain.value)
+    offline = Image.from_image("pyapp").run("python3 -c \"import socket; socket.getaddrinfo('deb.debian.org', 80)\"")
+    with pytest.raises(BuildError, match=r"no network unless asked: Image\.build\(\.\.\., network=True"):
+        offline.build("bad", client=images_daemon.client())  # no network device: the lookup fails in the sandbox
     with pytest.raises(Exception, match="unknown image 'no-such-base'"):
         Image.from_image("no-such-base").run("true").build("bad", client=images_daemon.client())
     assert not [i for i in store.list() if i.name == "bad"]

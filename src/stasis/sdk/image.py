@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,15 @@ from ._images import (
 from ._sync import Sandbox
 
 BUILD_FORMAT = 1  # bump when what a step's cache key covers changes
+# What apt, pip, curl and git say when a name cannot be looked up: a build step has no network unless asked.
+NAME_LOOKUP_FAILED = re.compile(
+    r"Temporary failure (in name resolution|resolving)|Could not resolve host|Name or service not known|"
+    r"Failed to establish a new connection|Network is unreachable"
+)
+NO_NETWORK_HINT = (
+    "\n(build steps have no network unless asked: Image.build(..., network=True), or `stasis image build "
+    "--network`; a policy such as NetworkPolicy(allow_out=['deb.debian.org']) narrows it)"
+)
 StepCallback = Callable[[int, int, str, bool], None]  # (number, total, description, cached)
 OutputCallback = Callable[[bytes], None]
 
@@ -195,7 +205,8 @@ class _Build:
         result = self.sandbox.run(argv, **options)
         if result.exit_code != 0:
             tail = (result.stdout + result.stderr).strip()[-2000:]
-            raise BuildError(f"build step {step.describe()!r} failed with exit code {result.exit_code}:\n{tail}",
+            hint = NO_NETWORK_HINT if self.network is None and NAME_LOOKUP_FAILED.search(tail) else ""
+            raise BuildError(f"build step {step.describe()!r} failed with exit code {result.exit_code}:\n{tail}{hint}",
                              exit_code=result.exit_code)  # fmt: skip
 
     def _copy(self, step: Step, config: ImageConfig) -> None:
