@@ -181,6 +181,19 @@ def test_a_daemon_killed_during_a_session_drops_it_and_the_next_one_works(
         raise AssertionError(f"{exc}; {sessions()} still run. The daemon's log ends:\n{log}") from None
 
 
+def test_stasis_ssh_without_any_key_says_how_to_make_or_give_one(daemon: Daemon, tmp_path: Path) -> None:
+    keyless = ssh_client(daemon, tmp_path)
+    for own in (keyless.home / ".ssh").glob("id_*"):
+        own.unlink()
+    sbx = Sandbox.create("sshnokey", memory_mb=256, client=daemon.client())
+    try:
+        result = keyless.run(str(STASIS), "ssh", "sshnokey", "--", "true")
+        said = " ".join(result.stderr.split())
+        assert result.returncode != 0 and "ssh-keygen -t ed25519" in said and "--key" in said, result.stderr
+    finally:
+        sbx.terminate()
+
+
 def test_stasis_ssh_runs_a_command_with_a_given_key_which_stays_authorised(
     client: Client, user: SshClient, tmp_path: Path
 ) -> None:
@@ -191,6 +204,10 @@ def test_stasis_ssh_runs_a_command_with_a_given_key_which_stays_authorised(
         assert first.returncode == 0 and first.stdout == "via-stasis-ssh\n", first.stderr
         later = user.ssh("stasis-sshcli", "true", key=extra)  # plain ssh, the same key, later
         assert later.returncode == 0, later.stderr
+        for own in (user.home / ".ssh").glob("id_ed25519*"):  # the user's default key gone: only --key's is left
+            own.rename(own.with_name(f"moved-{own.name}"))
+        again = user.run(str(STASIS), "ssh", "sshcli", "--", "echo", "remembered")  # no --key: it is used again
+        assert again.returncode == 0 and again.stdout == "remembered\n", again.stderr
 
         config = user.home / ".ssh" / "config"
         config.write_text("Host *\n    UserKnownHostsFile /dev/null\n")  # a user's defaults: they must not win

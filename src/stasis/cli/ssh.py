@@ -29,17 +29,36 @@ def ssh_into(
     if shutil.which("ssh") is None:
         raise InvalidRequest("no ssh client on this host; install it (apt-get install openssh-client)")
     sbx = Sandbox.connect(name, client=client())
-    argv = ["ssh", "-F", str(ssh.write_config(Paths.from_env()))]
+    paths = Paths.from_env()
+    argv = ["ssh", "-F", str(ssh.write_config(paths))]
+    remembered = paths.home / "ssh-identities"  # keys given with --key: offered again by every later `stasis ssh`
+    identities = [Path(line) for line in _lines(remembered)]
     if key is not None:
         sbx.authorize_ssh_keys(key.read_text().splitlines())
-        private = key.with_suffix("") if key.suffix == ".pub" else key
-        if private.exists():
-            argv += ["-i", str(private)]
+        private = (key.with_suffix("") if key.suffix == ".pub" else key).resolve()
+        if private.exists() and private not in identities:
+            identities.append(private)
+            remembered.write_text("".join(f"{path}\n" for path in identities))
+    identities = [path for path in identities if path.exists()]
+    if not identities and not ssh.user_public_keys():
+        raise InvalidRequest(
+            "you have no SSH key to log in with: make one with `ssh-keygen -t ed25519`, or give one with "
+            f"`stasis ssh {name} --key PATH.pub` (it is authorised in the sandbox and used from then on)"
+        )
+    for path in identities:
+        argv += ["-i", str(path)]
     argv.append(ssh.HOST_PREFIX + (sbx.info().name or sbx.id))
     remote = command or []
     if remote and remote[0] == "--":
         remote = remote[1:]
     os.execvp("ssh", argv + remote)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
 
 
 @app.command("ssh-config")
