@@ -3,7 +3,8 @@ unchanged against stasis.
 
     app          one listener: a request naming a sandbox (E2b-Sandbox-Id, or the Host ``PORT-ID.domain``) goes to
                  envd or that sandbox's port; any other to the control plane
-    control      /sandboxes, /v2/sandboxes, /snapshots: E2B's JSON over the room
+    control      the control plane's app (key check, E2B's errors); its routes: sandbox_routes, snapshot_routes;
+                 plane: their bodies and answers
     process      process.Process (commands, PTYs) over the guest agent
     filesystem   filesystem.Filesystem, and envd's HTTP /files and /health
     room         what E2B adds to a stasis sandbox: metadata, envs, a lifetime (killed or paused when it ends)

@@ -1,0 +1,136 @@
+"""What E2B's control plane speaks: its request bodies, and its answers made from stasis' records (the
+presenter every route of :mod:`.control` shares, reached through ``PlaneDep``)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...models import CheckpointInfo, SandboxInfo
+from ...netpolicy import NetworkPolicy
+from .records import Record
+from .room import PAUSED, Defaults, E2bRoom
+
+ENVD_VERSION = "0.5.6"  # the envd features served here (see e2b.envd.versions): not octet-stream uploads (0.5.7)
+CLIENT_ID = "stasis"
+ALL_TRAFFIC = "0.0.0.0/0"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class NetworkConfig(_Body):
+    allow_out: list[str] | None = Field(None, alias="allowOut")
+    deny_out: list[str] | None = Field(None, alias="denyOut")
+    allow_public_traffic: bool | None = Field(None, alias="allowPublicTraffic")
+
+
+class NewSandbox(_Body):
+    template_id: str = Field(alias="templateID", min_length=1, max_length=200)
+    timeout: int | None = Field(None, ge=0)
+    auto_pause: bool = Field(False, alias="autoPause")
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
+    allow_internet_access: bool | None = None
+    network: NetworkConfig | None = None
+    volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
+
+
+class Timeout(_Body):
+    timeout: int = Field(ge=0)
+
+
+class Connect(_Body):
+    timeout: int | None = Field(None, ge=0)
+
+
+class Fork(_Body):
+    timeout: int | None = Field(None, ge=0)
+    count: int = Field(1, ge=1, le=64)
+
+
+class Snapshot(_Body):
+    name: str | None = None
+    memory: bool = True  # False: E2B's "filesystem" mode
+
+
+def policy(allow_internet_access: bool | None, network: NetworkConfig | None) -> NetworkPolicy | None:
+    """E2B's network options as a stasis policy. Unlike E2B, no network unless asked (stasis' default)."""
+    allow = list(network.allow_out or []) if network else []
+    deny = [rule for rule in (network.deny_out or []) if rule not in allow] if network else []
+    if allow_internet_access is False and not allow:
+        return None
+    if ALL_TRAFFIC in deny:  # E2B: deny everything, then allow these (its allow wins over its deny)
+        return NetworkPolicy(allow_out=allow) if allow else NetworkPolicy.no_egress()
+    if allow_internet_access or allow or deny:
+        return NetworkPolicy(deny_out=deny)
+    return None
+
+
+def iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+class ControlPlane:
+    def __init__(self, room: E2bRoom, defaults: Defaults, domain: str | None) -> None:
+        self.room = room
+        self.defaults = defaults
+        self.domain = domain
+
+    def created(self, info: SandboxInfo, record: Record) -> dict[str, Any]:
+        return {
+            "templateID": record.template, "sandboxID": info.id, "clientID": CLIENT_ID, "envdVersion": ENVD_VERSION,
+            "envdAccessToken": self.room.keys.envd_token(info.id), "alias": record.template, "domain": self.domain,
+            "trafficAccessToken": None if record.public_traffic else self.room.keys.envd_token(info.id),
+        }  # fmt: skip
+
+    def listed(self, info: SandboxInfo, record: Record) -> dict[str, Any]:
+        return {
+            "templateID": record.template, "sandboxID": info.id, "clientID": CLIENT_ID, "alias": record.template,
+            "startedAt": iso(record.started_at), "endAt": iso(record.end_at), "cpuCount": max(1, round(info.spec.cpus)),
+            "memoryMB": info.spec.memory_mb, "diskSizeMB": info.spec.disk_mb, "envdVersion": ENVD_VERSION,
+            "state": "paused" if info.status in PAUSED else "running", "metadata": record.metadata,
+        }  # fmt: skip
+
+    def detail(self, info: SandboxInfo, record: Record) -> dict[str, Any]:
+        network = info.spec.network
+        detail = {
+            **self.listed(info, record), "envdAccessToken": self.room.keys.envd_token(info.id), "domain": self.domain,
+            "allowInternetAccess": network is not None and not network.allow_out and "*" not in network.deny_out,
+        }  # fmt: skip
+        if network is not None:
+            detail["network"] = {"allowOut": network.allow_out, "denyOut": network.deny_out}
+        return detail
+
+    def log_entries(self, sandbox_id: str) -> list[dict[str, Any]]:
+        rows = self.room.core.store.transitions(sandbox_id)
+        return [
+            {
+                "timestamp": iso(row["at"]),
+                "level": "error" if row["to_status"] == "failed" else "info",
+                "message": f"{row['from_status'] or 'new'} -> {row['to_status']} ({row['phase']})"
+                + (f": {row['detail']}" if row["detail"] else ""),
+                "fields": {"phase": row["phase"], "status": row["to_status"]},
+            }
+            for row in rows
+        ]
+
+    @staticmethod
+    def snapshot_info(checkpoint: CheckpointInfo) -> dict[str, Any]:
+        return {"snapshotID": checkpoint.id, "names": [checkpoint.name] if checkpoint.name else [checkpoint.id]}
+
+
+def plane_of(request: Request) -> ControlPlane:
+    return request.app.state.plane  # type: ignore[no-any-return]
+
+
+PlaneDep = Annotated[ControlPlane, Depends(plane_of)]
