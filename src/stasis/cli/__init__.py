@@ -12,6 +12,9 @@ from . import sandboxes, network, ssh, checkpoints, pools, agent, host, console,
 
 # isort: on
 from ._common import app, err
+from .overview import apply
+
+apply(app)
 
 __all__ = ["app", "main"]
 
