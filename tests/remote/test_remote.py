@@ -81,6 +81,9 @@ def test_a_sandbox_suspended_on_one_node_resumes_on_another(nodes: tuple[Daemon,
         assert "pushed sandbox mover" in pushed.stdout
         assert Sandbox.list(client=client_a) == []  # it left node A
         assert not (a.paths.sandboxes / sbx.id).exists()
+        asked = cli(a, "run", "mover", "true")  # where it went, and how to have it back, not just "no sandbox"
+        assert asked.returncode != 0 and "pushed to the remote store" in " ".join(asked.stderr.split())
+        assert "stasis resume mover" in " ".join(asked.stderr.split())
 
         listed = json.loads(cli(b, "remote", "--json").stdout)
         assert [(e["name"], e["owner"], e["pushed_by"]) for e in listed] == [("mover", None, "node-a")]

@@ -115,6 +115,16 @@ class Store:
             ).fetchone()
         if row is None:
             shown = ref if len(ref) <= 80 else ref[:80] + "..."
+            moved = self.db.execute(
+                "SELECT moved_to FROM sandboxes WHERE (id = ? OR name = ?) AND moved_to IS NOT NULL "
+                "ORDER BY updated_at DESC LIMIT 1", (ref, ref),
+            ).fetchone()  # fmt: skip
+            if moved is not None:
+                raise SandboxNotFound(
+                    f"sandbox {shown!r} was pushed to the remote store ({moved['moved_to']}) and left this node: "
+                    f"`stasis resume {shown}` takes it back (`stasis remote` lists what the store holds)",
+                    ref=shown,
+                )
             raise SandboxNotFound(f"no sandbox named or with id {shown!r}; `stasis ls` lists them", ref=shown)
         return _info(row)
 
