@@ -43,9 +43,15 @@ def test_a_sandbox_from_a_template_has_its_server_answering_at_once(client: Clie
 def test_a_template_that_never_gets_ready_says_why_and_leaves_nothing(client: Client) -> None:
     before = {c.id for c in Sandbox.list_checkpoints(client=client)}
     sandboxes = {s.id for s in Sandbox.list(client=client)}
+    heard: list[tuple[int, str]] = []
+
+    def checked(attempt: int, seconds: float, said: str) -> None:
+        heard.append((attempt, said))
+
     with pytest.raises(TemplateNotReady, match=r"(?s)did not succeed within 3s.*exited.*port taken"):
-        Template.create("never", start_cmd="echo port taken; exit 1", ready_cmd="false", ready_timeout=3,
-                        client=client)  # fmt: skip
+        Template.create("never", start_cmd="echo port taken; exit 1", ready_cmd="echo not yet; false",
+                        ready_timeout=3, client=client, on_check=checked)  # fmt: skip
+    assert heard and heard[0] == (1, "exit 1: not yet")  # each failed check is said as it happens, not 120 s later
     assert {c.id for c in Sandbox.list_checkpoints(client=client)} == before
     assert {s.id for s in Sandbox.list(client=client)} == sandboxes
 

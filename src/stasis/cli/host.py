@@ -217,9 +217,14 @@ def template_create(
     if not start:
         raise InvalidRequest("give the command that starts what the template keeps running: --start CMD")
     options = {k: v for k, v in (("backend", backend), ("memory_mb", memory_mb)) if v is not None}
-    with err.status(f"making template {name} (waiting for it to be ready)..."):
+    with err.status(f"making template {name} (waiting for it to be ready)...") as status:
+
+        def checked(attempt: int, waited: float, said: str) -> None:
+            status.update(f"template {name}: not ready after {waited:.0f}s of {ready_timeout:.0f} (check {attempt}: "
+                          f"{said[:60]})")  # fmt: skip
+
         template = Template.create(name, image, start_cmd=start, ready_cmd=ready, ready_timeout=ready_timeout,
-                                   replace=replace, client=client(), **options)  # fmt: skip
+                                   replace=replace, client=client(), on_check=checked, **options)  # fmt: skip
     out.print(f"template [bold]{template.name}[/bold] ({template.checkpoint_id})")
 
 

@@ -11,7 +11,9 @@ as a MEMORY checkpoint named ``template-NAME`` (every sandbox from it continues 
 from __future__ import annotations
 
 import base64
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,8 @@ from ..models import CreateSandboxRequest as _Request
 from . import _base as b
 from ._client import Client
 from ._sync import Sandbox
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,11 @@ class Template:
         ready_timeout: float = 120.0,
         replace: bool = False,
         client: Client | None = None,
+        on_check: Callable[[int, float, str], None] | None = None,
         **options: Unpack[b.CreateOptions],
     ) -> Template:
-        """Boot ``image``, run ``start_cmd`` in the background, wait until ``ready_cmd`` exits 0, keep it."""
+        """Boot ``image``, run ``start_cmd`` in the background, wait until ``ready_cmd`` exits 0, keep it.
+        ``on_check(attempt, seconds waited, what the last check said)`` hears of each check that failed."""
         build(_Request, name=name)  # the same rules as a sandbox's name
         client = client or Client()
         existing = cls._find(name, client)
@@ -56,11 +62,18 @@ class Template:
         sbx = Sandbox.create(client=client, image=image, timeout_secs=None, **options)
         try:
             server = sbx.start_process(["/bin/sh", "-c", start_cmd], name="template-start")
-            deadline = time.monotonic() + ready_timeout
+            started_at = time.monotonic()
+            deadline = started_at + ready_timeout
+            attempt = 0
             while ready_cmd is not None:
                 check = sbx.run(["/bin/sh", "-c", ready_cmd], timeout=30)
                 if check.exit_code == 0:
                     break
+                attempt += 1
+                said = f"exit {check.exit_code}: {(check.stdout + check.stderr).strip()[-120:]}"
+                log.debug("template %s: ready check %d failed (%s)", name, attempt, said)
+                if on_check is not None:
+                    on_check(attempt, time.monotonic() - started_at, said)
                 if time.monotonic() > deadline or sbx.get_process(server.id).exit_code is not None:
                     started = sbx.process_output(server.id)
                     output = base64.b64decode(started.data_b64).decode(errors="replace")[-1000:]
