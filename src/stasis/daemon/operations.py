@@ -61,7 +61,7 @@ class GuestOperations:
     def __init__(self, service: SandboxService) -> None:
         self.service = service
 
-    def _defaults(
+    def command_defaults(
         self, ref: str, env: dict[str, str], cwd: str | None, user: str | None, streamed: bool = False
     ) -> dict[str, Any]:
         """What the request says, over what the sandbox's image says (its Env, WorkingDir, User). A ``streamed``
@@ -75,7 +75,7 @@ class GuestOperations:
         op = P.Exec(
             cmd=request.cmd, timeout=request.timeout, max_output=request.max_output, exec_id=exec_id,
             stdin=request.stdin_b64 is not None, stdin_data=request.stdin_b64,
-            **self._defaults(ref, request.env, request.cwd, request.user),
+            **self.command_defaults(ref, request.env, request.cwd, request.user),
         )  # fmt: skip
         try:
             # A command with a timeout answers within it (the agent kills it then): past that and a grace,
@@ -114,7 +114,7 @@ class GuestOperations:
         start = P.StartProcess(
             cmd=request.cmd, id=exec_id, stdin=request.stdin_b64 is not None, paced=True,
             max_output=max(request.max_output, STREAM_BUFFER),
-            **self._defaults(ref, request.env, request.cwd, request.user, streamed=True),
+            **self.command_defaults(ref, request.env, request.cwd, request.user, streamed=True),
         )  # fmt: skip
         async with self.service.guest(ref) as channel:
             await channel.call(start)
@@ -159,8 +159,8 @@ class GuestOperations:
     # ------------------------------------------------------------ processes
 
     async def start_process(self, ref: str, request: StartProcessRequest) -> ProcessInfo:
-        op = P.StartProcess(cmd=request.cmd, name=request.name, stdin=request.stdin,
-                            **self._defaults(ref, request.env, request.cwd, request.user, streamed=True))  # fmt: skip
+        defaults = self.command_defaults(ref, request.env, request.cwd, request.user, streamed=True)
+        op = P.StartProcess(cmd=request.cmd, name=request.name, stdin=request.stdin, **defaults)
         async with self.service.guest(ref) as channel:
             return _process(await channel.call(op))
 

@@ -21,12 +21,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf import timestamp_pb
 
-from ...errors import FileNotFound, InvalidRequest, StasisError
+from ...errors import InvalidRequest, StasisError
 from ...guest import protocol as P
 from ..operations import GuestOperations
 from ..service import SandboxService
 from .envd import filesystem_pb as pb
-from .requests import SANDBOX_HEADER, absolute, caller, user_of
+from .requests import SANDBOX_HEADER, absolute, caller, rpc_error, user_of
 
 FILE_TYPES = {"file": pb.FileType.FILE, "directory": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
 EVENT_TYPES = {
@@ -44,7 +44,7 @@ class FilesystemService:
 
     def _user(self, sandbox_id: str, user: str | None) -> str | None:
         """The user a request acts as: the one it names, else the image's default (None: root)."""
-        return user or self.ops._defaults(sandbox_id, {}, None, None)["user"]
+        return user or self.ops.command_defaults(sandbox_id, {}, None, None)["user"]
 
     def _target(self, ctx: RequestContext[Any, Any], path: str) -> tuple[str, str, str | None]:
         sandbox_id, user = caller(ctx)
@@ -169,16 +169,6 @@ def entry(item: P.FileStat) -> pb.EntryInfo:
         mode=item.mode, permissions=kind + stat.filemode(item.mode)[1:], owner=item.owner, group=item.group,
         modified_time=modified, symlink_target=item.target, is_symlink=item.type == "symlink",
     )  # fmt: skip
-
-
-def rpc_error(exc: StasisError) -> ConnectError:
-    if isinstance(exc, FileNotFound) or exc.status_code == 404:
-        return ConnectError(Code.NOT_FOUND, str(exc))
-    if exc.status_code in (400, 409):
-        return ConnectError(Code.INVALID_ARGUMENT, str(exc))
-    if exc.status_code == 507:
-        return ConnectError(Code.RESOURCE_EXHAUSTED, str(exc))
-    return ConnectError(Code.UNAVAILABLE if exc.status_code in (502, 503) else Code.INTERNAL, str(exc))
 
 
 def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:

@@ -19,13 +19,13 @@ from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 from protobuf import Oneof
 
-from ...errors import ProcessNotFound, StasisError
+from ...errors import StasisError
 from ...guest import protocol as P
 from ..operations import GuestOperations
 from ..service import SandboxService
 from .envd import process_pb as pb
 from .records import Records
-from .requests import caller, home_of
+from .requests import caller, home_of, rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class ProcessService:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is empty: name the program to run")
         record = self.records.get(sandbox_id)
         env = {**(record.envs if record else {}), **dict(config.envs)}
-        defaults = self.ops._defaults(sandbox_id, env, config.cwd if config.has_field("cwd") else None, user)
+        defaults = self.ops.command_defaults(sandbox_id, env, config.cwd if config.has_field("cwd") else None, user)
         if user is not None and not config.has_field("cwd"):
             defaults["cwd"] = home_of(user)
         cmd = [config.cmd, *config.args]
@@ -199,14 +199,7 @@ class ProcessService:
         try:
             return await channel.call(op)
         except StasisError as exc:
-            raise _rpc_error(exc) from exc
-
-
-def _rpc_error(exc: StasisError) -> ConnectError:
-    if isinstance(exc, ProcessNotFound):
-        return ConnectError(Code.NOT_FOUND, str(exc))
-    code = {400: Code.INVALID_ARGUMENT, 404: Code.NOT_FOUND, 409: Code.FAILED_PRECONDITION}.get(exc.status_code)
-    return ConnectError(code or Code.INTERNAL, str(exc))
+            raise rpc_error(exc) from exc
 
 
 def event(kind: str, value: Any) -> pb.ProcessEvent:

@@ -12,7 +12,7 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
-from ...errors import InvalidRequest
+from ...errors import InvalidRequest, StasisError
 from ...validation import validate_user
 
 SANDBOX_HEADER = "e2b-sandbox-id"
@@ -58,3 +58,12 @@ def absolute(path: str, user: str | None) -> str:
     if not path:
         raise InvalidRequest("path is empty")
     return path if path.startswith("/") else f"{home_of(user).rstrip('/')}/{path}"
+
+
+def rpc_error(exc: StasisError) -> ConnectError:
+    """A stasis error as the Connect code the SDKs turn into their own exception (404: NotFoundException...)."""
+    code = {
+        400: Code.INVALID_ARGUMENT, 404: Code.NOT_FOUND, 409: Code.FAILED_PRECONDITION, 507: Code.RESOURCE_EXHAUSTED,
+        502: Code.UNAVAILABLE, 503: Code.UNAVAILABLE,
+    }.get(exc.status_code, Code.INTERNAL)  # fmt: skip
+    return ConnectError(code, str(exc))
