@@ -34,6 +34,7 @@ bench: setup
 	.venv/bin/python benchmarks/density.py
 	.venv/bin/python benchmarks/remote.py
 	.venv/bin/python benchmarks/e2b_face.py
+	.venv/bin/python benchmarks/cli.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30

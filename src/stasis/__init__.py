@@ -8,11 +8,30 @@ processes and files, and resumed later exactly where it was::
     sbx = Sandbox.create(name="work")
     sbx.run("python3 -c 'print(1 + 1)'").stdout   # '2\\n'
     sbx.suspend(); sbx.resume()
+
+The SDK's names are imported on first use, so that `stasis ls` and the guest's tools do not pay for
+pydantic and httpx at start-up.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .sdk import *  # noqa: F403
-from .sdk import __all__ as _sdk_all
+if TYPE_CHECKING:
+    from .sdk import *  # noqa: F403
 
-__all__ = ["__version__", *_sdk_all]
+
+def __getattr__(name: str) -> Any:
+    sdk = importlib.import_module(".sdk", __name__)
+    if name == "__all__":
+        return ["__version__", *sdk.__all__]
+    if name in sdk.__all__:
+        return getattr(sdk, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__getattr__("__all__")})

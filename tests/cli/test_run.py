@@ -93,3 +93,16 @@ def test_fifty_megabytes_through_a_slow_reader_arrive_byte_exact(daemon: Daemon,
     assert cli.wait(timeout=300) == 0, cli.stderr.read() if cli.stderr else ""
     assert received == size
     assert digest.hexdigest() == hashlib.sha256(b"y\n" * (size // 2)).hexdigest()
+
+
+@pytest.mark.parametrize("args", [("ls",), ("run", "run-cli", "true")], ids=["ls", "run"])
+def test_ls_and_run_answer_without_loading_the_sdk(daemon: Daemon, box: Sandbox, args: tuple[str, ...]) -> None:
+    """The two commands typed all day take the quick path: no pydantic, httpx, Typer or Rich at start-up
+    (benchmarks/cli.py measures what that saves)."""
+    argv = [sys.executable, "-X", "importtime", "-m", "stasis", *args]
+    done = subprocess.run(argv, env=daemon.env, capture_output=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
+    assert "stasis.cli.quick" in imported
+    heavy = {m for m in imported if m.split(".")[0] in ("pydantic", "httpx", "typer", "rich")}
+    assert not heavy | {m for m in imported if m.startswith(("stasis.sdk", "stasis.models"))}

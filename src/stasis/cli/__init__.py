@@ -1,33 +1,35 @@
-"""`stasis`: the command line. A thin shell over the SDK, one module per group of commands."""
+"""`stasis`: the command line. A thin shell over the SDK, one module per group of commands.
+
+`stasis ls` and `stasis run` in their plain forms go through `quick` (the standard library only, so they
+answer in tens of milliseconds); everything else, and anything `quick` declines, through the Typer app in
+`commands`.
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
-from ..errors import StasisError
-
-# isort: off
-# Each module registers its commands; the order of these imports is the order of `stasis --help`.
-from . import sandboxes, network, ssh, checkpoints, pools, agent, host, console, remote, e2b, verbs  # noqa: F401
-
-# isort: on
-from ._common import app, err
-from .overview import apply
-
-apply(app)
+if TYPE_CHECKING:
+    from .commands import app
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
-    try:
-        app()
-    except StasisError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    from . import quick
+
+    code = quick.main(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    from .commands import main as typer_main
+
+    typer_main()
 
 
-if __name__ == "__main__":
-    main()
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from .commands import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from ..models import SandboxInfo
 from ..sdk import Client
+from .quick import ago as ago  # shared with the quick path
 
 app = typer.Typer(
     help="Stateful sandboxes for AI agents: suspend a machine with its processes, resume it exactly where it was.",
@@ -34,16 +35,6 @@ DenyOut = Annotated[list[str] | None, typer.Option("--deny-out", help=f"Never th
 
 def client() -> Client:
     return Client()
-
-
-def ago(ts: float | None) -> str:
-    if not ts:
-        return "-"
-    seconds = max(0, time.time() - ts)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit} ago"
-    return f"{int(seconds)}s ago"
 
 
 def in_(ts: float) -> str:

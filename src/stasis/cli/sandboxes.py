@@ -5,13 +5,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
-import secrets
-import signal
-import stat
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -19,13 +15,14 @@ import typer
 from rich.table import Table
 
 from ..backends import BACKENDS, DEFAULT_BACKEND
-from ..errors import InvalidRequest, StasisError
+from ..errors import InvalidRequest
 from ..models import SandboxInfo, SandboxSpec, build
 from ..netpolicy import NetworkPolicy
 from ..paths import Paths
 from ..sdk import Sandbox
-from ..sdk._base import EXIT_CODE_TIMEOUT, OutputEvent, resume_call
+from ..sdk._base import resume_call
 from ..sdk._host import disk_usage_call
+from . import quick
 from ._common import AllowOut, DenyOut, Json, Name, ago, app, client, err, in_, out, status
 
 SPEC = SandboxSpec.model_fields
@@ -94,21 +91,11 @@ def list_sandboxes(
     all_: Annotated[bool, typer.Option("--all", "-a", help="Include terminated sandboxes.")] = False,
 ) -> None:
     """List sandboxes."""
-    sandboxes = Sandbox.list(include_terminated=all_, client=client())
+    sandboxes = [s.model_dump(mode="json") for s in Sandbox.list(include_terminated=all_, client=client())]
     if as_json:
-        print(json.dumps([s.model_dump(mode="json") for s in sandboxes], indent=2))
+        print(json.dumps(sandboxes, indent=2))
         return
-    table = Table(box=None, header_style="bold")
-    names = [s.name or "-" for s in sandboxes]
-    for column in ("NAME", "ID", "STATUS", "BACKEND", "IMAGE", "CPUS", "MEMORY", "CREATED", "LAST ACTIVITY"):
-        whole = {"NAME": max(map(len, names), default=4), "ID": max((len(s.id) for s in sandboxes), default=2)}
-        table.add_column(column, no_wrap=True, min_width=whole.get(column))  # names and ids are never cut
-    for s, name in zip(sandboxes, names, strict=True):
-        table.add_row(
-            name, s.id, status(s), s.spec.backend, s.spec.image, f"{s.spec.cpus:g}", f"{s.spec.memory_mb} MiB",
-            ago(s.created_at), ago(s.last_activity),
-        )  # fmt: skip
-    out.print(table if sandboxes else "no sandboxes; create one with `stasis create NAME`")
+    sys.stdout.write(quick.sandbox_table(sandboxes))
 
 
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
@@ -131,7 +118,7 @@ def run(
 
     Options go before NAME (as with `docker exec`); after it, everything is the command. Ctrl-C (or SIGTERM)
     ends the command and its children in the sandbox, and exits 130 (143)."""
-    if command and command[0] in RUN_OPTIONS:
+    if command and command[0] in quick.RUN_OPTIONS:
         raise InvalidRequest(
             f"{command[0]} is an option of stasis run: options go before the sandbox's name, as with `docker exec` "
             f"(stasis run {command[0]} ... {name} -- CMD); after the name, everything is the command"
@@ -140,86 +127,21 @@ def run(
         command = command[1:]
     if not command:
         raise InvalidRequest("no command given; usage: stasis run NAME -- CMD [ARGS...]  or  stasis run NAME 'a | b'")
-    argv = ["/bin/sh", "-c", command[0]] if len(command) == 1 else command
+    argv = quick.command_argv(command)
     environment = {}
     for item in env or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise InvalidRequest(f"--env wants KEY=VALUE, got {item!r}")
         environment[key] = value
-    sbx = Sandbox.connect(name, client=client())
+    sbx = Sandbox.connect(name, client=client())  # starts the daemon if need be
     if detach:
         started = sbx.start_process(argv, env=environment, **({"working_dir": cwd} if cwd else {}))
         out.print(f"started {started.id} (pid {started.pid}); `stasis logs {name} {started.id} -f` follows it")
         return
-    stdin = None if no_stdin else piped_stdin()
-    exec_id = f"cli-{secrets.token_hex(6)}"
-    options: dict = {"env": environment, "working_dir": cwd, "timeout": timeout, "exec_id": exec_id}
-    if stdin is not None:
-        options["stdin"] = stdin
-    code = 0
-    with ending_remotely(sbx, exec_id):
-        for event in sbx.stream(argv, **{k: v for k, v in options.items() if v is not None}):
-            if event.kind == "exit":
-                code = _exit_code(event, timeout)
-            else:
-                target = sys.stdout if event.kind == "stdout" else sys.stderr
-                target.buffer.write(event.data)
-                target.flush()
-    raise typer.Exit(code)
-
-
-RUN_OPTIONS = {"--timeout", "--env", "-e", "--cwd", "--no-stdin", "-n", "--detach", "-d"}
-EXIT_CODE_TRUNCATED = 141  # as a shell reports a command whose output pipe broke (128 + SIGPIPE)
-
-
-def _exit_code(event: OutputEvent, timeout: float | None) -> int:
-    if event.limit:
-        err.print(f"[yellow]stasis: {event.limit}[/yellow]")
-    if event.timed_out:
-        err.print(f"[yellow]stasis: command timed out after {timeout:g}s and was killed[/yellow]")
-        return EXIT_CODE_TIMEOUT
-    lost = [name for name, cut in zip(("stdout", "stderr"), event.truncated, strict=True) if cut]
-    if lost:  # never silent: the output above is not all the command wrote
-        err.print(f"[red]stasis: this terminal read {' and '.join(lost)} too slowly: the oldest bytes were lost[/red]")
-        return EXIT_CODE_TRUNCATED
-    code = event.exit_code if event.exit_code is not None else 1
-    return code if code >= 0 else 128 - code
-
-
-def piped_stdin() -> bytes | None:
-    """What is piped or redirected into this command (a pipe or a file, never a terminal), read to its end."""
-    try:
-        mode = os.fstat(sys.stdin.fileno()).st_mode
-    except (OSError, ValueError):
-        return None
-    if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
-        return None
-    return sys.stdin.buffer.read()
-
-
-@contextlib.contextmanager
-def ending_remotely(sbx: Sandbox, exec_id: str) -> Iterator[None]:
-    """Ctrl-C or SIGTERM here ends the command's process tree in the sandbox, then exits 130 or 143."""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    except (KeyboardInterrupt, Terminated) as stop:
-        code = 143 if isinstance(stop, Terminated) else 130
-        with contextlib.suppress(StasisError):
-            sbx.send_signal(exec_id, "SIGKILL")
-        err.print(f"[yellow]stasis: interrupted; the command ({exec_id}) and its children were killed[/yellow]")
-        raise typer.Exit(code) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-class Terminated(Exception):
-    pass
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated
+    options = {"env": environment, "cwd": cwd, "timeout": timeout}
+    with contextlib.closing(quick.connection()) as conn:
+        raise typer.Exit(quick.run_command(sbx.id, argv, options, None if no_stdin else sys.stdin, conn))
 
 
 @app.command()
@@ -254,7 +176,7 @@ def ps(
         table.add_column(column, no_wrap=column != "COMMAND")
     for p in processes:
         exit_code = "" if p.exit_code is None else str(p.exit_code)
-        table.add_row(p.id, str(p.pid), p.name or "", p.status, exit_code, ago(p.started_at), " ".join(p.cmd)[:80])
+        table.add_row(p.id, str(p.pid), p.name or "", p.status, exit_code, ago(p.started_at), " ".join(p.cmd))
     out.print(table if processes else "no processes running" + ("" if show_all else " (--all shows finished ones)"))
 
 
