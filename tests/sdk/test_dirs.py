@@ -69,3 +69,38 @@ def test_a_tar_that_leaves_its_directory_is_refused_whole(sandbox: Sandbox) -> N
         == "0"
     )
     assert sandbox.run("test -e /root/escaped.txt || test -e /root/unpacked").exit_code == 1
+
+
+def test_replacing_a_directory_a_process_works_in_leaves_the_sandbox_suspendable(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """upload_dir(replace=True) keeps the directory itself: a process whose cwd it is stays on a live directory,
+    so the next suspend saves it (gVisor cannot save a process on a deleted one)."""
+    local = tree(tmp_path / "local")
+    sandbox.upload_dir(local, "/root/work")
+    worker = sandbox.start_process("cd /root/work/pkg && while :; do pwd > /tmp/where; sleep 0.2; done")
+    (local / "run.sh").write_text("#!/bin/sh\necho new\n")
+    (local / "pkg/data.bin").unlink()
+    (local / "added").mkdir()
+    sandbox.upload_dir(local, "/root/work", replace=True)
+    replaced = sandbox.run("cd /root/work && ./run.sh && ls pkg && test -d added -a ! -e pkg/data.bin")
+    assert replaced.stdout == "new\nempty\n"
+    sandbox.suspend()
+    sandbox.resume()
+    assert sandbox.info().status.value == "running"
+    assert sandbox.get_process(worker.id).status == "running"
+
+
+def test_a_process_on_a_deleted_directory_makes_suspend_an_error_and_leaves_the_sandbox_running(
+    sandbox: Sandbox,
+) -> None:
+    sandbox.start_process("mkdir /root/gone && cd /root/gone && rmdir /root/gone && exec sleep 600")
+    sandbox.run("sleep 0.5")
+    if sandbox.info().spec.backend == "microvm":  # a VM's memory holds the directory: it just suspends
+        sandbox.suspend()
+        sandbox.resume()
+    else:
+        with pytest.raises(StasisError, match=r"deleted \('.*gone'\).*still running"):
+            sandbox.suspend()
+    assert sandbox.info().status.value == "running"
+    assert sandbox.run("echo ok").stdout == "ok\n"

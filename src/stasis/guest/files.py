@@ -241,7 +241,8 @@ class Files:
 
     def extract(self, req: P.ExtractTar) -> P.PathResult:
         """Members are checked before anything is written: no absolute paths, no ``..``, no links that
-        leave the tree, no devices. Extracted beside ``path`` and renamed into place."""
+        leave the tree, no devices. Extracted beside ``path``, then renamed into place; an existing
+        directory is replaced in place (see ``merge_into``)."""
         import tarfile
 
         archive, path = absolute(req.archive), absolute(req.path)
@@ -258,14 +259,13 @@ class Files:
                         raise RequestError(P.ErrorKind.INVALID, why)
                 os.mkdir(staging, 0o755)
                 tar.extractall(staging, members=members)
-            old = None
-            if os.path.lexists(path):
-                old = f"{staging}.old"
-                os.rename(path, old)
-            os.rename(staging, path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                merge_into(staging, path)
+            else:
+                if os.path.lexists(path):
+                    os.unlink(path)
+                os.rename(staging, path)
             fsync_dir(parent)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
         except tarfile.TarError as exc:
             raise RequestError(P.ErrorKind.INVALID, f"not a tar archive: {exc}") from exc
         finally:
@@ -289,6 +289,38 @@ class Files:
         path = absolute(req.path)
         make_dirs(path, owner_ids(req.owner), exist_ok=bool(req.exist_ok))
         return P.PathResult(path=path)
+
+
+def merge_into(source: str, target: str) -> None:
+    """Make the directory ``target`` hold exactly what ``source`` holds, moving entries across.
+
+    A directory present in both is kept (its inode, and so any process whose cwd it is, or that holds it
+    open) and merged recursively; everything else is renamed over or removed. Replacing ``target`` whole
+    would leave such a process on a deleted directory, which gVisor cannot checkpoint: the sandbox could
+    no longer be suspended. ``source`` is left empty."""
+    wanted = set(os.listdir(source))
+    for name in os.listdir(target):
+        if name not in wanted:
+            remove_tree(os.path.join(target, name))
+    for name in wanted:
+        new, old = os.path.join(source, name), os.path.join(target, name)
+        new_is_dir = os.path.isdir(new) and not os.path.islink(new)
+        if new_is_dir and os.path.isdir(old) and not os.path.islink(old):
+            merge_into(new, old)
+            continue
+        if os.path.lexists(old) and (new_is_dir or (os.path.isdir(old) and not os.path.islink(old))):
+            remove_tree(old)  # a file and a directory swap kinds: rename cannot replace across them
+        os.rename(new, old)
+    info = os.stat(source)
+    os.chmod(target, stat.S_IMODE(info.st_mode))
+    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def remove_tree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def unsafe_member(member: object) -> str | None:

@@ -29,13 +29,14 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ... import faults, procs
-from ...errors import BackendError, Incompatible, StartupError
+from ...errors import BackendError, Incompatible, StartupError, StateError
 from ...fsutil import atomic_write, check_free_space, no_space
 from ...guest import agent_digest
 from ...guest import protocol as P
@@ -313,7 +314,12 @@ class GvisorBackend:
             if memory:
                 (dest / "memory").mkdir()
                 flags = self.checkpoint_flags
-                await runsc.call("checkpoint", "--leave-running", *flags, "--image-path", str(dest / "memory"), box.id)
+                try:
+                    await runsc.call(
+                        "checkpoint", "--leave-running", *flags, "--image-path", str(dest / "memory"), box.id
+                    )
+                except BackendError as exc:
+                    raise unsaveable(exc, box.id, "checkpoint") from exc
                 faults.point("gvisor.checkpoint.after_memory")
         finally:
             await runsc.call("resume", box.id)
@@ -342,6 +348,8 @@ class GvisorBackend:
             await runsc.call("resume", box.id)
             if (full := no_space(exc, box.directory)) is not exc:
                 raise full from exc
+            if isinstance(exc, BackendError):
+                raise unsaveable(exc, box.id, "suspend") from exc
             raise
         faults.point("gvisor.suspend.after_rename")
         await channel.close()
@@ -438,3 +446,18 @@ def remove_tree(path: Path) -> None:
 
     if path.exists():
         shutil.rmtree(path)
+
+
+DELETED_DENTRY = re.compile(r'dentry\("([^"]*)"\)\.beforeSave: deleted and invalidated dentries')
+
+
+def unsaveable(exc: BackendError, box_id: str, verb: str) -> BackendError | StateError:
+    """runsc's refusal to save a process that uses a deleted directory, said as what to do about it."""
+    found = DELETED_DENTRY.search(exc.message)
+    if found is None:
+        return exc
+    return StateError(
+        f"cannot {verb} sandbox {box_id}: a process in it uses a directory that was deleted ({found[1]!r}) as "
+        "its working directory, or holds it open, and gVisor cannot save that. The sandbox is still running: "
+        "end that process, or have it leave the directory, then try again"
+    )
