@@ -79,6 +79,10 @@ class Unsupported(InvalidRequest):
     pass
 
 
+class WorkdirNotFound(InvalidRequest):
+    """A command's working directory is not in the sandbox (frameworks answer it with an exit code)."""
+
+
 class NotFound(StasisError, LookupError):
     status_code = 404
 

@@ -131,6 +131,16 @@ SCRIPT = textwrap.dedent("""
             except FileNotFoundError as exc:
                 found["missing"] = type(exc).__name__
             found["failed"] = (await env.exec("exit 7")).return_code
+            big = await env.exec("head -c 3000000 /dev/zero | tr '\\\\0' a")
+            found["big"] = [len(big.stdout), sorted(set(big.stdout))]
+            nowhere = await env.exec("pwd", cwd="/no/such/dir")
+            found["nowhere"] = [nowhere.return_code, nowhere.stderr]
+            pieces = []
+            async def heard(text, stream):
+                pieces.append([stream, text])
+            with env.scoped_output_callback(heard):
+                streamed = await env.exec("echo one; echo two >&2; sleep 0.3; echo three")
+            found["streamed"] = [pieces, streamed.stdout]
         finally:
             sandbox_id = env.sandbox.id
             await env.stop(delete=True)
@@ -151,6 +161,11 @@ def test_the_environment_api_keeps_files_and_processes_across_a_suspend(images_d
     assert "turn one" in found["second"] and "still-running" in found["second"]
     assert {"seed.txt", "notes.txt", "sub/a.txt", "instruction.md"} <= set(found["downloaded"])
     assert found["file"] == "A" and found["failed"] == 7
+    assert found["big"] == [3_000_000, ["a"]]  # all of it, as Docker's environment returns it
+    assert found["nowhere"][0] == 126 and "/no/such/dir" in found["nowhere"][1]  # an exit code, not a raise
+    pieces, stdout = found["streamed"]
+    assert "".join(text for stream, text in pieces if stream == "stdout") == stdout == "one\nthree\n"
+    assert ["stderr", "two\n"] in pieces
     assert "docker-compose tasks are not supported" in found["compose"]
     assert found["timeout"] == "Command timed out after 1 seconds" and found["missing"] == "FileNotFound"
     assert Sandbox.connect(found["sandbox"], client=images_daemon.client()).info().status == "terminated"

@@ -21,6 +21,7 @@ from ..errors import (
     StasisError,
     StateError,
     Unsupported,
+    WorkdirNotFound,
 )
 from . import protocol as P
 from .channel import JsonLinesChannel
@@ -39,6 +40,7 @@ GUEST_ERRORS: dict[str, type[StasisError]] = {
     K.PROCESS_NOT_FOUND: ProcessNotFound,
     K.PROCESS_EXITED: StateError,
     K.INVALID: InvalidRequest,
+    K.NO_WORKDIR: WorkdirNotFound,
     K.COMMAND_NOT_FOUND: InvalidRequest,
     K.UNKNOWN_OPERATION: Unsupported,
     K.STALE: GuestError,

@@ -264,7 +264,7 @@ class ProcessTable:
                 full_env["HOME"] = identity[2]
             cwd = cwd or full_env.get("HOME", "/")
             if not os.path.isdir(cwd):
-                raise RequestError(P.ErrorKind.INVALID, f"working directory {cwd!r} does not exist in the sandbox")
+                raise RequestError(P.ErrorKind.NO_WORKDIR, f"working directory {cwd!r} does not exist in the sandbox")
             group = self.fence.new_group() if self.fence else None
             try:
                 popen = subprocess.Popen(

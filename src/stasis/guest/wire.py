@@ -33,6 +33,7 @@ class ErrorKind:
     PROCESS_NOT_FOUND = "ProcessNotFound"
     PROCESS_EXITED = "ProcessExited"
     INVALID = "ValueError"
+    NO_WORKDIR = "NoWorkdir"  # a command's working directory is not there
     COMMAND_NOT_FOUND = "CommandNotFound"
     UNKNOWN_OPERATION = "UnknownOperation"  # the agent is older than the host's request
     STALE = "StaleRequest"  # sent to an earlier boot of the agent; never executed

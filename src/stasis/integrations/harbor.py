@@ -11,6 +11,8 @@ with its memory and processes instead of removing it. Harbor needs Python 3.12 o
 from __future__ import annotations
 
 import asyncio
+import codecs
+import concurrent.futures
 import io
 import os
 import re
@@ -28,7 +30,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities  # noqa: E4
 from harbor.environments.definition import effective_exec_cwd, require_agent_environment_definition  # noqa: E402
 from harbor.models.task.config import NetworkMode, NetworkPolicy  # noqa: E402
 
-from ..errors import InvalidRequest, StasisError  # noqa: E402
+from ..errors import InvalidRequest, StasisError, WorkdirNotFound  # noqa: E402
 from ..guest.files import unsafe_member  # noqa: E402
 from ..netpolicy import NetworkPolicy as StasisPolicy  # noqa: E402
 from ..sdk import Client, Image, Sandbox  # noqa: E402
@@ -130,10 +132,21 @@ class StasisEnvironment(BaseEnvironment):
             options["timeout"] = timeout_sec
         if (who := self._resolve_user(user)) is not None:
             options["user"] = str(who)
-        result = await asyncio.to_thread(self._started().run, ["bash", "-c", command], **options)
+        output = Output(self._output_callback(), asyncio.get_running_loop())
+        try:  # all of the output: Docker's environment returns it whole, however large
+            result = await asyncio.to_thread(
+                self._started().run,
+                ["bash", "-c", command],
+                on_stdout=output.stdout,
+                on_stderr=output.stderr,
+                **options,
+            )
+        except WorkdirNotFound as exc:  # as `docker exec -w` answers a missing directory: an exit code, not a raise
+            return ExecResult(stdout="", stderr=f"{exc}\n", return_code=EXIT_CANNOT_EXECUTE)
+        await output.flushed()
         if result.timed_out:  # as Harbor's Docker environment says it
             raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
-        return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.exit_code)
+        return ExecResult(stdout=output.text("stdout"), stderr=output.text("stderr"), return_code=result.exit_code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         data = Path(source_path).read_bytes()
@@ -166,3 +179,37 @@ class StasisEnvironment(BaseEnvironment):
                 if (why := unsafe_member(member)) is not None:
                     raise InvalidRequest(why)
             tar.extractall(target, members=members, filter="data")
+
+
+EXIT_CANNOT_EXECUTE = 126  # what `docker exec` returns when the command cannot start there
+
+
+class Output:
+    """A command's output, all of it, and (when Harbor streams) each piece handed to its callback as it comes.
+
+    The SDK calls ``stdout``/``stderr`` from the thread that runs the command; the callback runs on the loop."""
+
+    def __init__(self, callback: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.parts: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in self.parts}
+        self.callback, self.loop = callback, loop
+        self.sent: list[concurrent.futures.Future[None]] = []
+
+    def stdout(self, data: bytes) -> None:
+        self._add("stdout", data)
+
+    def stderr(self, data: bytes) -> None:
+        self._add("stderr", data)
+
+    def _add(self, stream: str, data: bytes) -> None:
+        self.parts[stream].extend(data)
+        if self.callback is not None and (text := self.decoders[stream].decode(data)):
+            self.sent.append(asyncio.run_coroutine_threadsafe(self.callback(text, stream), self.loop))
+
+    async def flushed(self) -> None:
+        """Every piece delivered to the callback, in order, before the result is returned."""
+        for future in self.sent:
+            await asyncio.wrap_future(future)
+
+    def text(self, stream: str) -> str:
+        return self.parts[stream].decode(errors="replace")

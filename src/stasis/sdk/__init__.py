@@ -26,6 +26,7 @@ from ..errors import (
     StateError,
     StoreUnreachable,
     Unsupported,
+    WorkdirNotFound,
 )
 from ..models import (
     CheckpointInfo,
@@ -98,4 +99,5 @@ __all__ = [
     "TemplateNotReady",
     "TransferResult",
     "Unsupported",
+    "WorkdirNotFound",
 ]
