@@ -73,6 +73,11 @@ def test_output_is_one_stream_and_bad_input_is_an_observation_not_a_hang(daemon:
         assert slow["returncode"] == -1 and "timed out after 2s" in slow["exception_info"]
         assert "started" in slow["output"]
         assert env.execute({"command": "pwd"}, cwd="/tmp")["output"] == "/tmp\n"
+        nowhere = env.execute({"command": "pwd"}, cwd="/no/such/dir")  # as the local and Docker environments
+        assert nowhere["returncode"] == -1 and "/no/such/dir" in nowhere["exception_info"]
+        assert nowhere["extra"]["exception_type"] == "WorkdirNotFound"
+        big = env.execute({"command": "head -c 3000000 /dev/zero | tr '\\0' a"})
+        assert len(big["output"]) == 3_000_000 and big["exception_info"] == ""
         assert env.get_template_vars()["sandbox_id"] == env.sandbox.id
         assert env.serialize()["info"]["config"]["environment"]["sandbox"] == env.sandbox.id
     finally:
@@ -113,3 +118,41 @@ def test_the_mini_cli_runs_in_a_named_sandbox(daemon: Daemon, tmp_path: Path, mo
         assert sandbox.info().status == "running"
     finally:
         sandbox.terminate()
+
+
+def mini(daemon: Daemon, config: Path, task: str, trajectory: Path) -> subprocess.CompletedProcess[str]:
+    """The `mini` CLI as its docs run it: a YAML config that names the environment class."""
+    command = shutil.which("mini", path=str(Path(sys.executable).parent))
+    assert command is not None, "mini-swe-agent's CLI is installed by `make setup`"
+    return subprocess.run(
+        [command, "-c", "mini.yaml", "-c", str(config), "-y", "--exit-immediately", "-t", task, "-o", str(trajectory)],
+        env={**daemon.env, "MSWEA_CONFIGURED": "1", "MSWEA_SILENT_STARTUP": "1", "FORWARDED": "from-the-host"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_mini_keeps_a_named_sandbox_suspended_between_runs_with_its_processes(daemon: Daemon, tmp_path: Path) -> None:
+    def config(name: str, *commands: str) -> Path:
+        model = {"model_class": "deterministic", "model_name": "deterministic",
+                 "outputs": scripted(*commands).config.outputs}  # fmt: skip
+        environment = {"environment_class": "stasis.integrations.minisweagent.StasisEnvironment", "name": "mini-kept",
+                       "forward_env": ["FORWARDED"]}  # fmt: skip
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({"model": model, "environment": environment}))
+        return path
+
+    first = config("first", "nohup sleep 600 >/dev/null 2>&1 & echo $! > /root/bg.pid; echo $FORWARDED", SUBMIT)
+    second = config("second", "kill -0 $(cat /root/bg.pid) && echo still-running > /root/seen", SUBMIT)
+    try:
+        result = mini(daemon, first, "start it", tmp_path / "one.json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        steps = json.loads((tmp_path / "one.json").read_text())["messages"]
+        assert any("from-the-host" in str(m.get("content")) for m in steps)  # forward_env
+        sandbox = Sandbox.connect("mini-kept", client=daemon.client())
+        assert sandbox.info().status == "suspended"  # mini exited: kept, with its memory
+        result = mini(daemon, second, "check it", tmp_path / "two.json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert [s.id for s in Sandbox.list(client=daemon.client())] == [sandbox.id]
+        assert sandbox.read_file("/root/seen") == b"still-running\n"
+    finally:
+        Sandbox.connect("mini-kept", client=daemon.client()).terminate()
