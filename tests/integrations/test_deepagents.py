@@ -73,8 +73,10 @@ def test_files_move_in_bulk_and_bad_input_is_said_not_hung(daemon: Daemon) -> No
 
         both = backend.execute("echo out; echo err >&2; exit 3")
         assert (both.output, both.exit_code) == ("out\nerr\n", 3)
-        slow = backend.execute("sleep 30")
-        assert slow.exit_code != 0 and "timed out after 2s" in slow.output
+        slow = backend.execute("echo started; sleep 30")
+        assert slow.exit_code == 124 and "timed out after 2 seconds" in slow.output and "started" in slow.output
+        with pytest.raises(ValueError, match="must be positive"):  # as the local shell backend: 0 is no "no limit"
+            backend.execute("sleep 30", timeout=0)
         assert backend.execute("sleep 1; echo patient", timeout=10).output == "patient\n"
         listed = backend.ls("/root/data")
         assert [e["path"] for e in listed.entries or []] == ["/root/data/blob.bin"], listed
@@ -83,3 +85,19 @@ def test_files_move_in_bulk_and_bad_input_is_said_not_hung(daemon: Daemon) -> No
         backend.sandbox.terminate()
     with pytest.raises(SandboxNotFound):
         StasisSandbox.connect("no-such-sandbox", client=daemon.client())
+
+
+def test_the_agents_execute_tool_keeps_its_limits_and_never_raises(daemon: Daemon) -> None:
+    """Through create_deep_agent's own tool: timeout=0 is refused as the local backend refuses it (it once meant no
+    limit, past the middleware's max_execute_timeout), and a sandbox that is gone is an answer, not a crash."""
+    backend = StasisSandbox.create(client=daemon.client(), timeout=5)
+    agent = create_deep_agent(scripted(
+        ("execute", {"command": "sleep 30; echo never", "timeout": 0}),
+        ("execute", {"command": "echo fine"}),
+    ), backend=backend)  # fmt: skip
+    results = tool_results(agent.invoke({"messages": [{"role": "user", "content": "run it"}]}))
+    assert "must be positive" in results[0] and "never" not in results[0], results
+    assert "fine" in results[1]
+    backend.sandbox.terminate()
+    gone = backend.execute("echo hello")
+    assert gone.exit_code == 1 and gone.output.startswith("Error executing command"), gone

@@ -37,6 +37,7 @@ class StasisSandbox(BaseSandbox):
     """Deep Agents' ``BaseSandbox`` over one stasis sandbox (``.sandbox``)."""
 
     def __init__(self, sandbox: Sandbox, *, timeout: int = 120, max_output: int = 1 << 20) -> None:
+        _positive(timeout)
         self.sandbox = sandbox
         self.default_timeout = timeout
         self.max_output = max_output
@@ -57,15 +58,22 @@ class StasisSandbox(BaseSandbox):
         return self.sandbox.id
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
-        limit = self.default_timeout if timeout is None else timeout
-        options: dict[str, Any] = {"max_output": self.max_output}
-        if limit:  # 0: no timeout
-            options["timeout"] = limit
-        # stderr joins stdout in the order written: Deep Agents shows the model one stream
-        result = self.sandbox.run(["bash", "-c", f"exec 2>&1\n{command}"], **options)
-        output = result.stdout
+        """As Deep Agents' local shell backend: a timeout must be positive (the middleware turns the ValueError
+        into a message for the model), a timed-out command exits 124, and a failure to run is an answer with
+        exit code 1, never an exception out of the tool."""
+        limit = _positive(self.default_timeout if timeout is None else timeout)
+        try:  # stderr joins stdout in the order written: Deep Agents shows the model one stream
+            result = self.sandbox.run(
+                ["bash", "-c", f"exec 2>&1\n{command}"], timeout=limit, max_output=self.max_output
+            )
+        except StasisError as exc:
+            return ExecuteResponse(output=f"Error executing command ({type(exc).__name__}): {exc}", exit_code=1)
         if result.timed_out:
-            output += f"\n[the command timed out after {limit}s and was killed with its children]"
+            why = f"Error: Command timed out after {limit} seconds and was killed with its children."
+            return ExecuteResponse(output=f"{result.stdout}\n{why}".lstrip("\n"), exit_code=EXIT_TIMED_OUT)
+        output = result.stdout
+        if result.stdout_truncated:  # never silent: the model is told what it does not see
+            output = f"[... the first part of the output was cut; the last {self.max_output} bytes follow]\n{output}"
         return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=result.stdout_truncated)
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
@@ -99,3 +107,12 @@ def _file_error(exc: StasisError) -> str:
     if isinstance(exc, FileError) and (kind := FILE_ERRORS.get(str(exc.details.get("guest_error")))):
         return kind
     return f"{type(exc).__name__}: {exc}"
+
+
+EXIT_TIMED_OUT = 124  # as the local shell backend (and `timeout(1)`)
+
+
+def _positive(timeout: int) -> int:
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return timeout
