@@ -8,7 +8,8 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import httpx2
 import pytest
@@ -23,11 +24,11 @@ TOOLS = {"create", "list", "run", "read_file", "write_file", "list_directory", "
 Session = Callable[[], AbstractAsyncContextManager[ClientSession]]
 
 
-def over_stdio(daemon: Daemon) -> Session:
+def over_stdio(daemon: Daemon, errlog: TextIO = sys.stderr) -> Session:
     @asynccontextmanager
     async def session() -> AsyncIterator[ClientSession]:
         server = StdioServerParameters(command=sys.executable, args=["-m", "stasis", "mcp"], env=daemon.env)
-        async with stdio_client(server) as (read, write), ClientSession(read, write) as client:
+        async with stdio_client(server, errlog=errlog) as (read, write), ClientSession(read, write) as client:
             await client.initialize()
             yield client
 
@@ -70,7 +71,8 @@ async def every_tool(session: Session, name: str) -> None:
         assert {t.name for t in (await client.list_tools()).tools} == TOOLS
         created = await call(client, "create", name=name)
         assert created["status"] == "running" and created["name"] == name
-        await call(client, "write_file", sandbox=name, path="/root/work/notes.txt", content="turn one\n")
+        written = await call(client, "write_file", sandbox=name, path="/root/work/notes.txt", content="turn one\n")
+        assert (written["name"], written["path"]) == ("notes.txt", "/root/work/notes.txt")  # as list_directory
         started = await call(client, "run", sandbox=name,
                              command="nohup sleep 600 >/dev/null 2>&1 & echo $! > /root/work/bg.pid")  # fmt: skip
         assert started["exit_code"] == 0
@@ -102,8 +104,12 @@ async def every_tool(session: Session, name: str) -> None:
         assert (await call(client, "terminate", sandbox=name))["status"] == "terminated"
 
 
-def test_every_tool_over_stdio(daemon: Daemon) -> None:
-    asyncio.run(every_tool(over_stdio(daemon), "mcp-stdio"))
+def test_every_tool_over_stdio(daemon: Daemon, tmp_path: Path) -> None:
+    with (tmp_path / "stderr").open("w+") as errlog:
+        asyncio.run(every_tool(over_stdio(daemon, errlog), "mcp-stdio"))
+        errlog.seek(0)
+        said = errlog.read()
+    assert "HTTP Request" not in said and "Processing request" not in said, said  # quiet on the client's stderr
     Sandbox.delete_checkpoint("mcp-stdio-cp", client=daemon.client())  # it outlives its sandbox
 
 

@@ -24,7 +24,7 @@ from starlette.applications import Starlette  # noqa: E402
 
 from .. import __version__  # noqa: E402
 from ..errors import StasisError  # noqa: E402
-from ..models import CheckpointInfo, SandboxInfo  # noqa: E402
+from ..models import CheckpointInfo, FileEntry, SandboxInfo  # noqa: E402
 from ..sdk import AsyncClient, AsyncSandbox  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -66,9 +66,14 @@ class FileContent(BaseModel):
 
 
 class DirectoryEntry(BaseModel):
-    name: str
+    name: str  # the base name, as a directory lists it
+    path: str
     type: str
     size: int
+
+    @classmethod
+    def of(cls, entry: FileEntry) -> DirectoryEntry:
+        return cls(name=entry.name, path=entry.path, type=entry.type, size=entry.size)
 
 
 class CheckpointSummary(BaseModel):
@@ -93,7 +98,8 @@ async def _call(action: Callable[[], Awaitable[T]]) -> T:
 
 def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCPServer:
     """The server; each tool call opens a client from ``client_factory`` (an AsyncClient to the daemon)."""
-    server = MCPServer("stasis", version=__version__, instructions=INSTRUCTIONS)
+    # WARNING: a line on the client's stderr for every request is noise there (the daemon's log has them)
+    server = MCPServer("stasis", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
     calls = _Calls(client_factory)
     _sandbox_tools(server, calls)
     _file_tools(server, calls)
@@ -193,7 +199,7 @@ def _file_tools(server: MCPServer, calls: _Calls) -> None:
         async def go(sbx: AsyncSandbox) -> DirectoryEntry:
             data = base64.b64decode(content, validate=True) if encoding == "base64" else content.encode()
             entry = await sbx.write_file(path, data)
-            return DirectoryEntry(name=entry.path, type=entry.type, size=entry.size)
+            return DirectoryEntry.of(entry)
 
         return await calls.on(sandbox, go)
 
@@ -202,7 +208,7 @@ def _file_tools(server: MCPServer, calls: _Calls) -> None:
         """The entries of a directory."""
 
         async def go(sbx: AsyncSandbox) -> list[DirectoryEntry]:
-            return [DirectoryEntry(name=e.name, type=e.type, size=e.size) for e in await sbx.list_directory(path)]
+            return [DirectoryEntry.of(e) for e in await sbx.list_directory(path)]
 
         return await calls.on(sandbox, go)
 
