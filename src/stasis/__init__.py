@@ -16,6 +16,7 @@ pydantic and httpx at start-up.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if (name.startswith("__") and name != "__all__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        # a submodule (`from stasis import faults` asks here first): the import system loads it, not the SDK
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     sdk = importlib.import_module(".sdk", __name__)
     if name == "__all__":
         return ["__version__", *sdk.__all__]

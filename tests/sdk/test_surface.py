@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -20,6 +22,19 @@ def test_exported_members() -> None:
     } <= set(stasis.__all__)  # fmt: skip
     for name in stasis.__all__:
         assert hasattr(stasis, name), name
+
+
+def test_the_sdk_loads_on_first_use_and_submodules_load_without_it() -> None:
+    """`import stasis` is cheap (the CLI's quick path and the guest's tools rely on it); `from stasis import
+    faults` (a submodule) loads that module alone; a name of the SDK loads the SDK."""
+    probe = (
+        "import sys, stasis; assert 'stasis.sdk' not in sys.modules; "
+        "from stasis import faults, paths; assert 'stasis.sdk' not in sys.modules; "
+        "from stasis.images.recipe import RECIPES; "
+        "from stasis import Sandbox; assert Sandbox.__module__ == 'stasis.sdk._sync'"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:

@@ -32,25 +32,37 @@ class Recipe(BaseModel):
         return f"{self.name}-{self.digest[:12]}"
 
 
+DEFAULT_PACKAGES = (
+    "python3",
+    "python3-venv",
+    "python3-pip",
+    "git",
+    "tmux",
+    "procps",
+    "curl",
+    "ca-certificates",
+    "build-essential",
+    "openssh-server",  # `stasis ssh`: run per connection as `sshd -i`, never as a daemon
+    "rsync",
+)
+
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
+        Recipe(name="default", packages=DEFAULT_PACKAGES),
+        Recipe(name="minimal", packages=("python3", "procps")),
         Recipe(
-            name="default",
+            name="code-interpreter",  # `Sandbox.run_code`: Jupyter kernels and the usual analysis stack, from Debian
             packages=(
-                "python3",
-                "python3-venv",
-                "python3-pip",
-                "git",
-                "tmux",
-                "procps",
-                "curl",
-                "ca-certificates",
-                "build-essential",
-                "openssh-server",  # `stasis ssh`: run per connection as `sshd -i`, never as a daemon
-                "rsync",
+                *DEFAULT_PACKAGES,
+                "python3-ipykernel",
+                "python3-jupyter-client",
+                "python3-matplotlib",
+                "python3-matplotlib-inline",
+                "python3-numpy",
+                "python3-pandas",
+                "fonts-dejavu-core",
             ),
         ),
-        Recipe(name="minimal", packages=("python3", "procps")),
     )
 }
