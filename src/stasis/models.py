@@ -428,3 +428,22 @@ class E2bServeRequest(_Strict):
     @classmethod
     def _known_backend(cls, backend: str) -> str:
         return validate_backend(backend)
+
+
+class CodeRequest(_Strict):
+    """One execution in a Jupyter kernel of the sandbox (``run_code``)."""
+
+    code: str = Field(max_length=16 << 20)
+    language: str | None = Field(None, max_length=32, description="python (the default) or bash; not with context_id")
+    context_id: str | None = Field(None, max_length=64)
+    env_vars: dict[str, str] | None = None
+    timeout: float | None = Field(None, gt=0, description="seconds; then the kernel is interrupted (it stays usable)")
+
+    _valid_env = field_validator("env_vars")(classmethod(lambda cls, v: v if v is None else validate_env(v)))
+
+
+class CodeContextRequest(_Strict):
+    language: str | None = Field(None, max_length=32)
+    cwd: str | None = None
+
+    _valid_cwd = field_validator("cwd")(classmethod(lambda cls, v: validate_path(v)))

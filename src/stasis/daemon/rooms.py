@@ -1,6 +1,7 @@
 """The daemon's rooms, wired together in one place: the lifecycle core, and what stands on it.
 
     faces       routes/ (HTTP), console/, mcp_http, e2b/    translate a protocol onto the rooms below
+    code        CodeRoom: run_code, relayed to the kernel server in the sandbox (E2B's SDKs reach it directly)
     front       Front: create and resume get their source   pools, templates, the remote store
     features    Checkpoints, forks, PoolManager, Ports, RemoteService, GuestOperations, ssh, idle reaper
     core        SandboxService: locks, store transitions, channels, backends, one teardown
@@ -20,6 +21,7 @@ from starlette.requests import HTTPConnection
 from ..paths import Paths
 from ..remote.config import RemoteConfig
 from .checkpointing import Checkpoints
+from .code import CodeRoom
 from .console.sessions import Sessions
 from .e2b.keys import E2bKeys
 from .e2b.listener import E2bListeners
@@ -48,6 +50,7 @@ class Rooms:
     reaper: IdleReaper
     e2b: E2bRoom
     e2b_listeners: E2bListeners
+    code: CodeRoom
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
 
@@ -64,7 +67,7 @@ class Rooms:
         rooms = cls(
             paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
             ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints),
-            e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), token=token,
+            e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops), token=token,
         )  # fmt: skip
         if token:
             rooms.logins.tokens.add(token)

@@ -46,6 +46,7 @@ from ._async import AsyncSandbox
 from ._base import CommandResult, OutputEvent
 from ._client import AsyncClient, Client
 from ._sync import Sandbox
+from .code import CodeContext, Execution, ExecutionError, Result
 from .image import Image
 from .pool import Pool, PoolNotReady
 from .template import Template, TemplateNotReady
@@ -60,10 +61,13 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointType",
     "Client",
+    "CodeContext",
     "CommandResult",
     "Conflict",
     "DaemonRunning",
     "DaemonUnavailable",
+    "Execution",
+    "ExecutionError",
     "ExposedPort",
     "FileEntry",
     "FileError",
@@ -86,6 +90,7 @@ __all__ = [
     "ProcessInfo",
     "ProcessNotFound",
     "ProcessOutput",
+    "Result",
     "Sandbox",
     "SandboxInfo",
     "SandboxNotFound",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import inspect
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,9 +25,10 @@ from . import _base as b
 from . import _host as h
 from ._client import AsyncClient
 from ._dirs import pack, unpack
+from .code import CodeContext, CodeRecipes, Execution, ExecutionBuilder, OnResult, OnText
 
 
-class AsyncSandbox(b.SandboxBase):
+class AsyncSandbox(b.SandboxBase, CodeRecipes):
     """A sandbox, driven from asyncio. Same methods as :class:`Sandbox`, awaited."""
 
     _client: AsyncClient
@@ -143,6 +145,32 @@ class AsyncSandbox(b.SandboxBase):
         async for line in self._client.stream_lines(self._stream_call(request)):
             if (event := b.stream_event(line)) is not None:
                 yield event
+
+    # ---------------------------------------------------- code: Jupyter kernels (the code-interpreter image)
+
+    async def run_code(
+        self, code: str, language: str | None = None, context: CodeContext | str | None = None, *,
+        on_stdout: OnText | None = None, on_stderr: OnText | None = None, on_result: OnResult | None = None,
+        envs: dict[str, str] | None = None, timeout: float | None = None,
+    ) -> Execution:  # fmt: skip
+        """As ``Sandbox.run_code``; the callbacks may be coroutine functions."""
+        builder = ExecutionBuilder(on_stdout, on_stderr, on_result)
+        async for line in self._client.stream_lines(self._code_execute_call(code, language, context, envs, timeout)):
+            if inspect.isawaitable(answer := builder.feed(line)):
+                await answer
+        return builder.execution
+
+    async def create_code_context(self, cwd: str | None = None, language: str | None = None) -> CodeContext:
+        return await self._client.call(self._code_context_call(cwd, language))
+
+    async def list_code_contexts(self) -> list[CodeContext]:
+        return await self._client.call(self._code_contexts_call())
+
+    async def restart_code_context(self, context: CodeContext | str) -> None:
+        await self._client.call(self._code_context_action_call(context, "restart"))
+
+    async def remove_code_context(self, context: CodeContext | str) -> None:
+        await self._client.call(self._code_context_action_call(context, "remove"))
 
     async def follow_output(
         self, process_id: str, stream: str = "stdout", offset: int = 0, wait: float = 5.0

@@ -24,9 +24,10 @@ from . import _base as b
 from . import _host as h
 from ._client import Client
 from ._dirs import pack, unpack
+from .code import CodeContext, CodeRecipes, Execution, ExecutionBuilder, OnResult, OnText
 
 
-class Sandbox(b.SandboxBase):
+class Sandbox(b.SandboxBase, CodeRecipes):
     """A sandbox, driven synchronously."""
 
     _client: Client
@@ -140,6 +141,35 @@ class Sandbox(b.SandboxBase):
         for line in self._client.stream_lines(self._stream_call(request)):
             if (event := b.stream_event(line)) is not None:
                 yield event
+
+    # ---------------------------------------------------- code: Jupyter kernels (the code-interpreter image)
+
+    def run_code(
+        self, code: str, language: str | None = None, context: CodeContext | str | None = None, *,
+        on_stdout: OnText | None = None, on_stderr: OnText | None = None, on_result: OnResult | None = None,
+        envs: dict[str, str] | None = None, timeout: float | None = None,
+    ) -> Execution:  # fmt: skip
+        """Run ``code`` in a Jupyter kernel of the sandbox: its output, rich results (a plot as PNG, a DataFrame
+        as HTML) and error (returned, never raised). The kernel keeps its variables for the next call, across
+        suspends, restarts and forks. ``timeout``: seconds, then the kernel is interrupted (it stays usable)."""
+        builder = ExecutionBuilder(on_stdout, on_stderr, on_result)
+        for line in self._client.stream_lines(self._code_execute_call(code, language, context, envs, timeout)):
+            builder.feed(line)
+        return builder.execution
+
+    def create_code_context(self, cwd: str | None = None, language: str | None = None) -> CodeContext:
+        """A kernel of its own (``language``: python, the default, or bash), started in ``cwd``."""
+        return self._client.call(self._code_context_call(cwd, language))
+
+    def list_code_contexts(self) -> list[CodeContext]:
+        return self._client.call(self._code_contexts_call())
+
+    def restart_code_context(self, context: CodeContext | str) -> None:
+        """A fresh kernel in its place: its variables are gone."""
+        self._client.call(self._code_context_action_call(context, "restart"))
+
+    def remove_code_context(self, context: CodeContext | str) -> None:
+        self._client.call(self._code_context_action_call(context, "remove"))
 
     def follow_output(
         self, process_id: str, stream: str = "stdout", offset: int = 0, wait: float = 5.0

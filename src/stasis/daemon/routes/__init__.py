@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from . import checkpoints, commands, e2b, files, images, pools, ports, remote, sandboxes, system, terminals
+from . import checkpoints, code, commands, e2b, files, images, pools, ports, remote, sandboxes, system, terminals
 
 ROUTERS = [
-    m.router for m in (system, images, sandboxes, pools, checkpoints, remote, commands, terminals, ports, files, e2b)
+    m.router
+    for m in (system, images, sandboxes, pools, checkpoints, remote, commands, code, terminals, ports, files, e2b)
 ]

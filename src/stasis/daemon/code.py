@@ -1,0 +1,144 @@
+"""The code interpreter's room: ``run_code`` and its contexts, carried to the kernel server in the sandbox.
+
+The server (:mod:`stasis.kernels.server`) speaks E2B's code-interpreter API on port 49999; E2B's SDKs reach it
+through the E2B face's port proxy, stasis' SDK through the routes over this room. This room finds the server, or
+starts it (a background process of the sandbox, so it is suspended, checkpointed and forked with it), then
+relays one request over the connection exposed ports use (which resumes a suspended sandbox first). While an
+execution streams, the sandbox counts as in use: idle suspend waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import h11
+
+from ..errors import InvalidRequest, NotFound, StasisError, Unsupported
+from ..kernels import IMAGE, PORT, SERVER_NAME, bootstrap
+from ..models import StartProcessRequest
+from .operations import GuestOperations
+from .ports import Ports
+from .service import SandboxService
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 120.0  # seconds for the server to answer after it was started (a loaded TCG guest is slow)
+READ_SIZE = 1 << 16
+
+
+class CodeRoom:
+    def __init__(self, core: SandboxService, ports: Ports, ops: GuestOperations) -> None:
+        self.core, self.ports, self.ops = core, ports, ops
+        self._starting: dict[str, asyncio.Lock] = {}
+
+    async def call(self, ref: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """A request whose answer is one JSON document."""
+        chunks = [chunk async for chunk in self.stream(ref, method, path, body)]
+        return json.loads(b"".join(chunks) or b"null")
+
+    async def stream(
+        self, ref: str, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> AsyncIterator[bytes]:
+        """The answer's body as it comes; an error answer raises before the first chunk."""
+        info = self.core.lookup(ref)
+        with self.core.activity.busy(info.id):
+            reader, writer = await self._connect(info.id)
+            try:
+                connection = h11.Connection(h11.CLIENT)
+                data = json.dumps(body).encode() if body is not None else b""
+                headers = [("host", "stasis"), ("content-type", "application/json"), ("content-length", str(len(data)))]
+                writer.write(connection.send(h11.Request(method=method, target=path, headers=headers)))
+                writer.write(connection.send(h11.Data(data=data)) + connection.send(h11.EndOfMessage()))
+                await writer.drain()
+                status, events = await _response(connection, reader)
+                if status >= 400:
+                    text = b"".join([chunk async for chunk in events])
+                    raise _error(status, text)
+                async for chunk in events:
+                    yield chunk
+            finally:
+                writer.close()
+                with contextlib.suppress(ConnectionError):
+                    await writer.wait_closed()
+
+    async def _connect(self, sandbox_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await self.ports.open(sandbox_id, PORT)
+        except ConnectionRefusedError:
+            pass
+        lock = self._starting.setdefault(sandbox_id, asyncio.Lock())
+        async with lock:  # concurrent first calls start one server
+            process_id = await self._start(sandbox_id)
+            deadline = time.monotonic() + START_TIMEOUT
+            while True:
+                try:
+                    return await self.ports.open(sandbox_id, PORT)
+                except ConnectionRefusedError:
+                    await self._check_started(sandbox_id, process_id)
+                    if time.monotonic() > deadline:
+                        raise Unsupported(
+                            f"the code interpreter in sandbox {sandbox_id} did not answer within {START_TIMEOUT:g}s; "
+                            f"`stasis logs {sandbox_id} {process_id}` shows what it said"
+                        ) from None
+
+    async def _start(self, sandbox_id: str) -> str:
+        """The running server's process id, started now unless one runs."""
+        for process in await self.ops.list_processes(sandbox_id):
+            if (process.name or "").startswith(SERVER_NAME) and process.status == "running":
+                return process.id
+        name = f"{SERVER_NAME}-{secrets.token_hex(3)}"
+        started = await self.ops.start_process(sandbox_id, StartProcessRequest(cmd=bootstrap(), name=name))
+        log.info("started the code interpreter in %s (%s)", sandbox_id, started.id)
+        return started.id
+
+    async def _check_started(self, sandbox_id: str, process_id: str) -> None:
+        process = await self.ops.get_process(sandbox_id, process_id)
+        if process.status == "running":
+            return
+        output = await self.ops.process_output(sandbox_id, process_id, "stderr", 0, 1 << 16, 0)
+        said = base64.b64decode(output.data_b64).decode(errors="replace").strip().splitlines()
+        raise Unsupported(
+            f"run_code needs Jupyter in the sandbox; the `{IMAGE}` image has it "
+            f"(Sandbox.create(image={IMAGE!r})). Its kernel server exited: {said[-1] if said else process.exit_code}"
+        )
+
+
+async def _response(connection: h11.Connection, reader: asyncio.StreamReader) -> tuple[int, AsyncIterator[bytes]]:
+    """The status, and the body as it arrives (the server ends it by closing)."""
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            connection.receive_data(await reader.read(READ_SIZE))
+            continue
+        if isinstance(event, h11.Response):
+            break
+        if isinstance(event, h11.ConnectionClosed):
+            raise StasisError("the code interpreter closed the connection without an answer")
+
+    async def body() -> AsyncIterator[bytes]:
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                connection.receive_data(await reader.read(READ_SIZE))
+            elif isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return
+
+    return event.status_code, body()
+
+
+def _error(status: int, text: bytes) -> StasisError:
+    try:
+        message = str(json.loads(text)["message"])
+    except (ValueError, KeyError, TypeError):
+        message = text.decode(errors="replace") or f"the code interpreter answered HTTP {status}"
+    return NotFound(message) if status == 404 else InvalidRequest(message)
