@@ -108,6 +108,8 @@ fi
 
 say "default image"
 .venv/bin/python -m stasis.images default  # in place: no daemon runs yet (later, `stasis image build` asks it)
+say "code-interpreter image (Debian's Jupyter, numpy, pandas, matplotlib)"
+.venv/bin/python -m stasis.images code-interpreter
 
 say "backends on this host"
 .venv/bin/stasis doctor

@@ -29,12 +29,12 @@ DOMAIN = "e2b.test"  # routed by the Host header alone: the test never resolves 
 
 
 class Listener:
-    def __init__(self, daemon: Daemon, backend: str) -> None:
+    def __init__(self, daemon: Daemon, backend: str, memory_mb: int = 256) -> None:
         self.backend = backend
         self.env = daemon.env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stasis", "e2b", "serve", "--listen", "127.0.0.1:0", "--backend", backend,
-             "--memory-mb", "256", "--domain", DOMAIN],
+             "--memory-mb", str(memory_mb), "--domain", DOMAIN],
             env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         assert self.proc.stdout is not None

@@ -19,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from stasis import Sandbox
 from tests.conftest import Daemon
 
-TOOLS = {"create", "list", "run", "read_file", "write_file", "list_directory", "suspend", "resume",
+TOOLS = {"create", "list", "run", "run_code", "read_file", "write_file", "list_directory", "suspend", "resume",
          "checkpoint", "fork", "terminate"}  # fmt: skip
 Session = Callable[[], AbstractAsyncContextManager[ClientSession]]
 

@@ -25,6 +25,7 @@ OVERVIEW: dict[str, dict[str, str]] = {
         "kill": "Signal a background process and its children",
         "shell": "A tmux session in the sandbox (Ctrl-\\ detaches)",
         "cp": "Copy files or directories in or out, like `docker cp`",
+        "code": "Run code in a Jupyter kernel that keeps its variables",
     },
     "Checkpoints and moves": {
         "checkpoint": "Checkpoint a sandbox; it keeps running",

@@ -69,6 +69,13 @@ class CodeRoom:
                 with contextlib.suppress(ConnectionError):
                     await writer.wait_closed()
 
+    async def ensure(self, sandbox_id: str) -> None:
+        """The server answering in the sandbox, started if it was not."""
+        _, writer = await self._connect(sandbox_id)
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
     async def _connect(self, sandbox_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             return await self.ports.open(sandbox_id, PORT)

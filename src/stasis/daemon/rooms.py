@@ -69,6 +69,7 @@ class Rooms:
             ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints),
             e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops), token=token,
         )  # fmt: skip
+        e2b.code_interpreter = rooms.code.ensure
         if token:
             rooms.logins.tokens.add(token)
         return rooms

@@ -58,6 +58,16 @@ class RunOutput(BaseModel):
     duration: float
 
 
+class CodeOutcome(BaseModel):
+    """An execution in a Jupyter kernel: the kernel keeps its variables for the next run_code."""
+
+    stdout: str
+    stderr: str
+    text: str | None = Field(description="the last expression's value")
+    results: list[dict[str, Any]] = Field(description="rich results: text, html, markdown, png/jpeg (base64), svg")
+    error: dict[str, str] | None = Field(description="the exception (name, value, traceback), if the code raised")
+
+
 class FileContent(BaseModel):
     path: str
     content: str
@@ -165,6 +175,23 @@ def _sandbox_tools(server: MCPServer, calls: _Calls) -> None:
             return RunOutput(exit_code=result.exit_code, stdout=result.stdout, stderr=result.stderr,
                              truncated=result.stdout_truncated or result.stderr_truncated,
                              timed_out=result.timed_out, duration=result.duration)  # fmt: skip
+
+        return await calls.on(sandbox, go)
+
+    @server.tool()
+    async def run_code(sandbox: SandboxRef, code: str, language: str = "python",
+                       timeout: float | None = None) -> CodeOutcome:  # fmt: skip
+        """Run code in a Jupyter kernel of the sandbox (a sandbox made from the code-interpreter image): variables
+        and loaded data stay for the next call, across suspends. A plot comes back as a PNG result."""
+
+        async def go(sbx: AsyncSandbox) -> CodeOutcome:
+            done = await sbx.run_code(code, language, timeout=timeout)
+            results = [
+                {k: getattr(r, k) for k in (*r.formats(), "is_main_result") if hasattr(r, k)} for r in done.results
+            ]
+            error = None if done.error is None else vars(done.error)
+            return CodeOutcome(stdout="".join(done.logs.stdout), stderr="".join(done.logs.stderr), text=done.text,
+                               results=results, error=error)  # fmt: skip
 
         return await calls.on(sandbox, go)
 

@@ -270,14 +270,25 @@ class Handler(BaseHTTPRequestHandler):
             pass  # the client is gone; the kernel was interrupted
 
     def _body(self) -> dict[str, Any]:
-        size = int(self.headers.get("content-length") or 0)
         try:
-            body = json.loads(self.rfile.read(size) or b"{}")
+            body = json.loads(self._raw_body() or b"{}")
         except ValueError as exc:
             raise ContextError(400, f"the body is not JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise ContextError(400, "the body must be a JSON object")
         return body
+
+    def _raw_body(self) -> bytes:
+        """The request's body, by its length or in chunks (a proxy streaming it sends those)."""
+        if "chunked" not in (self.headers.get("transfer-encoding") or "").lower():
+            return self.rfile.read(int(self.headers.get("content-length") or 0))
+        parts = []
+        while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()  # the CRLF after each chunk
+        while self.rfile.readline().strip():
+            pass  # trailers, up to the blank line
+        return b"".join(parts)
 
     def _json(self, status: int, payload: Any) -> None:
         data = json.dumps(payload).encode()

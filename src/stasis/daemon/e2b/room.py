@@ -13,10 +13,13 @@ import base64
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ...errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError
 from ...guest import protocol as P
+from ...kernels import E2B_TEMPLATE as E2B_CODE_TEMPLATE
+from ...kernels import IMAGE as CODE_IMAGE
 from ...models import (
     TEMPLATE_PREFIX,
     CheckpointInfo,
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 S = SandboxStatus
 BASE_TEMPLATE = "base"  # E2B's default template
 BASE_IMAGE = "e2b-base"  # what it resolves to: built by `stasis e2b serve` (stasis.images' builder)
+TEMPLATE_IMAGES = {BASE_TEMPLATE: BASE_IMAGE, E2B_CODE_TEMPLATE: CODE_IMAGE}  # E2B's names for stasis images
 DEFAULT_TIMEOUT = 300  # E2B's default lifetime, seconds
 MAX_TIMEOUT = 365 * 24 * 3600  # stasis has no cap; a year keeps the arithmetic sane
 PAUSED = (S.SUSPENDED, S.SUSPENDING)
@@ -67,6 +71,7 @@ class E2bRoom:
         self.checkpoints = checkpoints
         self.keys = keys
         self.records = Records(core.paths.home / "e2b")
+        self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
         self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle
@@ -77,6 +82,8 @@ class E2bRoom:
     ) -> tuple[SandboxInfo, Record]:  # fmt: skip
         request = self._request(defaults, template, network)
         info = await self.front.create(request)
+        if request.image == CODE_IMAGE and self.code_interpreter is not None:
+            await self.code_interpreter(info.id)  # E2B's code-interpreter SDK calls port 49999 at once
         now = time.time()
         record = Record(
             sandbox_id=info.id, template=template, started_at=now, end_at=now + _timeout(timeout),
@@ -89,7 +96,7 @@ class E2bRoom:
     def _request(self, defaults: Defaults, template: str, network: NetworkPolicy | None) -> CreateSandboxRequest:
         """A template is a stasis image, a stasis template, or a snapshot (a MEMORY checkpoint's id or name)."""
         base = {"backend": defaults.backend, "memory_mb": defaults.memory_mb, "cpus": defaults.cpus, "network": network}
-        name = BASE_IMAGE if template == BASE_TEMPLATE else template
+        name = TEMPLATE_IMAGES.get(template, template)
         with contextlib.suppress(ImageNotFound, InvalidRequest):
             self.core.images.get(name)
             return CreateSandboxRequest(image=name, **base)

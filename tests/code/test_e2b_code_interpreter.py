@@ -1,0 +1,63 @@
+"""E2B's code interpreter SDKs, unchanged, against stasis: `e2b-code-interpreter` (PyPI) and `@e2b/code-interpreter`
+(npm) through `stasis e2b serve`. Their template, code-interpreter-v1, is stasis' code-interpreter image; their
+/execute and /contexts calls on port 49999 reach the same kernel server as `Sandbox.run_code` (gVisor)."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b_code_interpreter import Sandbox
+
+from stasis import Sandbox as StasisSandbox
+from tests.conftest import Daemon
+from tests.e2b.test_python_sdk import Listener
+
+JS = Path(__file__).parents[1] / "e2b" / "js"
+
+
+@pytest.fixture(scope="module")
+def listener(daemon: Daemon) -> Iterator[Listener]:
+    served = Listener(daemon, "gvisor", memory_mb=1024)
+    yield served
+    served.close()
+
+
+def test_the_python_sdk_runs_code_keeps_its_variables_and_gets_rich_results(listener: Listener, daemon: Daemon) -> None:
+    options = {"api_key": listener.exports["E2B_API_KEY"], "api_url": listener.exports["E2B_API_URL"],
+               "sandbox_url": listener.exports["E2B_SANDBOX_URL"]}  # fmt: skip
+    sbx = Sandbox.create(**options)  # template code-interpreter-v1: stasis' code-interpreter image
+    try:
+        heard: list[str] = []
+        first = sbx.run_code("x = 20\nprint('hi')\nx * 2", on_stdout=lambda m: heard.append(m.line))
+        assert (first.text, first.logs.stdout, heard, first.error) == ("40", ["hi\n"], ["hi\n"], None)
+        plot = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])")
+        assert any(r.png and base64.b64decode(r.png).startswith(b"\x89PNG") for r in plot.results)
+        failed = sbx.run_code("undefined_name")
+        assert failed.error is not None and failed.error.name == "NameError"
+        context = sbx.create_code_context(cwd="/tmp")
+        assert sbx.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
+        assert context.id in {c.id for c in sbx.list_code_contexts()}
+        sbx.remove_code_context(context)
+        # the same kernel through stasis' own SDK: one server, two doors
+        assert StasisSandbox.connect(sbx.sandbox_id, client=daemon.client()).run_code("x").text == "20"
+        sbx.beta_pause()
+        assert Sandbox.connect(sbx.sandbox_id, **options).run_code("x + 1").text == "21"  # resumed, state kept
+    finally:
+        sbx.kill()
+
+
+def test_the_js_sdk_runs_unchanged(listener: Listener) -> None:
+    if shutil.which("node") is None or not (JS / "node_modules" / "@e2b" / "code-interpreter").is_dir():
+        pytest.fail("node and tests/e2b/js/node_modules are missing: `make setup` installs them (npm ci)")
+    env = {**listener.env, **listener.exports}
+    run = subprocess.run(["node", "--test", "--test-reporter=spec", "code.test.mjs"], cwd=JS, env=env,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]
+    tests = (JS / "code.test.mjs").read_text().count("\ntest(")
+    assert dict(re.findall(r"^\S+ (pass|fail) (\d+)$", run.stdout, re.MULTILINE)) == {"pass": str(tests), "fail": "0"}
