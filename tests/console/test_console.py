@@ -365,3 +365,28 @@ def test_a_page_from_a_sandbox_port_reaches_neither_the_console_nor_other_ports_
         for sbx in (victim, attacker):
             sbx.terminate()
         client.close()
+
+
+def test_run_code_results_appear_inline_as_they_come(page: Page, console_daemon: Daemon) -> None:
+    """Text as text, a DataFrame's HTML in an inert frame (no scripts), a plot as an image."""
+    with console_daemon.client() as client:
+        sbx = Sandbox.create("code-box", image="code-interpreter", memory_mb=1024, client=client)
+    try:
+        log_in(page)
+        page.goto(f"/ui/sandboxes/{sbx.id}")
+        page.fill("#code textarea", "print('counted', 6 * 7)")
+        page.click("#code button[type=submit]")
+        expect(page.locator("#code-output pre.stdout")).to_have_text("counted 42\n", timeout=120_000)
+        source = ("import pandas as pd, matplotlib.pyplot as plt\n"
+                  "display(pd.DataFrame({'city': ['Oslo<script>alert(1)</script>']}))\nplt.plot([1, 2])")  # fmt: skip
+        page.fill("#code textarea", source)
+        page.click("#code button[type=submit]")
+        expect(page.locator("#code-output img.result")).to_be_visible(timeout=120_000)
+        frame = page.locator("#code-output iframe.result")
+        expect(frame).to_have_attribute("sandbox", "")
+        expect(frame.content_frame.locator("table")).to_contain_text("Oslo")
+        assert page.locator("#code-output img.result").evaluate("img => img.naturalWidth") > 0
+        shoot(page, "code-results")
+    finally:
+        with console_daemon.client() as client:
+            Sandbox.connect(sbx.id, client=client).terminate()

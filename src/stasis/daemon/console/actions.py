@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request, UploadFile, WebSocket, WebSocketDisconne
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...errors import StasisError
-from ...models import CheckpointType, CreateCheckpointRequest, CreateSandboxRequest
+from ...models import CheckpointType, CodeRequest, CreateCheckpointRequest, CreateSandboxRequest
 from ...origin import same_origin
 from ..forks import fork
 from ..rooms import Rooms
@@ -33,6 +33,29 @@ async def upload(request: Request, ref: str, file: UploadFile, rooms: RoomsDep, 
     except StasisError as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status_code)
     return JSONResponse({"path": target})
+
+
+@router.post("/sandboxes/{ref}/code", response_model=None)
+async def run_code(request: Request, ref: str, rooms: RoomsDep) -> Response:
+    """An execution's lines as they come (the page draws them: text as text, HTML in an inert frame)."""
+    if acting(request) is None:
+        return refused()
+    code = str((await request.json()).get("code") or "")
+    chunks = rooms.code.stream(ref, "POST", "/execute", CodeRequest(code=code).model_dump(exclude_none=True))
+    try:
+        first = await anext(chunks, b"")
+    except StasisError as exc:
+        return JSONResponse({"error": exc.message}, status_code=exc.status_code)
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield first
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except StasisError as exc:
+            yield b"\n" + json.dumps({"type": "error", "name": "stasis", "value": exc.message}).encode() + b"\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
 @router.post("/sandboxes/{ref}/{action}", response_model=None)

@@ -94,6 +94,8 @@ function followSandbox(id) {
   const terminal = document.getElementById("open-terminal");
   terminal.onclick = () => openTerminal(id);
   terminal.disabled = false;  // disabled in the page until now: a click before the scripts ran did nothing
+  const code = document.getElementById("code");
+  code.onsubmit = (event) => { event.preventDefault(); runCode(id, code.elements.code.value); };
   const upload = document.getElementById("upload");
   upload.onsubmit = async (event) => {
     event.preventDefault();
@@ -146,4 +148,55 @@ function wireTree() {
   for (const button of document.querySelectorAll("button[data-action]")) {
     button.onclick = async () => { await act(button.dataset.target, button.dataset.action); location.reload(); };
   }
+}
+
+
+// One run_code execution, drawn as its lines arrive. Text goes in as text; a kernel's HTML (a DataFrame) only
+// inside a frame that may run nothing and reach nothing (sandbox="" : no scripts, an opaque origin).
+async function runCode(id, source) {
+  const output = document.getElementById("code-output");
+  output.replaceChildren();
+  const response = await fetch(`/ui/sandboxes/${encodeURIComponent(id)}/code`, {
+    method: "POST", headers: {"x-stasis-csrf": CSRF, "content-type": "application/json"},
+    body: JSON.stringify({code: source}),
+  });
+  if (!response.ok) {
+    const answer = await response.json().catch(() => ({}));
+    flash(`run failed: ${answer.error || response.statusText}`, true);
+    return;
+  }
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let pending = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) break;
+    pending += decoder.decode(value, {stream: true});
+    const lines = pending.split("\n");
+    pending = lines.pop();
+    for (const line of lines) if (line.trim()) output.append(drawLine(JSON.parse(line)));
+  }
+}
+
+function drawLine(line) {
+  const pre = (text, kind) => { const el = document.createElement("pre"); el.className = kind; el.textContent = text; return el; };
+  if (line.type === "stdout" || line.type === "stderr") return pre(line.text, line.type);
+  if (line.type === "error") return pre(line.traceback || `${line.name}: ${line.value}`, "error");
+  if (line.type !== "result") return document.createTextNode("");
+  for (const kind of ["png", "jpeg"]) {
+    if (line[kind]) {
+      const img = document.createElement("img");
+      img.src = `data:image/${kind};base64,${line[kind]}`;
+      img.className = "result";
+      return img;
+    }
+  }
+  if (line.html) {
+    const frame = document.createElement("iframe");
+    frame.setAttribute("sandbox", "");
+    frame.srcdoc = line.html;
+    frame.className = "result";
+    return frame;
+  }
+  return pre(line.text ?? "", "result");
 }
