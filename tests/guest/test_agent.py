@@ -276,3 +276,39 @@ def test_a_recursive_watch_reports_what_happens_below_a_directory_made_after_it_
             await channel.call(P.ReadWatch(id=watch.id))
 
     run(scenario)
+
+
+def test_a_port_is_reached_through_the_agent_with_nothing_started() -> None:
+    """ConnectPort: what a sandbox without network uses for its ports. Bytes both ways, a half-close that the peer
+    sees, the end of the connection as an exit, a closed port as REFUSED."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def echo_until_eof() -> None:
+        connection, _ = server.accept()
+        with connection:
+            received = b""
+            while data := connection.recv(4096):
+                received += data
+            connection.sendall(b"got:" + received)
+
+    threading.Thread(target=echo_until_eof, daemon=True).start()
+
+    async def scenario(backend: FakeBackend, box: BoxRef, channel: GuestChannel) -> None:
+        state = await channel.call(P.ConnectPort(id="port-test", port=port))
+        assert state.status == "running" and state.cmd == ["tcp", f"127.0.0.1:{port}"]
+        data = base64.b64encode(b"hello").decode()
+        await channel.call(P.WriteStdin(id="port-test", data=data, close=True))  # close: the peer's EOF
+        streams = await channel.call(P.ReadStreams(id="port-test", stdout_offset=0, stderr_offset=0, wait=30))
+        while streams.exit_code is None:
+            streams = await channel.call(P.ReadStreams(id="port-test", stdout_offset=0, stderr_offset=0, wait=30))
+        assert (text(streams.stdout.data), streams.exit_code) == ("got:hello", 0)
+        server.close()
+        with pytest.raises(GuestError) as refused:
+            await channel.call(P.ConnectPort(id="port-closed", port=port))
+        assert refused.value.details["guest_error"] == P.ErrorKind.REFUSED
+
+    run(scenario)

@@ -1,11 +1,11 @@
 """A TCP connection to a port on a sandbox's loopback, for a sandbox without a network device.
 
-The agent starts a small relay in the sandbox (on the python the agent runs on) that
-connects to 127.0.0.1:PORT and copies its stdin to the socket and the socket to its stdout; the
-daemon carries those streams over the guest channel, as it does SSH's. To its caller it is an
-ordinary pair of asyncio streams (one end of a socketpair). While it is open the sandbox counts as
-in use. It is slower than a connection into a network namespace: every chunk is one call to the
-agent each way.
+The agent connects to 127.0.0.1:PORT itself (``ConnectPort``: the connection is one of its process
+entries, its stdin the sending side, its stdout what arrives); an agent older than that starts a small
+relay process instead (on the python the agent runs on). The daemon carries those streams over the
+guest channel, as it does SSH's. To its caller it is an ordinary pair of asyncio streams (one end of a
+socketpair). While it is open the sandbox counts as in use. It is slower than a connection into a
+network namespace: every chunk is one call to the agent each way.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import secrets
 import socket
 
-from ..errors import StasisError
+from ..errors import GuestError, StasisError, Unsupported
 from ..guest import protocol as P
 from ..guest.client import GuestChannel
 from .service import SandboxService
@@ -74,8 +74,10 @@ async def _pump(
     upstream: asyncio.Task[None] | None = None
     try:
         async with service.guest(sandbox_id) as channel:
-            cmd = [*service.boxes.python_argv(service.lookup(sandbox_id)), "-I", "-S", "-c", RELAY, str(port)]
-            await channel.call(P.StartProcess(cmd=cmd, id=session, stdin=True, max_output=BUFFER))
+            relayed = await _open(service, channel, sandbox_id, session, port)
+            if not relayed:  # connected by the agent itself: no "+" to wait for
+                connected.set_result(None)
+                upstream = loop.create_task(_upstream(channel, sock, session))
             try:
                 out = err = 0
                 while True:
@@ -108,6 +110,22 @@ async def _pump(
         if upstream is not None:
             upstream.cancel()
         sock.close()
+
+
+async def _open(service: SandboxService, channel: GuestChannel, sandbox_id: str, session: str, port: int) -> bool:
+    """Connect through the agent; True when that took a relay process (an older agent), which says "+" first."""
+    try:
+        await channel.call(P.ConnectPort(id=session, port=port, max_output=BUFFER))
+        return False
+    except Unsupported:
+        pass
+    except GuestError as exc:
+        if exc.details.get("guest_error") == P.ErrorKind.REFUSED:
+            raise ConnectionRefusedError(REFUSED, exc.message) from None
+        raise
+    cmd = [*service.boxes.python_argv(service.lookup(sandbox_id)), "-I", "-S", "-c", RELAY, str(port)]
+    await channel.call(P.StartProcess(cmd=cmd, id=session, stdin=True, max_output=BUFFER))
+    return True
 
 
 async def _upstream(channel: GuestChannel, sock: socket.socket, session: str) -> None:

@@ -133,6 +133,7 @@ class Agent:
             P.Exec: commands.exec,
             P.ExecStatus: commands.exec_status,
             P.StartProcess: commands.start,
+            P.ConnectPort: commands.connect,
             P.ListProcesses: commands.list,
             P.GetProcess: commands.get,
             P.ReadStreams: commands.read_streams,

@@ -40,6 +40,7 @@ GUEST_ERRORS: dict[str, type[StasisError]] = {
     K.PROCESS_NOT_FOUND: ProcessNotFound,
     K.PROCESS_EXITED: StateError,
     K.INVALID: InvalidRequest,
+    K.REFUSED: GuestError,
     K.NO_WORKDIR: WorkdirNotFound,
     K.COMMAND_NOT_FOUND: InvalidRequest,
     K.UNKNOWN_OPERATION: Unsupported,

@@ -121,6 +121,9 @@ class Commands:
                 proc.stdout.paced = proc.stderr.paced = True
         return proc.state()
 
+    def connect(self, req: P.ConnectPort) -> P.ProcessState:
+        return self.procs.connect(int(req.port), str(req.id), int(req.max_output or PROCESS_OUTPUT_LIMIT)).state()
+
     def list(self, req: P.ListProcesses) -> P.ProcessListing:
         return P.ProcessListing(processes=self.procs.states())
 
@@ -191,7 +194,7 @@ class Commands:
             raise RequestError(
                 P.ErrorKind.PROCESS_EXITED, f"process {proc.id!r} already exited with code {proc.exit_code}"
             )
-        if req.tree:
+        if req.tree or proc.socket is not None:
             self.procs.kill_tree(proc, sig)
         else:
             os.kill(proc.pid, sig)

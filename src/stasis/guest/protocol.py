@@ -220,6 +220,19 @@ class StartProcess(Operation[ProcessState]):
 
 
 @dataclass
+class ConnectPort(Operation[ProcessState]):
+    """A connection to 127.0.0.1:PORT in the sandbox, as a process: its stdout is what the socket receives, its
+    stdin (WriteStdin; close: a half-close) what it sends, SIGKILL closes it. The daemon reaches a port of a
+    sandbox without network this way, with nothing started in it."""
+
+    op = "port_connect"
+    result = ProcessState
+    id: str
+    port: int
+    max_output: int | None = None
+
+
+@dataclass
 class ListProcesses(Operation[ProcessListing]):
     op = "process_list"
     result = ProcessListing
@@ -471,7 +484,7 @@ class StopWatch(Operation[Empty]):
 OPERATIONS: dict[str, type[Operation[Any]]] = {
     op.op: op
     for op in (
-        Health, Sync, SetIdentity, Exec, ExecStatus, StartProcess, ListProcesses, GetProcess, ReadStreams,
+        Health, Sync, SetIdentity, Exec, ExecStatus, StartProcess, ConnectPort, ListProcesses, GetProcess, ReadStreams,
         ReadOutput, SignalProcess, WriteStdin, OpenPty, WritePty, ResizePty, ClosePty, ReadFile, WriteFile,
         ListDir, StatFile, DeleteFile, MakeDir, ExtractTar, PackTar, ListFifos, StartWatch, ReadWatch, StopWatch,
     )

@@ -34,6 +34,7 @@ class ErrorKind:
     PROCESS_EXITED = "ProcessExited"
     INVALID = "ValueError"
     NO_WORKDIR = "NoWorkdir"  # a command's working directory is not there
+    REFUSED = "ConnectionRefused"  # nothing listens on that port in the sandbox
     COMMAND_NOT_FOUND = "CommandNotFound"
     UNKNOWN_OPERATION = "UnknownOperation"  # the agent is older than the host's request
     STALE = "StaleRequest"  # sent to an earlier boot of the agent; never executed
