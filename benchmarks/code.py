@@ -7,7 +7,8 @@ Rows (medians), all on the code-interpreter image:
   agent) and with one (straight into its namespace), beside the same /execute sent from inside the sandbox
   (the kernel and its server alone, no daemon: the floor);
 - E2B's code-interpreter SDK through `stasis e2b serve`, beside stasis' SDK on the same sandbox;
-- create → first run_code (the server and a kernel start), beside create → first run("true");
+- create → first run_code (the server and a kernel start), beside create → first run("true"); the same from
+  the warm template (`stasis template code-interpreter`);
 - resume → first run_code, beside resume → first run("true").
 Goal: a round trip ≤ 20 ms on gVisor. Writes benchmarks/results/code-BACKEND.json.
 """
@@ -21,9 +22,10 @@ import time
 from common import Comparison, report_ratios, serving_daemon, timed
 from e2b_code_interpreter import Sandbox as E2bSandbox
 
-from stasis import Client, Sandbox
+from stasis import Client, Sandbox, Template
 from stasis.models import E2bServeRequest
 from stasis.sdk import e2b
+from stasis.sdk.template import interpreter_template
 
 MEMORY_MB = 1024
 INSIDE = r"""
@@ -105,6 +107,18 @@ def measure(client: Client, args: argparse.Namespace) -> dict[str, Comparison]:
             resumed[kind].append(time.perf_counter() - started)
             sbx.terminate()
     rows["create → first run_code"] = (created["code"], created["run"], "create → first run('true')")
+    interpreter_template("bench-code-warm", client=client, backend=args.backend, memory_mb=MEMORY_MB)
+    try:
+        warm: list[float] = []
+        for _ in range(args.creates):
+            started = time.perf_counter()
+            sbx = Sandbox.create(template="bench-code-warm", client=client)
+            sbx.run_code("1+1")
+            warm.append(time.perf_counter() - started)
+            sbx.terminate()
+    finally:
+        Template.delete("bench-code-warm", client=client)
+    rows["create from the warm template → first run_code"] = (warm, created["run"], "create → first run('true')")
     rows["resume → first run_code"] = (resumed["code"], resumed["run"], "resume → first run('true')")
     return rows
 

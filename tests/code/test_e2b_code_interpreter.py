@@ -15,6 +15,8 @@ import pytest
 from e2b_code_interpreter import Sandbox
 
 from stasis import Sandbox as StasisSandbox
+from stasis import Template
+from stasis.sdk.template import interpreter_template
 from tests.conftest import Daemon
 from tests.e2b.test_python_sdk import Listener
 
@@ -23,9 +25,14 @@ JS = Path(__file__).parents[1] / "e2b" / "js"
 
 @pytest.fixture(scope="module")
 def listener(daemon: Daemon) -> Iterator[Listener]:
+    """With the warm template there (`stasis template code-interpreter`), as a user who wants fast starts has it."""
+    with daemon.client() as client:
+        template = interpreter_template(client=client, replace=True)
     served = Listener(daemon, "gvisor", memory_mb=1024)
     yield served
     served.close()
+    with daemon.client() as client:
+        Template.delete(template.name, client=client)
 
 
 def test_the_python_sdk_runs_code_keeps_its_variables_and_gets_rich_results(listener: Listener, daemon: Daemon) -> None:
@@ -44,8 +51,10 @@ def test_the_python_sdk_runs_code_keeps_its_variables_and_gets_rich_results(list
         assert sbx.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
         assert context.id in {c.id for c in sbx.list_code_contexts()}
         sbx.remove_code_context(context)
-        # the same kernel through stasis' own SDK: one server, two doors
-        assert StasisSandbox.connect(sbx.sandbox_id, client=daemon.client()).run_code("x").text == "20"
+        # the same kernel through stasis' own SDK: one server, two doors; warm from the template
+        same = StasisSandbox.connect(sbx.sandbox_id, client=daemon.client())
+        assert same.run_code("x").text == "20"
+        assert "template-start" in {p.name for p in same.list_processes()}
         sbx.beta_pause()
         assert Sandbox.connect(sbx.sandbox_id, **options).run_code("x + 1").text == "21"  # resumed, state kept
     finally:

@@ -9,8 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from stasis import Client, Execution, NotFound, Sandbox, SandboxStatus, Unsupported
+from stasis import Client, Execution, NotFound, Sandbox, SandboxStatus, Template, Unsupported
+from stasis.sdk.template import interpreter_template
 from tests.conftest import Daemon, wait_until
+from tests.remote.conftest import nodes, s3  # noqa: F401 - fixtures: two daemons on one S3 store
 
 MEMORY_MB = 1024  # pandas and matplotlib in a kernel want a few hundred MiB
 
@@ -140,3 +142,34 @@ def _tiny_png() -> bytes:
     return base64.b64decode(
         "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
     )
+
+
+def test_the_kernel_moves_to_another_node_through_the_remote_store(nodes: tuple[Daemon, Daemon]) -> None:  # noqa: F811
+    """Pushed from node A, resumed on node B: the same kernel, its data still loaded (gVisor)."""
+    a, b = nodes
+    a.start()
+    b.start()
+    with a.client() as client_a, b.client() as client_b:
+        sbx = Sandbox.create("kernel-mover", image="code-interpreter", memory_mb=MEMORY_MB, client=client_a)
+        loaded(sbx)
+        sbx.push()
+        Sandbox.pull("kernel-mover", client=client_b)
+        moved = Sandbox.connect("kernel-mover", client=client_b)
+        assert moved.id == sbx.id and still_loaded(moved).text == KEPT
+        moved.terminate()
+
+
+def test_a_template_starts_sandboxes_with_a_warm_kernel(client: Client) -> None:
+    """`stasis template code-interpreter`: its sandboxes' kernel server and Python kernel already run (gVisor)."""
+    template = interpreter_template("code-warm", client=client, memory_mb=MEMORY_MB)
+    try:
+        sbx = Sandbox.create(template="code-warm", client=client)
+        try:
+            running = [p.name for p in sbx.list_processes() if p.status == "running"]
+            assert "template-start" in running  # the server came with the template's memory: nothing was started
+            assert "python" in {c.id for c in sbx.list_code_contexts()}
+            assert sbx.run_code("6 * 7").text == "42"
+        finally:
+            sbx.terminate()
+    finally:
+        Template.delete(template.name, client=client)

@@ -228,6 +228,23 @@ def template_create(
     out.print(f"template [bold]{template.name}[/bold] ({template.checkpoint_id})")
 
 
+@template_app.command("code-interpreter")
+def template_code_interpreter(
+    backend: Annotated[str | None, typer.Option("--backend", help="gvisor or microvm.")] = None,
+    memory_mb: Annotated[int, typer.Option("--memory-mb", help="Memory of every sandbox from it.")] = 1024,
+    replace: Annotated[bool, typer.Option("--replace", help="Make it again if it exists.")] = False,
+) -> None:
+    """Make the template `code-interpreter`: its sandboxes start with a warm Python kernel, so the first
+    `run_code` answers at once (E2B's code-interpreter-v1 uses it too)."""
+    from ..sdk.template import interpreter_template
+
+    options = {"memory_mb": memory_mb, **({"backend": backend} if backend else {})}
+    with err.status("making template code-interpreter (starting its kernel)..."):
+        template = interpreter_template(client=client(), replace=replace, **options)  # type: ignore[arg-type]
+    out.print(f"template [bold]{template.name}[/bold] ({template.checkpoint_id}): "
+              f"`stasis create NAME --template {template.name}`")  # fmt: skip
+
+
 @template_app.command("ls")
 def template_ls(as_json: Json = False) -> None:
     """List templates."""

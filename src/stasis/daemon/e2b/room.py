@@ -96,6 +96,8 @@ class E2bRoom:
     def _request(self, defaults: Defaults, template: str, network: NetworkPolicy | None) -> CreateSandboxRequest:
         """A template is a stasis image, a stasis template, or a snapshot (a MEMORY checkpoint's id or name)."""
         base = {"backend": defaults.backend, "memory_mb": defaults.memory_mb, "cpus": defaults.cpus, "network": network}
+        if template == E2B_CODE_TEMPLATE and self._warm_code_template(defaults.backend):
+            return CreateSandboxRequest(template=CODE_IMAGE, **base)  # its kernel already running and warm
         name = TEMPLATE_IMAGES.get(template, template)
         with contextlib.suppress(ImageNotFound, InvalidRequest):
             self.core.images.get(name)
@@ -112,6 +114,14 @@ class E2bRoom:
             f"template {template!r} not found{hint}: a template is a stasis image (`stasis image ls`), "
             "a stasis template (`stasis template ls`) or a snapshot id"
         )
+
+    def _warm_code_template(self, backend: str) -> bool:
+        """Whether the stasis template `code-interpreter` (`stasis template code-interpreter`) is there for this
+        backend: E2B's code-interpreter-v1 then starts warm instead of from the image."""
+        try:
+            return self.core.store.get_checkpoint(TEMPLATE_PREFIX + CODE_IMAGE).backend == backend
+        except (NotFound, InvalidRequest):
+            return False
 
     def record(self, info: SandboxInfo) -> Record:
         """Its E2B record; a stasis sandbox made elsewhere gets one when E2B first sees it."""
