@@ -35,6 +35,7 @@ bench: setup
 	.venv/bin/python benchmarks/remote.py
 	.venv/bin/python benchmarks/e2b_face.py
 	.venv/bin/python benchmarks/cli.py
+	.venv/bin/python benchmarks/code.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30
