@@ -143,6 +143,13 @@ class NetworkPolicy(BaseModel):
             return f"{ip} is a private or special address (open it with an allow_out rule)"
         return None
 
+    def allowing_rule(self, ip: IPAddress, resolved: Iterable[str] = ()) -> str:
+        """For the audit: which rule let an allowed connection through."""
+        if not self.allow_out:
+            return "no allow_out list: the public internet"
+        rule = self._matches(self.allow_out, ip, []) or self._matches(self.allow_out, None, list(resolved))
+        return f"allow_out {rule}"
+
     def decides_by_name(self) -> bool:
         """Whether a name rule can allow or deny (so a connection that never says its name is refused)."""
         return any(rule != "*" and not (rule[0].isdigit() or ":" in rule) for rule in self.allow_out + self.deny_out)

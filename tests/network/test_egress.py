@@ -9,12 +9,14 @@ from __future__ import annotations
 import errno
 import http.server
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from stasis import Client, NetworkPolicy, Sandbox
+from tests.conftest import Daemon
 from tests.network.conftest import fetch, probe
 from tests.network.testhosts import TestHost
 
@@ -168,3 +170,27 @@ def test_an_address_the_host_gained_a_moment_ago_is_closed_at_once(make, hosts: 
         server.shutdown()
         server.server_close()
         subprocess.run(["ip", "addr", "del", f"{fresh}/32", "dev", private.outside], check=False)
+
+
+def test_every_connection_is_audited_allowed_or_denied_with_its_rule_and_bytes(
+    make, hosts: dict[str, TestHost], net_daemon: Daemon
+) -> None:
+    web, other = hosts["web"], hosts["other"]
+    sbx = make(NetworkPolicy(allow_out=["allowed.test"]))
+    answer = fetch(sbx, "http://allowed.test/")["ok"]
+    assert denied(fetch(sbx, f"http://{other.address}/"))
+    lines = sbx.egress_log()
+    allowed = next(line for line in lines if line["verdict"] == "allowed")
+    assert (allowed["destination"], allowed["port"], allowed["name"]) == (web.address, 80, "allowed.test")
+    assert allowed["rule"] == "allow_out allowed.test" and allowed["bytes_in"] > len(answer) > 0
+    assert allowed["bytes_out"] > 0 and allowed["sandbox"] == sbx.id
+    refused = next(line for line in lines if line["verdict"] == "denied")
+    assert refused["destination"] == other.address and "matches no allow_out rule" in refused["rule"]
+    followed = sbx.follow_egress()
+    assert next(followed)["verdict"] in ("allowed", "denied")  # the kept lines first, then new ones as they come
+    fetch(sbx, "http://allowed.test/again")
+    assert any(line.get("bytes_in") and line["verdict"] == "allowed" for line in (next(followed) for _ in range(2)))
+    followed.close()
+    shown = subprocess.run([sys.executable, "-m", "stasis", "egress", sbx.id], capture_output=True, text=True,
+                           env=net_daemon.env, timeout=120)  # fmt: skip
+    assert "allowed" in shown.stdout and "denied" in shown.stdout and "allowed.test" in shown.stdout, shown.stderr

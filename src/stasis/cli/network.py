@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import sys
 import threading
+from datetime import datetime
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from websockets.exceptions import ConnectionClosed
 
 from ..errors import InvalidRequest
@@ -39,6 +42,35 @@ def network(
         sys.stdout.write((policy.model_dump_json(indent=2) if policy else "null") + "\n")
     else:
         out.print(policy.describe() if policy else "no network device (created without --network)")
+
+
+@app.command()
+def egress(
+    name: Name,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Then each new connection as it ends.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Every connection the sandbox opened, allowed or denied: where to, the name it claimed, the rule, the bytes
+    each way (the egress audit; a sandbox without network has none)."""
+    sbx = Sandbox.connect(name, client=client())
+    lines = sbx.follow_egress() if follow else iter(sbx.egress_log())
+    if not follow and not as_json:
+        lines = iter(list(lines))
+    shown = False
+    for line in lines:
+        shown = True
+        if as_json:
+            print(json.dumps(line), flush=True)
+            continue
+        when = datetime.fromtimestamp(line["time"]).strftime("%H:%M:%S")
+        moved = f"{line.get('bytes_out', 0)}/{line.get('bytes_in', 0)} B" if line["verdict"] == "allowed" else "-"
+        colour = "green" if line["verdict"] == "allowed" else "red"
+        claimed = escape(str(line.get("name") or "-"))  # a sandbox's claim: shown as text, never as markup
+        where = f"{line['destination']}:{line['port']}"
+        out.print(f"{when}  [{colour}]{line['verdict']:7}[/{colour}]  {where}  {claimed}  {moved}  "
+                  f"{escape(str(line.get('rule', '')))}", highlight=False)  # fmt: skip
+    if not shown and not follow and not as_json:
+        out.print("no connections recorded (`stasis network NAME` shows its policy)")
 
 
 @app.command()

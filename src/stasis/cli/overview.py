@@ -36,26 +36,25 @@ OVERVIEW: dict[str, dict[str, str]] = {
     },
     "Network and access": {
         "network": "Show or change the egress policy, live",
+        "egress": "Every connection a sandbox opened: the egress audit",
         "port": "Expose a port at a URL (a request resumes it)",
         "port-forward": "Forward a local TCP port into the sandbox",
         "ssh": "Log in with your OpenSSH client",
         "ssh-config": "The OpenSSH config for `ssh stasis-NAME`",
     },
-    "Environments": {
+    "Environments and the daemon": {
         "image": "Images: import, build, list, remove",
         "template": "Templates that start warm",
         "pool": "Warm pools handed out by `stasis create`",
+        "serve": "Run the daemon in the foreground",
+        "daemon": "Whether it runs; stop, restart",
+        "doctor": "Which backends work here, and why",
     },
     "Agents and other faces": {
         "agent": "The agent harness: a tool-calling loop in a sandbox",
         "mcp": "The MCP tools over stdio",
         "e2b": "E2B's API, for the official E2B SDKs",
         "ui": "The web console",
-    },
-    "The daemon and this host": {
-        "serve": "Run the daemon in the foreground",
-        "daemon": "Whether it runs; stop, restart",
-        "doctor": "Which backends work here, and why",
     },
 }
 

@@ -29,6 +29,7 @@ from ..fsutil import no_space
 from ..guest.client import GuestChannel
 from ..images import ImageStore
 from ..models import CheckpointType, SandboxInfo, SandboxStatus
+from ..network.audit import EgressAudit
 from ..network.engine import NetworkEngine
 from ..paths import Paths
 from .activity import Activity, Clock, idle_action
@@ -65,7 +66,7 @@ class SandboxService:
         self.unavailable: dict[str, str] = {}  # backend -> why it does not work here
         self.activity = Activity(clock)
         self.metrics = Metrics()
-        self.network = NetworkEngine(paths.runtime.name, self.activity.touch)
+        self.network = NetworkEngine(paths.runtime.name, self.activity.touch, EgressAudit(paths.sandboxes.joinpath))
         self.boxes = Boxes(paths, self.images, self.network)
         self.watchdog = Watchdog(self.died)
         # what features above hold of a sandbox (its exposed ports' listeners) goes with it

@@ -14,7 +14,9 @@ import ipaddress
 import logging
 import socket
 import struct
+import time
 from collections.abc import Callable
+from typing import Any
 
 from ..netpolicy import IPAddress, NetworkPolicy
 from . import sniff
@@ -43,12 +45,14 @@ class EgressProxy:
         resolved: ResolvedNames,
         is_host_address: Callable[[IPAddress], bool],
         on_activity: Callable[[], None],
+        audit: Callable[[dict[str, Any]], None] = lambda entry: None,
     ) -> None:
         self.label = label
         self.policy = policy
         self.resolved = resolved
         self.is_host_address = is_host_address
         self.on_activity = on_activity
+        self.audit = audit  # one line per connection (network.audit)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -67,23 +71,32 @@ class EgressProxy:
                     while not sniff.complete(kind, first) and (data := await reader.read(sniff.PEEK_BYTES)):
                         first += data
         claimed = [name] if kind and (name := sniff.claimed_name(kind, first)) else []
+        resolved = self.resolved.names(ip)
         policy = self.policy()
+        opened = time.monotonic()
+        line: dict[str, Any] = {"time": time.time(), "destination": str(ip), "port": port,
+                                "name": claimed[0] if claimed else ", ".join(sorted(resolved)) or None}  # fmt: skip
         if kind and not sniff.complete(kind, first) and policy.decides_by_name():
             # A policy by name cannot judge a connection that has not said its name: refused, never let through.
             why: str | None = f"no {kind} request with a name arrived within {PEEK_TIMEOUT:.0f}s"
         else:
             local = {ip} if self.is_host_address(ip) else set()  # asked now: an address added a moment ago counts
-            why = policy.judge(ip, self.resolved.names(ip), claimed, local)
+            why = policy.judge(ip, resolved, claimed, local)
         if why:
             log.info("%s: denied %s:%d%s: %s", self.label, ip, port, f" ({claimed[0]})" if claimed else "", why)
+            self.audit(line | {"verdict": "denied", "rule": why})
             abort(writer)
             return
+        line |= {"verdict": "allowed", "rule": policy.allowing_rule(ip, resolved)}
         try:
             upstream = await asyncio.wait_for(asyncio.open_connection(str(ip), port), CONNECT_TIMEOUT)
         except (OSError, TimeoutError) as exc:
             log.info("%s: %s:%d unreachable from the host: %s", self.label, ip, port, exc)
+            self.audit(line | {"error": f"unreachable from the host: {exc}", "bytes_out": 0, "bytes_in": 0})
             abort(writer)
             return
         self.on_activity()
         upstream[1].write(first)
-        await relay((reader, writer), upstream, self.on_activity)
+        forth, back = await relay((reader, writer), upstream, self.on_activity)
+        seconds = round(time.monotonic() - opened, 3)
+        self.audit(line | {"bytes_out": len(first) + forth, "bytes_in": back, "seconds": seconds})

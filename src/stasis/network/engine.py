@@ -17,12 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyroute2 import IPRoute
 
 from .. import faults
 from ..netpolicy import IPAddress, NetworkPolicy
 from . import firewall, namespaces
+from .audit import EgressAudit
 from .egress import EgressProxy
 from .namespaces import GATEWAY_ADDRESS, INNER_ADDRESS, Device, SandboxNet
 from .resolver import Resolver, upstream_from_env
@@ -76,9 +78,10 @@ class Attached:
 
 
 class NetworkEngine:
-    def __init__(self, tag: str, on_activity: Callable[[str], None]) -> None:
+    def __init__(self, tag: str, on_activity: Callable[[str], None], audit: EgressAudit | None = None) -> None:
         self.tag = tag
         self.on_activity = on_activity
+        self.audit = audit
         self.upstream = upstream_from_env()
         self._attached: dict[str, Attached] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -112,8 +115,13 @@ class NetworkEngine:
             return self._attached[sandbox_id].policy if sandbox_id in self._attached else policy
 
         resolver = Resolver(sandbox_id, current, self.upstream)
+
+        def audited(entry: dict[str, Any]) -> None:
+            if self.audit is not None:
+                self.audit.record(sandbox_id, entry)
+
         proxy = EgressProxy(sandbox_id, current, resolver.resolved, is_host_address,
-                            lambda: self.on_activity(sandbox_id))  # fmt: skip
+                            lambda: self.on_activity(sandbox_id), audited)  # fmt: skip
         with namespaces.inside(net.gateway):
             dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

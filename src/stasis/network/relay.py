@@ -11,26 +11,31 @@ from collections.abc import Callable
 CHUNK = 256 * 1024
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_data: Callable[[], None]) -> None:
-    """Copy one direction to its end, then half-close the other side; a broken side is reset."""
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_data: Callable[[], None]) -> int:
+    """Copy one direction to its end, then half-close the other side; a broken side is reset. The bytes copied."""
+    copied = 0
     try:
         while data := await reader.read(CHUNK):
             on_data()
             writer.write(data)
+            copied += len(data)
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()  # a half-close goes through: the other side may still answer
     except (ConnectionError, OSError):
         abort(writer)
+    return copied
 
 
 async def relay(
     a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     on_data: Callable[[], None] = lambda: None,
-) -> None:
+) -> tuple[int, int]:
+    """The bytes copied from a to b, and from b to a."""
     try:
-        await asyncio.gather(pipe(a[0], b[1], on_data), pipe(b[0], a[1], on_data))
+        forth, back = await asyncio.gather(pipe(a[0], b[1], on_data), pipe(b[0], a[1], on_data))
+        return forth, back
     finally:
         for _, writer in (a, b):
             writer.close()

@@ -6,6 +6,7 @@ import base64
 import inspect
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from typing_extensions import Unpack
 
@@ -276,6 +277,13 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes):
     async def ports(self) -> list[ExposedPort]:
         """Its exposed ports, each with a fresh URL."""
         return await self._client.call(self._ports_call())
+
+    async def egress_log(self) -> list[dict[str, Any]]:
+        return await self._client.call(self._egress_call())
+
+    async def follow_egress(self) -> AsyncIterator[dict[str, Any]]:
+        async for line in self._client.stream_lines(self._egress_call(follow=True)):
+            yield line
 
     async def unexpose_port(self, port: int) -> None:
         await self._client.call(self._unexpose_port_call(port))

@@ -430,5 +430,8 @@ class SandboxBase:
     def _ports_call(self) -> Call:
         return Call("GET", f"{self._url}/ports", _models(ExposedPort))
 
+    def _egress_call(self, follow: bool = False) -> Call:
+        return Call("GET", f"{self._url}/egress", lambda r: r.json(), params={"follow": "true"} if follow else None)
+
     def _unexpose_port_call(self, port: int) -> Call:
         return Call("DELETE", f"{self._url}/ports/{port}")

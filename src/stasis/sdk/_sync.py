@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from typing_extensions import Unpack
 
@@ -278,6 +279,15 @@ class Sandbox(b.SandboxBase, CodeRecipes):
 
     def unexpose_port(self, port: int) -> None:
         self._client.call(self._unexpose_port_call(port))
+
+    def egress_log(self) -> list[dict[str, Any]]:
+        """Every connection it opened, allowed or denied (time, destination, port, name, verdict, rule, bytes each
+        way), oldest first, as far as the rotation keeps them."""
+        return self._client.call(self._egress_call())
+
+    def follow_egress(self) -> Iterator[dict[str, Any]]:
+        """The kept lines, then each new connection as it ends (or is denied), until the iterator is closed."""
+        return self._client.stream_lines(self._egress_call(follow=True))
 
 
 __all__ = ["Sandbox"]

@@ -15,6 +15,7 @@ from .tree import lineage
 
 router = APIRouter()
 VIEW_BYTES = 1 << 20  # of a file shown in the page; the download has all of it
+EGRESS_SHOWN = 50  # the newest lines of the egress audit on a sandbox's page (`stasis egress` has them all)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -60,9 +61,11 @@ async def sandbox(request: Request, ref: str, rooms: RoomsDep, path: str = "/roo
     except StasisError as exc:
         error = exc.message
     parent = posixpath.dirname(path.rstrip("/")) or "/"
+    audit = rooms.core.network.audit
+    egress = list(audit.lines(info.id))[-EGRESS_SHOWN:] if audit is not None else []
     return page(request, "sandbox.html", session, sandbox=describe(info, None), info=info, path=path,
                 parent=parent, entries=sorted(entries, key=lambda e: (e.type != "directory", e.name)),
-                files_error=error, join=posixpath.join)  # fmt: skip
+                files_error=error, join=posixpath.join, egress=egress[::-1])  # fmt: skip
 
 
 @router.get("/sandboxes/{ref}/file", response_model=None)

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from . import checkpoints, code, commands, e2b, files, images, pools, ports, remote, sandboxes, system, terminals
+from . import (
+    checkpoints,
+    code,
+    commands,
+    e2b,
+    egress,
+    files,
+    images,
+    pools,
+    ports,
+    remote,
+    sandboxes,
+    system,
+    terminals,
+)
 
-ROUTERS = [
-    m.router
-    for m in (system, images, sandboxes, pools, checkpoints, remote, commands, code, terminals, ports, files, e2b)
-]
+FACES = (system, images, sandboxes, pools, checkpoints, remote, commands, code, egress, terminals, ports, files, e2b)
+ROUTERS = [face.router for face in FACES]
