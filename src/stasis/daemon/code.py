@@ -16,14 +16,14 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import h11
 
 from ..errors import InvalidRequest, NotFound, StasisError, Unsupported
 from ..kernels import IMAGE, PORT, SERVER_NAME, bootstrap
-from ..models import StartProcessRequest
+from ..models import CodeRequest, StartProcessRequest
 from .operations import GuestOperations
 from .ports import Ports
 from .service import SandboxService
@@ -38,6 +38,24 @@ class CodeRoom:
     def __init__(self, core: SandboxService, ports: Ports, ops: GuestOperations) -> None:
         self.core, self.ports, self.ops = core, ports, ops
         self._starting: dict[str, asyncio.Lock] = {}
+
+    async def execute(
+        self, ref: str, request: CodeRequest, failed: Callable[[StasisError], dict[str, Any]]
+    ) -> AsyncIterator[bytes]:
+        """An execution's JSON lines as they come. An error before the first (no such context, no Jupyter) raises,
+        for the caller to answer with an HTTP error; one after it becomes the line ``failed(error)``."""
+        chunks = self.stream(ref, "POST", "/execute", request.model_dump(exclude_none=True))
+        first = await anext(chunks, b"")
+
+        async def lines() -> AsyncIterator[bytes]:
+            yield first
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            except StasisError as exc:
+                yield b"\n" + json.dumps(failed(exc)).encode() + b"\n"
+
+        return lines()
 
     async def call(self, ref: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """A request whose answer is one JSON document."""

@@ -41,21 +41,15 @@ async def run_code(request: Request, ref: str, rooms: RoomsDep) -> Response:
     if acting(request) is None:
         return refused()
     code = str((await request.json()).get("code") or "")
-    chunks = rooms.code.stream(ref, "POST", "/execute", CodeRequest(code=code).model_dump(exclude_none=True))
     try:
-        first = await anext(chunks, b"")
+        lines = await rooms.code.execute(ref, CodeRequest(code=code), _failed)
     except StasisError as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status_code)
+    return StreamingResponse(lines, media_type="application/x-ndjson")
 
-    async def lines() -> AsyncIterator[bytes]:
-        yield first
-        try:
-            async for chunk in chunks:
-                yield chunk
-        except StasisError as exc:
-            yield b"\n" + json.dumps({"type": "error", "name": "stasis", "value": exc.message}).encode() + b"\n"
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+def _failed(exc: StasisError) -> dict[str, str]:
+    return {"type": "error", "name": "stasis", "value": exc.message}
 
 
 @router.post("/sandboxes/{ref}/{action}", response_model=None)

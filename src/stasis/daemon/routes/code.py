@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from ...errors import InvalidRequest, StasisError
+from ...errors import InvalidRequest
 from ...models import CodeContextRequest, CodeRequest
 from ..rooms import RoomsDep
 
@@ -19,18 +17,8 @@ router = APIRouter()
 @router.post("/v1/sandboxes/{ref}/code/execute")
 async def execute(ref: str, request: CodeRequest, rooms: RoomsDep) -> StreamingResponse:
     """The execution's lines (stdout, stderr, result, error, ...) as JSON lines while it runs."""
-    chunks = rooms.code.stream(ref, "POST", "/execute", request.model_dump(exclude_none=True))
-    first = await anext(chunks, b"")  # errors (no such context, no Jupyter) become a proper HTTP error
-
-    async def lines() -> AsyncIterator[bytes]:
-        yield first
-        try:
-            async for chunk in chunks:
-                yield chunk
-        except StasisError as exc:
-            yield b"\n" + json.dumps({"error": exc.to_payload()}).encode() + b"\n"
-
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    lines = await rooms.code.execute(ref, request, lambda exc: {"error": exc.to_payload()})
+    return StreamingResponse(lines, media_type="application/x-ndjson")
 
 
 @router.get("/v1/sandboxes/{ref}/code/contexts")
