@@ -178,3 +178,26 @@ def test_the_workspace_moves_as_a_tar_and_bad_input_raises_the_sdks_errors(daemo
         Sandbox.connect(resumed.state.sandbox_id, client=daemon.client()).terminate()
 
     asyncio.run(scenario())
+
+
+def test_a_workspace_with_a_link_pointing_outside_restores_into_a_new_sandbox(daemon: Daemon, tmp_path: Path) -> None:
+    """Hydrating a workspace whose symlink points outside it (to /etc) works, as with the SDK's own providers; the
+    link stays a link (nothing is written through it)."""
+
+    async def scenario() -> None:
+        client = agent_client(daemon)
+        options = StasisSandboxClientOptions(pause_on_exit=False)
+        session = await client.create(snapshot=LocalSnapshotSpec(base_path=tmp_path), options=options)
+        async with session:
+            await session.exec("ln -s /etc outside && echo kept > notes.txt")
+        gone = session.state.sandbox_id  # terminated at the session's end: the resume needs a new one, hydrated
+        resumed = await client.resume(session.state)
+        try:
+            async with resumed:
+                assert resumed.state.sandbox_id != gone
+                found = await resumed.exec("readlink outside; cat notes.txt")
+                assert found.stdout == b"/etc\nkept\n", found
+        finally:
+            Sandbox.connect(resumed.state.sandbox_id, client=daemon.client()).terminate()
+
+    asyncio.run(scenario())

@@ -104,3 +104,28 @@ def test_a_process_on_a_deleted_directory_makes_suspend_an_error_and_leaves_the_
             sandbox.suspend()
     assert sandbox.info().status.value == "running"
     assert sandbox.run("echo ok").stdout == "ok\n"
+
+
+def test_a_link_may_point_anywhere_but_nothing_is_written_through_one(sandbox: Sandbox) -> None:
+    """In the sandbox a workspace's `ln -s /etc` comes back as that link; a member under it, or of its name, would
+    write outside the directory: the whole archive is refused, nothing written."""
+
+    def archive(*members: tuple[str, str | None]) -> bytes:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for name, link in members:
+                info = tarfile.TarInfo(name)
+                if link is None:
+                    info.size = 2
+                    tar.addfile(info, io.BytesIO(b"hi"))
+                else:
+                    info.type, info.linkname = tarfile.SYMTYPE, link
+                    tar.addfile(info)
+        return buffer.getvalue()
+
+    sandbox.upload_tar(archive(("etc-link", "/etc"), ("notes.txt", None)), "/root/linked")
+    assert sandbox.run("readlink /root/linked/etc-link; cat /root/linked/notes.txt").stdout == "/etc\nhi"
+    for members in ([("etc-link", "/etc"), ("etc-link/evil.conf", None)], [("x", "/etc/passwd"), ("x", None)]):
+        with pytest.raises(StasisError, match="written through the link"):
+            sandbox.upload_tar(archive(*members), "/root/through", replace=True)
+    assert sandbox.run("test ! -e /etc/evil.conf && test ! -e /root/through && head -c 5 /etc/passwd").stdout == "root:"

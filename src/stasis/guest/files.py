@@ -254,8 +254,9 @@ class Files:
         try:
             with tarfile.open(archive, "r:*") as tar:
                 members = tar.getmembers()
+                links: set[str] = set()
                 for member in members:
-                    if (why := unsafe_member(member)) is not None:
+                    if (why := unsafe_member(member, links)) is not None:
                         raise RequestError(P.ErrorKind.INVALID, why)
                 os.mkdir(staging, 0o755)
                 tar.extractall(staging, members=members)
@@ -323,15 +324,27 @@ def remove_tree(path: str) -> None:
         os.unlink(path)
 
 
-def unsafe_member(member: object) -> str | None:
+def unsafe_member(member: object, links: set[str] | None = None) -> str | None:
     """Why a tar member must not be extracted (it leaves the directory, or is a device), or None.
-    Shared with the SDK's download_dir."""
+
+    Shared with the SDK's download_dir and Harbor's, which extract on the host: there a symlink must stay inside
+    the tree. In a sandbox (``links``: the symlinks met so far, updated here) a symlink may point anywhere, as a
+    workspace's ``ln -s /etc`` does, but no member may be written through one."""
     import tarfile
 
     assert isinstance(member, tarfile.TarInfo)
     name = os.path.normpath(member.name)
     if member.name.startswith("/") or name == ".." or name.startswith("../"):
         return f"archive member {member.name!r} leaves the directory"
+    if links is not None:
+        if name in links:
+            return f"archive member {member.name!r} would be written through the link of the same name"
+        parts = name.split("/")
+        if through := next((p for i in range(1, len(parts)) if (p := "/".join(parts[:i])) in links), None):
+            return f"archive member {member.name!r} would be written through the link {through!r}"
+        if member.issym():
+            links.add(name)
+            return None
     if member.issym() or member.islnk():  # a hard link names a member; a symlink is relative to its directory
         base = "" if member.islnk() else os.path.dirname(name)
         target = os.path.normpath(os.path.join(base, member.linkname))
