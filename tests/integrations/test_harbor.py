@@ -26,21 +26,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 TASK = {
-    "task.toml": """
-        schema_version = "1.4"
-        [task]
-        name = "stasis/answer"
-        version = "1.0.0"
-        [verifier]
-        timeout_sec = 120.0
-        environment_mode = "shared"
-        [agent]
-        timeout_sec = 120.0
-        [environment]
-        network_mode = "no-network"
-        build_timeout_sec = 600.0
-        os = "linux"
-    """,
     "instruction.md": "Write the answer, 42, to /app/answer.txt.\n",
     "environment/Dockerfile": "FROM default\nRUN mkdir -p /app && echo seeded > /app/seed.txt\nWORKDIR /app\n",
     "solution/solve.sh": "#!/bin/bash\ncat /app/seed.txt\necho 42 > /app/answer.txt\n",
@@ -56,6 +41,17 @@ TASK = {
 
 
 def make_task(directory: Path) -> Path:
+    """A task as Harbor's docs start one: `harbor init` writes the layout and task.toml, then the task's own files
+    (a Dockerfile FROM stasis' default image, since no registry is reachable here; the verifier in the shared
+    environment; no network)."""
+    made = subprocess.run([str(HARBOR_PYTHON.parent / "harbor"), "init", "stasis/answer", "--task", "--no-pytest",
+                           "--verifier-mode", "shared", "-o", str(directory.parent)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert directory.name == "answer" and (directory / "task.toml").exists(), made.stdout
+    toml = (directory / "task.toml").read_text()
+    assert 'network_mode = "public"' in toml and 'environment_mode = "shared"' in toml, toml
+    (directory / "task.toml").write_text(toml.replace('network_mode = "public"', 'network_mode = "no-network"'))
     for name, text in TASK.items():
         path = directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
