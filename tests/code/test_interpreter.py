@@ -65,6 +65,17 @@ def test_a_timeout_interrupts_the_kernel_and_the_next_execution_answers(box: San
     assert box.run_code("kept").text == "'before the loop'"
 
 
+def test_a_bash_kernel_keeps_its_shell_state(box: Sandbox) -> None:
+    """bash_kernel (from PyPI, installed into the image): variables and the working directory stay."""
+    shell = box.create_code_context(language="bash", cwd="/tmp")
+    try:
+        box.run_code("export GREETING=hello; cd /root", context=shell)
+        assert box.run_code("echo $GREETING from $(pwd)", context=shell).logs.stdout == ["hello from /root\n"]
+        assert box.run_code("echo $((6 * 7))", language="bash").logs.stdout == ["42\n"]  # bash's default context
+    finally:
+        box.remove_code_context(shell)
+
+
 def test_contexts_are_kernels_of_their_own(box: Sandbox) -> None:
     context = box.create_code_context(cwd="/tmp")
     assert context.id in {c.id for c in box.list_code_contexts()}

@@ -17,12 +17,16 @@ class Recipe(BaseModel):
     suite: str = "bookworm"
     variant: str = "apt"
     packages: tuple[str, ...] = Field(default_factory=tuple)
+    # pinned pure-Python wheels from PyPI, fetched on the host and installed into the tree (none: Debian's only)
+    wheels: tuple[str, ...] = Field(default_factory=tuple)
+    after: tuple[str, ...] = Field(default_factory=tuple)  # commands run in the tree (chroot) after the wheels
 
     @property
     def digest(self) -> str:
+        fields = self.model_dump(exclude={"name"} | {k for k in ("wheels", "after") if not getattr(self, k)})
         canonical = json.dumps(
-            {"format": RECIPE_FORMAT, **self.model_dump(exclude={"name"}), "packages": sorted(self.packages)},
-            sort_keys=True,
+            {"format": RECIPE_FORMAT, **fields, "packages": sorted(self.packages)},  # a recipe without wheels
+            sort_keys=True,  # keeps the digest (and so the build) it had before they existed
         )
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -61,8 +65,11 @@ RECIPES: dict[str, Recipe] = {
                 "python3-matplotlib-inline",
                 "python3-numpy",
                 "python3-pandas",
+                "python3-pexpect",
                 "fonts-dejavu-core",
             ),
+            wheels=("bash_kernel==0.10.0", "filetype==1.2.0"),  # a bash kernel: PyPI has it, Debian does not
+            after=("python3 -m bash_kernel.install --sys-prefix",),
         ),
     )
 }

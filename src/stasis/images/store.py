@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -306,6 +307,7 @@ class ImageStore:
         log.info("building image %s: %s", recipe.key, " ".join(argv))
         try:
             self._run_build(argv, progress)
+            self._add_wheels(recipe, staging, progress)
             self._add_mount_points(staging / "rootfs")
             # Host keys made by openssh-server's install would be shared by every sandbox: each makes its own.
             for key in (staging / "rootfs" / "etc" / "ssh").glob("ssh_host_*"):
@@ -331,6 +333,27 @@ class ImageStore:
             raise
         log.info("built image %s in %.1fs (%d MB)", recipe.key, info.build_seconds, info.size_bytes >> 20)
         return info
+
+    def _add_wheels(self, recipe: Recipe, staging: Path, progress: ProgressCallback | None) -> None:
+        """The recipe's pinned wheels, downloaded on the host (no network in the tree), installed into it, then
+        its ``after`` commands, in the tree."""
+        if not recipe.wheels:
+            return
+        rootfs, wheels = staging / "rootfs", staging / "rootfs" / "tmp" / "stasis-wheels"
+        download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                    "-d", str(wheels), *recipe.wheels]  # fmt: skip
+        for argv in (
+            download,
+            ["chroot", str(rootfs), "sh", "-c", "PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index "
+             "--no-deps --no-cache-dir /tmp/stasis-wheels/*.whl"],
+            *(["chroot", str(rootfs), "sh", "-c", command] for command in recipe.after),
+        ):  # fmt: skip
+            if progress is not None:
+                progress(" ".join(argv[:6]))
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise BackendError(f"building {recipe.name}: {' '.join(argv[:6])} failed: {done.stderr[-2000:]}")
+        shutil.rmtree(wheels)
 
     def _run_build(self, argv: list[str], progress: ProgressCallback | None) -> None:
         tail: list[str] = []
