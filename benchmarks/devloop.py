@@ -78,8 +78,8 @@ def main() -> None:
         for backend in args.backends.split(","):
             sbx = Sandbox.create(backend=backend, memory_mb=2048, disk_mb=8192, client=client)
             try:
-                sbx.upload_dir(given.resolve() / "wheels", "/root/inputs/wheels")
-                sbx.upload_dir(given.resolve() / "project", "/root/inputs/project")
+                sbx.upload_dir((given / "wheels").resolve(), "/root/inputs/wheels")
+                sbx.upload_dir((given / "project").resolve(), "/root/inputs/project")
                 sbx.write_file("/root/inputs/test_six.py", (given / "test_six.py").read_bytes())
                 sbx.write_file("/root/devloop_workload.py", WORKLOAD.read_bytes())
                 ours = [in_sandbox(sbx) for _ in range(args.rounds)]

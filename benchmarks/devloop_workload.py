@@ -28,7 +28,9 @@ def main() -> None:
     def phase(name: str, *commands: list[str], cwd: Path = work) -> None:
         started = time.perf_counter()
         for command in commands:
-            subprocess.run(command, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            done = subprocess.run(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
         timings[name] = time.perf_counter() - started
 
     venv = work / "venv"

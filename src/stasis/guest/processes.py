@@ -113,9 +113,9 @@ class Process:
         self.limit: str | None = None  # a sandbox limit it ran into (processes, memory), said for a user
         self.stdout = OutputBuffer(limit)
         self.stderr = OutputBuffer(limit)
-        self.stdin: BinaryIO | SocketInput | None = None
+        self.stdin: Any = None  # a pipe (BinaryIO), or a connection's sending side (sockets.SocketInput)
         self.master: int | None = None  # a terminal's pty master
-        self.socket: socket.socket | None = None  # a port's connection (ConnectPort): no process behind it
+        self.socket: Any = None  # a port's connection (ConnectPort, a socket): no process behind it
 
     def state(self) -> P.ProcessState:
         return P.ProcessState(
@@ -131,26 +131,6 @@ class Process:
             stderr_bytes=self.stderr.end,
             limit=self.limit,
         )
-
-
-class SocketInput:
-    """A connection's sending side, as a process's stdin: close() is a half-close (the peer reads its end)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_WR)
 
 
 def resolve_user(spec: str) -> tuple[int, int, str]:
@@ -319,30 +299,20 @@ class ProcessTable:
         return proc
 
     def connect(self, port: int, proc_id: str, limit: int) -> Process:
-        """127.0.0.1:PORT as a process entry (see P.ConnectPort); refused: REFUSED, said as the socket says it."""
-        try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        except OSError as exc:
-            raise RequestError(P.ErrorKind.REFUSED, f"port {port}: {exc.strerror or exc}") from exc
-        sock.settimeout(None)
-        proc = Process(0, proc_id, None, ["tcp", f"127.0.0.1:{port}"], limit)
-        proc.socket, proc.stdin = sock, SocketInput(sock)
-        proc.stderr.closed = True
-        with self.lock:
-            if proc_id in self.by_id:
-                sock.close()
-                raise RequestError(P.ErrorKind.FILE_EXISTS, f"a process with id {proc_id!r} already exists")
-            self.by_id[proc_id] = proc
-        start_thread(self._pump_socket, proc, sock)
-        return proc
+        """127.0.0.1:PORT as a process entry (see P.ConnectPort and ``sockets``)."""
+        from .sockets import connect
 
-    def _pump_socket(self, proc: Process, sock: socket.socket) -> None:
-        try:
-            self.pump(sock.fileno(), proc.stdout)
-        finally:
-            sock.close()
-            with self.lock:
-                self._finish(proc, 0)
+        return connect(self, port, proc_id, limit)
+
+    def add_connection(self, proc: Process) -> None:
+        with self.lock:
+            if proc.id in self.by_id:
+                raise RequestError(P.ErrorKind.FILE_EXISTS, f"a process with id {proc.id!r} already exists")
+            self.by_id[proc.id] = proc
+
+    def end_connection(self, proc: Process) -> None:
+        with self.lock:
+            self._finish(proc, 0)
 
     def pump(self, fd: int, buffer: OutputBuffer) -> None:
         """Copy a stream into its buffer until it ends (EIO from a pty counts as the end)."""

@@ -29,14 +29,13 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ... import faults, procs
-from ...errors import BackendError, Incompatible, StartupError, StateError
+from ...errors import BackendError, Incompatible, StartupError
 from ...fsutil import atomic_write, check_free_space, no_space
 from ...guest import agent_digest
 from ...guest import protocol as P
@@ -51,7 +50,7 @@ from . import disk, fifos, mounts
 from .agentdir import agent_dir
 from .bundle import oci_config
 from .cgroups import memory_usage, stop_reason
-from .runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags
+from .runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags, unsaveable
 
 log = logging.getLogger(__name__)
 
@@ -446,18 +445,3 @@ def remove_tree(path: Path) -> None:
 
     if path.exists():
         shutil.rmtree(path)
-
-
-DELETED_DENTRY = re.compile(r'dentry\("([^"]*)"\)\.beforeSave: deleted and invalidated dentries')
-
-
-def unsaveable(exc: BackendError, box_id: str, verb: str) -> BackendError | StateError:
-    """runsc's refusal to save a process that uses a deleted directory, said as what to do about it."""
-    found = DELETED_DENTRY.search(exc.message)
-    if found is None:
-        return exc
-    return StateError(
-        f"cannot {verb} sandbox {box_id}: a process in it uses a directory that was deleted ({found[1]!r}) as "
-        "its working directory, or holds it open, and gVisor cannot save that. The sandbox is still running: "
-        "end that process, or have it leave the directory, then try again"
-    )

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import procs
-from ...errors import BackendError
+from ...errors import BackendError, StateError
 
 log = logging.getLogger(__name__)
 
@@ -201,3 +202,18 @@ class Runsc:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return [pid for pid, _ in found]
+
+
+DELETED_DENTRY = re.compile(r'dentry\("([^"]*)"\)\.beforeSave: deleted and invalidated dentries')
+
+
+def unsaveable(exc: BackendError, box_id: str, verb: str) -> BackendError | StateError:
+    """runsc's refusal to save a process that uses a deleted directory, said as what to do about it."""
+    found = DELETED_DENTRY.search(exc.message)
+    if found is None:
+        return exc
+    return StateError(
+        f"cannot {verb} sandbox {box_id}: a process in it uses a directory that was deleted ({found[1]!r}) as "
+        "its working directory, or holds it open, and gVisor cannot save that. The sandbox is still running: "
+        "end that process, or have it leave the directory, then try again"
+    )
