@@ -36,6 +36,7 @@ bench: setup
 	.venv/bin/python benchmarks/e2b_face.py
 	.venv/bin/python benchmarks/cli.py
 	.venv/bin/python benchmarks/code.py
+	.venv/bin/python benchmarks/devloop.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30
