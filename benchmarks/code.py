@@ -16,15 +16,12 @@ Goal: a round trip ≤ 20 ms on gVisor. Writes benchmarks/results/code-BACKEND.j
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-from common import Comparison, report_ratios, serving_daemon, timed
+from common import Comparison, e2b_listening, report_ratios, serving_daemon, timed
 from e2b_code_interpreter import Sandbox as E2bSandbox
 
 from stasis import Client, Sandbox, Template
-from stasis.models import E2bServeRequest
-from stasis.sdk import e2b
 from stasis.sdk.template import interpreter_template
 
 MEMORY_MB = 1024
@@ -49,15 +46,12 @@ def main() -> None:
     parser.add_argument("--creates", type=int, default=3)
     parser.add_argument("--backend", default="gvisor")
     args = parser.parse_args()
-    with serving_daemon("stasis-bench-code-") as paths, Client(paths) as client:
-        e2b.base_image(client)
-        request = E2bServeRequest(listen="127.0.0.1:0", backend=args.backend, memory_mb=MEMORY_MB)
-        lines = e2b.serve(request, client)
-        os.environ.update(next(lines)["exports"])
-        try:
-            rows = measure(client, args)
-        finally:
-            lines.close()
+    with (
+        serving_daemon("stasis-bench-code-") as paths,
+        Client(paths) as client,
+        e2b_listening(client, args.backend, MEMORY_MB),
+    ):
+        rows = measure(client, args)
     report_ratios(f"run_code ({args.backend})", f"code-{args.backend}", rows, {"rounds": args.rounds})
 
 

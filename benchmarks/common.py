@@ -51,6 +51,22 @@ def serving_daemon(prefix: str, **extra_env: str) -> Iterator[Paths]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@contextmanager
+def e2b_listening(client: Any, backend: str, memory_mb: int) -> Iterator[None]:
+    """`stasis e2b serve` on a free port of loopback, its three variables exported for the E2B SDKs, while the
+    block runs (the listener stays open while its stream is)."""
+    from stasis.models import E2bServeRequest
+    from stasis.sdk import e2b
+
+    e2b.base_image(client)
+    lines = e2b.serve(E2bServeRequest(listen="127.0.0.1:0", backend=backend, memory_mb=memory_mb), client)
+    os.environ.update(next(lines)["exports"])
+    try:
+        yield
+    finally:
+        lines.close()
+
+
 def timed(action: Callable[[], object], rounds: int) -> list[float]:
     """Seconds each of ``rounds`` calls of ``action`` took."""
     samples = []

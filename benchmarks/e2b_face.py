@@ -11,13 +11,11 @@ benchmarks/results/e2b-BACKEND.json.
 from __future__ import annotations
 
 import argparse
-import os
 
-from common import Comparison, report_ratios, serving_daemon, timed
+from common import Comparison, e2b_listening, report_ratios, serving_daemon, timed
 from e2b import Sandbox as E2bSandbox
 
 from stasis import Client, Sandbox
-from stasis.models import E2bServeRequest
 from stasis.sdk import e2b
 
 MEMORY_MB = 256
@@ -29,15 +27,12 @@ def main() -> None:
     parser.add_argument("--creates", type=int, default=5)
     parser.add_argument("--backend", default="gvisor")
     args = parser.parse_args()
-    with serving_daemon("stasis-bench-e2b-") as paths, Client(paths) as client:
-        e2b.base_image(client)
-        request = E2bServeRequest(listen="127.0.0.1:0", backend=args.backend, memory_mb=MEMORY_MB)
-        lines = e2b.serve(request, client)
-        os.environ.update(next(lines)["exports"])  # the listener stays open while `lines` is
-        try:
-            rows = measure(client, args)
-        finally:
-            lines.close()
+    with (
+        serving_daemon("stasis-bench-e2b-") as paths,
+        Client(paths) as client,
+        e2b_listening(client, args.backend, MEMORY_MB),
+    ):
+        rows = measure(client, args)
     report_ratios(f"E2B SDK vs stasis SDK ({args.backend})", f"e2b-{args.backend}", rows, {"rounds": args.rounds})
 
 
