@@ -120,6 +120,7 @@ def test_forks_of_a_live_analysis_go_their_own_ways(daemon: Daemon, backend: str
     client = daemon.client()
     sbx = Sandbox.create(image="code-interpreter", memory_mb=MEMORY_MB, backend=backend, client=client)
     forks: list[Sandbox] = []
+    checkpoint = None
     try:
         loaded(sbx)
         checkpoint = sbx.checkpoint("memory")
@@ -131,6 +132,8 @@ def test_forks_of_a_live_analysis_go_their_own_ways(daemon: Daemon, backend: str
     finally:
         for made in (*forks, sbx):
             made.terminate()
+        if checkpoint is not None:  # the shared daemon's checkpoints are other tests' subject
+            Sandbox.delete_checkpoint(checkpoint.id, client=client)
 
 
 def test_a_first_execution_starts_the_server_and_a_plain_image_says_what_it_needs(client: Client) -> None:

@@ -78,7 +78,8 @@ def test_a_runner_owned_session_ends_suspended_and_the_next_run_finds_its_proces
                 outputs = await run_turn(url, runner_config(client, "openai-runner"), "go on")
             assert "step one done" in outputs[0] and "still-running" in outputs[0], outputs
             # the same sandbox, suspended again: the sleep's cwd, /workspace, was never replaced under it
-            assert [s.id for s in Sandbox.list(client=daemon.client())] == [sandbox.id]
+            named = [s.id for s in Sandbox.list(client=daemon.client()) if s.name == "openai-runner"]
+            assert named == [sandbox.id]  # no second sandbox: the first one, found by its name
             assert sandbox.info().status == "suspended"
         finally:
             sandbox.terminate()
