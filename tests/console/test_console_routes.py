@@ -86,3 +86,26 @@ def test_a_checkpoint_taken_and_restored_from_the_console() -> None:
         assert service.store.get(child).status.value == "terminated"
 
     with_console(scenario)
+
+
+def test_a_sandbox_page_shows_its_egress_audit_as_text() -> None:
+    """The newest lines of the audit (written by the proxy's EgressAudit), a sandbox's claimed name escaped."""
+
+    async def scenario(http: httpx.AsyncClient, service: SandboxService) -> None:
+        api = {"authorization": f"Bearer {TOKEN}"}
+        made = await http.post("/v1/sandboxes", json={"name": "audited", "backend": "fake"}, headers=api)
+        sandbox_id = made.json()["id"]
+        audit = service.network.audit
+        assert audit is not None
+        audit.record(sandbox_id, {"time": 1.0, "destination": "10.9.9.9", "port": 443, "verdict": "denied",
+                                  "name": "<script>x</script>.test", "rule": "matches no allow_out rule"})  # fmt: skip
+        allowed = {"verdict": "allowed", "name": "ok.test", "rule": "allow_out ok.test", "bytes_out": 7, "bytes_in": 99}
+        audit.record(sandbox_id, {"time": 2.0, "destination": "10.9.9.8", "port": 80, **allowed})
+        await logged_in(http)
+        page = (await http.get(f"/ui/sandboxes/{sandbox_id}")).text
+        assert "10.9.9.9:443" in page and "matches no allow_out rule" in page and "7 / 99" in page
+        assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;.test" in page
+        listed = (await http.get(f"/v1/sandboxes/{sandbox_id}/egress", headers=api)).json()
+        assert [line["verdict"] for line in listed] == ["denied", "allowed"]
+
+    with_console(scenario)
