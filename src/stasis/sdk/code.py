@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..models import CodeContextRequest, CodeRequest
-from ._base import Call, _model, _models
+from ._base import Call
 
 FORMATS = ("text", "html", "markdown", "png", "jpeg", "svg", "pdf", "latex", "json", "javascript")
 
@@ -128,10 +128,10 @@ class CodeRecipes:
 
     def _code_context_call(self, cwd: str | None, language: str | None) -> Call:
         body = CodeContextRequest(cwd=cwd, language=language).model_dump(exclude_none=True)
-        return Call("POST", f"{self._url}/code/contexts", _model(_Context), json=body)
+        return Call("POST", f"{self._url}/code/contexts", lambda r: _context(r.json()), json=body)
 
     def _code_contexts_call(self) -> Call:
-        return Call("GET", f"{self._url}/code/contexts", _models(_Context))
+        return Call("GET", f"{self._url}/code/contexts", lambda r: [_context(item) for item in r.json()])
 
     def _code_context_action_call(self, context: CodeContext | str, action: str) -> Call:
         context_id = context.id if isinstance(context, CodeContext) else context
@@ -140,7 +140,5 @@ class CodeRecipes:
         return Call("POST", f"{self._url}/code/contexts/{context_id}/restart")
 
 
-class _Context:
-    @staticmethod
-    def model_validate(data: dict[str, Any]) -> CodeContext:
-        return CodeContext(id=data["id"], language=data["language"], cwd=data["cwd"])
+def _context(data: dict[str, Any]) -> CodeContext:
+    return CodeContext(id=data["id"], language=data["language"], cwd=data["cwd"])
