@@ -10,6 +10,14 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .errors import InvalidRequest
 from .netpolicy import NetworkPolicy, as_policy
+from .secretnames import (
+    LINEAGE_PATTERN,
+    new_lineage,
+    validate_egress_headers,
+    validate_sandbox_secrets,
+    validate_secret_hosts,
+    validate_secret_value,
+)  # fmt: skip
 from .validation import (
     EXEC_ID_PATTERN,
     NAME_PATTERN,
@@ -80,11 +88,47 @@ class SandboxSpec(_Strict):
     )
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
     on_idle: Literal["suspend", "terminate"] | None = None
+    secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="the daemon's secrets this sandbox uses, as name -> the placeholder its environment variable "
+        "holds (at create, a list of names: each gets a fresh placeholder); the egress proxy puts the real value in",
+    )
+    egress_headers: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="per host: headers the egress proxy sets on each HTTPS request, ${secrets.NAME} in a value "
+        "standing for that secret's current value (E2B's network rules)",
+    )
+    ca_lineage: str | None = Field(
+        None, description="the CA the egress proxy signs with for this sandbox's secrets (forks keep it)"
+    )
 
     @field_validator("network", mode="before")
     @classmethod
     def _network(cls, network: Any) -> NetworkPolicy | None:
         return as_policy(network)
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _placeholders(cls, secrets: Any) -> Any:
+        return validate_sandbox_secrets(secrets)
+
+    @field_validator("egress_headers")
+    @classmethod
+    def _valid_egress_headers(cls, rules: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        return validate_egress_headers(rules)
+
+    @model_validator(mode="after")
+    def _secrets_need_the_proxy(self) -> SandboxSpec:
+        if (self.secrets or self.egress_headers) and self.network is None:
+            raise ValueError(
+                "secrets reach their hosts through the egress proxy: give the sandbox a network "
+                "(network=True, or a policy that allows the secrets' hosts)"
+            )
+        if (self.secrets or self.egress_headers) and self.ca_lineage is None:
+            self.ca_lineage = new_lineage()
+        if self.ca_lineage is not None and not LINEAGE_PATTERN.fullmatch(self.ca_lineage):
+            raise ValueError("ca_lineage must be 32 hexadecimal digits (the daemon makes it)")
+        return self
 
     @field_validator("backend")
     @classmethod
@@ -129,6 +173,44 @@ class SandboxInfo(BaseModel):
 
 
 POOL_MAX_SIZE = 64
+
+
+class SecretRequest(_Strict):
+    """A secret's value and where it may go: ``PUT /v1/secrets/{name}`` (a new one, or a rotation)."""
+
+    value: str = Field(repr=False, description="never returned by any read, never logged")
+    hosts: list[str] = Field(
+        default_factory=list, description="hostnames (api.example.com) or wildcards (*.example.com) it is bound to"
+    )
+    header: str | None = Field(None, description="set this header on every request to a bound host")
+    format: str = Field("{value}", description="the header's value, {value} standing for the secret")
+    body: bool = Field(False, description="replace the placeholder in request bodies too, not only in headers")
+    metadata: dict[str, str] = Field(default_factory=dict, description="the owner's notes (E2B's metadata)")
+
+    _valid_value = field_validator("value")(classmethod(lambda cls, v: validate_secret_value(v)))
+    _valid_hosts = field_validator("hosts")(classmethod(lambda cls, v: validate_secret_hosts(v)))
+
+    @model_validator(mode="after")
+    def _valid_header(self) -> SecretRequest:
+        if self.header is not None:
+            validate_egress_headers({"example.com": {self.header: self.format}})
+        if "{value}" not in self.format:
+            raise ValueError("format must contain {value} (where the secret goes), e.g. 'Bearer {value}'")
+        return self
+
+
+class SecretInfo(BaseModel):
+    """What anyone may read of a secret: everything but its value."""
+
+    name: str
+    hosts: list[str]
+    header: str | None = None
+    format: str = "{value}"
+    body: bool = False
+    metadata: dict[str, str] = Field(default_factory=dict)
+    version: int = Field(description="1 when added; each rotation adds one")
+    created_at: float
+    updated_at: float
 
 
 class CreatePoolRequest(_Strict):

@@ -67,6 +67,8 @@ def hosts() -> Iterator[dict[str, TestHost]]:
 def net_daemon(hosts: dict[str, TestHost]) -> Iterator[Daemon]:
     d = Daemon(new_home("net"))
     d.sticky_env["STASIS_DNS_UPSTREAM"] = hosts["web"].address
+    assert hosts["web"].tls is not None
+    d.sticky_env["STASIS_UPSTREAM_CA"] = str(hosts["web"].tls.ca)  # how the egress proxy trusts our HTTPS host
     d.start()
     yield d
     terminate_all(d)

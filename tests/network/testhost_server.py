@@ -2,6 +2,8 @@
 
 python3 testhost_server.py http PORT NAME      GET / answers "hello from NAME"; /bytes/N sends N bytes
 python3 testhost_server.py dns PORT ZONE_JSON  answers A queries from {"name": "ip", "*.suffix": "ip"}
+python3 testhost_server.py https PORT CERT LOG  HTTPS with CERT (chain and key); each request's Host, path,
+                                               headers and body appended to LOG as a JSON line, never echoed
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import http.server
 import json
 import socket
 import socketserver
+import ssl
 import sys
+import threading
 
 import dns.message
 import dns.rcode
@@ -50,6 +54,70 @@ def serve_http(port: int, name: str) -> None:
         server.serve_forever()
 
 
+def serve_https(port: int, cert: str, log: str) -> None:
+    """What arrived is kept on this side (the test reads LOG); the answer never carries a header's value."""
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _record(self, body: bytes) -> None:
+            headers = [[k, v] for k, v in self.headers.items()]
+            entry = {"method": self.command, "path": self.path, "host": self.headers.get("host"),
+                     "headers": headers, "body": body.decode(errors="replace")}  # fmt: skip
+            with lock, open(log, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+        def _answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path.startswith("/bytes/"):
+                size = int(self.path.rsplit("/", 1)[1])
+                self.send_response(200)
+                self.send_header("content-length", str(size))
+                self.end_headers()
+                chunk = b"x" * (1 << 20)
+                while size > 0:
+                    self.wfile.write(chunk[: min(size, len(chunk))])
+                    size -= len(chunk)
+                return
+            self._record(b"")
+            self._answer(f"ok {self.command} {self.path}".encode())
+
+        def do_POST(self) -> None:
+            if self.headers.get("transfer-encoding", "").lower() == "chunked":
+                body = b""
+                while (size := int(self.rfile.readline().split(b";")[0], 16)) > 0:
+                    body += self.rfile.read(size)
+                    self.rfile.readline()
+                self.rfile.readline()
+            else:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            if self.path.startswith("/sink"):  # an upload: only its size is answered
+                self._answer(str(len(body)).encode())
+                return
+            self._record(body)
+            self._answer(f"ok {self.command} {self.path} {len(body)}".encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(socketserver.ThreadingTCPServer):
+        allow_reuse_address = True
+        daemon_threads = True
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert)
+    with Server(("0.0.0.0", port), Handler) as server:
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        print("ready", flush=True)
+        server.serve_forever()
+
+
 def serve_dns(port: int, zone: dict[str, str]) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("0.0.0.0", port))
@@ -72,5 +140,7 @@ if __name__ == "__main__":
     kind, port = sys.argv[1], int(sys.argv[2])
     if kind == "http":
         serve_http(port, sys.argv[3])
+    elif kind == "https":
+        serve_https(port, sys.argv[3], sys.argv[4])
     else:
         serve_dns(port, json.loads(sys.argv[3]))

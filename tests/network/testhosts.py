@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ class TestHost:
     address: str  # the host's address inside its namespace
     peer: str  # the address on our side of the veth (one of this machine's own addresses)
     pids: list[int] = field(default_factory=list)
+    tls: TestTls | None = None  # its HTTPS server's CA and request log, if it serves one
 
     @property
     def netns(self) -> str:
@@ -70,16 +72,83 @@ class TestHost:
         self._serve("http", str(port), self.name)
         return self
 
+    def serve_https(self, cert: Path, log: Path, port: int = 443) -> TestHost:
+        self._serve("https", str(port), str(cert), str(log))
+        return self
+
     def serve_dns(self, zone: dict[str, str], port: int = 53) -> TestHost:
         self._serve("dns", str(port), json.dumps(zone))
         return self
 
     def down(self) -> None:
+        if self.tls is not None:
+            shutil.rmtree(self.tls.directory, ignore_errors=True)
         for pid in self.pids:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         self.pids.clear()
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)  # removes its veth too
+
+
+@dataclass
+class TestTls:
+    """The suite's own CA (the daemon trusts it through STASIS_UPSTREAM_CA) and what the HTTPS server logged."""
+
+    __test__ = False
+
+    directory: Path
+    names: tuple[str, ...]  # the names its certificate holds
+
+    @property
+    def ca(self) -> Path:
+        return self.directory / "ca.pem"
+
+    @property
+    def chain(self) -> Path:
+        return self.directory / "server.pem"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "requests.jsonl"
+
+    def requests(self) -> list[dict]:
+        """Every request the HTTPS server received, as it received it."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def make(self) -> TestTls:
+        import datetime
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        def name(cn: str) -> x509.Name:
+            return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+        now = datetime.datetime.now(datetime.UTC)
+        ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+        issuer = name("stasis test-host CA")
+        ca = (x509.CertificateBuilder().subject_name(issuer).issuer_name(issuer)
+              .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+              .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+              .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+              .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+              .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+              .sign(ca_key, hashes.SHA256()))  # fmt: skip
+        leaf = (x509.CertificateBuilder().subject_name(name(self.names[0])).issuer_name(ca.subject)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+                .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in self.names]), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+                .sign(ca_key, hashes.SHA256()))  # fmt: skip
+        pem = serialization.Encoding.PEM
+        self.ca.write_bytes(ca.public_bytes(pem))
+        self.chain.write_bytes(leaf.public_bytes(pem) + key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))  # fmt: skip
+        return self
 
 
 SLOTS = 60
@@ -116,9 +185,12 @@ def _plus(base: str, n: int) -> str:
     return f"{head}.{int(last) + n}"
 
 
+TLS_NAMES = ("api.secret.test", "echo.secret.test")
+
+
 def make_hosts() -> dict[str, TestHost]:
-    """``web`` (HTTP, and DNS for the *.test zone), ``other`` (HTTP, another public range) and
-    ``private`` (HTTP in 10.77/16)."""
+    """``web`` (HTTP, HTTPS as the names of ``TLS_NAMES``, and DNS for the *.test zone), ``other`` (HTTP,
+    another public range) and ``private`` (HTTP in 10.77/16)."""
     public, other, private = blocks()
     remove_stale(public, other, private)
     hosts = {
@@ -126,16 +198,20 @@ def make_hosts() -> dict[str, TestHost]:
         "other": TestHost("other", _plus(other, 2), _plus(other, 1)),
         "private": TestHost("private", _plus(private, 2), _plus(private, 1)),
     }
+    web = hosts["web"]
+    web.tls = TestTls(Path(tempfile.mkdtemp(prefix="stasis-testtls-")), TLS_NAMES).make()
     try:
         for host in hosts.values():
             host.up().serve_http()
         hosts["other"].serve_http(443)  # plain HTTP: a TLS client gets past the proxy only to fail here
+        web.serve_https(web.tls.chain, web.tls.log)
         zone = {
             "allowed.test": hosts["web"].address,
             "www.allowed.test": hosts["web"].address,
             "denied.test": hosts["other"].address,
             "*.wild.test": hosts["other"].address,
             "private.test": hosts["private"].address,
+            **{name: web.address for name in (*TLS_NAMES, "mismatch.secret.test")},  # not in its certificate
         }
         hosts["web"].serve_dns(zone)
     except BaseException:

@@ -8,8 +8,11 @@ a resume of a sandbox this node does not hold takes it over from the remote stor
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..errors import SandboxNotFound, StateError
 from ..models import CreateSandboxRequest, SandboxInfo
+from ..secretnames import referenced_secrets
 from .pools import PoolManager
 from .remote import RemoteService
 from .service import SandboxService
@@ -17,12 +20,20 @@ from .sources import Source, source_of
 
 
 class Front:
-    def __init__(self, core: SandboxService, pools: PoolManager, remote: RemoteService | None) -> None:
+    def __init__(
+        self,
+        core: SandboxService,
+        pools: PoolManager,
+        remote: RemoteService | None,
+        secrets_exist: Callable[[list[str]], None] = lambda names: None,
+    ) -> None:
         self.core = core
         self.pools = pools
         self.remote = remote
+        self.secrets_exist = secrets_exist  # refuses a create naming a secret this daemon lacks
 
     async def create(self, request: CreateSandboxRequest) -> SandboxInfo:
+        self.secrets_exist([*request.secrets, *referenced_secrets(request.egress_headers)])
         if (claimed := await self.pools.claim(request)) is not None:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)

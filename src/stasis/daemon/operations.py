@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
 
+from ..credentials import trust
 from ..errors import GuestDisconnected, StateError
 from ..guest import protocol as P
 from ..models import (
@@ -66,8 +67,11 @@ class GuestOperations:
     ) -> dict[str, Any]:
         """What the request says, over what the sandbox's image says (its Env, WorkingDir, User). A ``streamed``
         command's output is read as it comes: Python there writes it unbuffered unless told otherwise."""
-        image_env, image_cwd, image_user = self.service.boxes.command_defaults(self.service.lookup(ref))
+        info = self.service.lookup(ref)
+        image_env, image_cwd, image_user = self.service.boxes.command_defaults(info)
         base = STREAMED_ENV if streamed else {}
+        if info.spec.ca_lineage is not None:  # a sandbox with secrets: their placeholders, and its CA trusted
+            base = {**base, **trust.sandbox_env(info.spec.secrets)}
         return {"env": {**base, **image_env, **env}, "cwd": cwd or image_cwd, "user": user or image_user}
 
     async def run(self, ref: str, request: RunRequest) -> RunResult:

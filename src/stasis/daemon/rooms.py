@@ -3,7 +3,8 @@
     faces       routes/ (HTTP), console/, mcp_http, e2b/    translate a protocol onto the rooms below
     code        CodeRoom: run_code, relayed to the kernel server in the sandbox (E2B's SDKs reach it directly)
     front       Front: create and resume get their source   pools, templates, the remote store
-    features    Checkpoints, forks, PoolManager, Ports, RemoteService, GuestOperations, ssh, idle reaper
+    features    Checkpoints, forks, PoolManager, Ports, RemoteService, GuestOperations, ssh, idle reaper,
+                SecretsRoom (the secret store, its CAs, the broker the egress proxy asks)
     core        SandboxService: locks, store transitions, channels, backends, one teardown
 
 Each room is handed only what it uses; none reaches back into a room above it. A face gets the rooms
@@ -32,6 +33,7 @@ from .operations import GuestOperations
 from .pools import PoolManager
 from .ports import Ports
 from .remote import RemoteService
+from .secrets import SecretsRoom
 from .service import SandboxService
 from .ssh import HostKeys
 
@@ -51,6 +53,7 @@ class Rooms:
     e2b: E2bRoom
     e2b_listeners: E2bListeners
     code: CodeRoom
+    secrets: SecretsRoom
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
 
@@ -62,12 +65,14 @@ class Rooms:
         pools = PoolManager(core)
         ports = Ports(core)
         core.teardown_hooks.append(ports.forget)  # an exposed port's listener goes with its sandbox
-        front, ops = Front(core, pools, remote), GuestOperations(core)
+        secrets = SecretsRoom(core)
+        front, ops = Front(core, pools, remote, secrets.check_exist), GuestOperations(core)
         e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token))
         rooms = cls(
             paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
             ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints),
-            e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops), token=token,
+            e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
+            secrets=secrets, token=token,
         )  # fmt: skip
         e2b.code_interpreter = rooms.code.ensure
         if token:

@@ -47,6 +47,7 @@ S = SandboxStatus
 ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 FORCE_AFTER = 10.0  # seconds a removal waits for another operation on the sandbox
 TeardownHook = Callable[[str], Awaitable[None]]
+ReadyHook = Callable[[SandboxInfo, GuestChannel], Awaitable[None]]
 
 
 def new_id(prefix: str) -> str:
@@ -71,6 +72,8 @@ class SandboxService:
         self.watchdog = Watchdog(self.died)
         # what features above hold of a sandbox (its exposed ports' listeners) goes with it
         self.teardown_hooks: list[TeardownHook] = []
+        # what features above put into a sandbox each time it starts on this node (its secrets' CA)
+        self.ready_hooks: list[ReadyHook] = []
         self._channels: dict[str, GuestChannel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._serving = contextlib.AsyncExitStack()  # the backends', while the daemon serves
@@ -194,10 +197,19 @@ class SandboxService:
             detail = f"from checkpoint {checkpoint.id}" if checkpoint else "started"
             info = self.store.transition(info.id, S.RUNNING, detail, backend_state=state.model_dump(mode="json"))
             await self._watch(info)
+            await self._ready(info, channel)
             self.activity.touch(info.id)
             self.metrics.create_seconds.observe(time.monotonic() - started)
             log.info("created %s (%s) in %.3fs", info.id, info.name, time.monotonic() - started)
             return self.present(info)
+
+    async def _ready(self, info: SandboxInfo, channel: GuestChannel) -> None:
+        """The ready hooks; one that fails is logged, and the sandbox runs on (what it set up fails closed)."""
+        for hook in self.ready_hooks:
+            try:
+                await hook(info, channel)
+            except Exception:
+                log.exception("%s: setting up after its start failed", info.id)
 
     async def discard(self, info: SandboxInfo, box: BoxRef, reason: str) -> None:
         """Roll back a create: nothing stays on the host, the record says why."""
@@ -294,6 +306,7 @@ class SandboxService:
                 info.id, S.RUNNING, f"{elapsed:.3f}s", last_resume_seconds=elapsed, backend_state=backend_state
             )
             await self._watch(info)
+            await self._ready(info, channel)
             self.activity.touch(info.id)
             self.metrics.resume_seconds.observe(elapsed)
             log.info("resumed %s in %.3fs", info.id, elapsed)

@@ -83,6 +83,13 @@ def spec_from_checkpoint(checkpoint: CheckpointInfo, request: CreateSandboxReque
         k: getattr(request, k) for k in request.model_fields_set & {"timeout_secs", "on_idle", "cpus", "network"}
     }
     overrides["backend"] = checkpoint.backend
+    kept = checkpoint.spec
+    if request.secrets or request.egress_headers:  # a secret it had keeps its placeholder (its memory holds it)
+        if overrides.get("network", kept.network) is None:
+            raise InvalidRequest("secrets reach their hosts through the egress proxy: give the sandbox a network")
+        overrides |= {"secrets": {**request.secrets, **kept.secrets},
+                      "ca_lineage": kept.ca_lineage or request.ca_lineage,
+                      "egress_headers": request.egress_headers or kept.egress_headers}  # fmt: skip
     if checkpoint.type == CheckpointType.FILESYSTEM:
         overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb", "disk_mb"}}
     else:

@@ -4,6 +4,9 @@ Each connection is judged once, when it opens, by the policy as it is then (a li
 to the next connection): by its address, the names the sandbox resolved to that address, and on
 ports 80 and 443 the name it claims in its HTTP Host header or TLS SNI. Allowed, the daemon makes
 the connection from the host and copies bytes both ways; denied, the sandbox's connection is reset.
+
+HTTPS to a host one of the sandbox's secrets is bound to is not copied but served by the secrets' broker
+(:mod:`stasis.credentials.broker`), which puts the secrets in; plain HTTP to such a host is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..netpolicy import IPAddress, NetworkPolicy
 from . import sniff
@@ -37,6 +40,22 @@ def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
     return ipaddress.IPv4Address(address), port
 
 
+class Interceptor(Protocol):
+    """What the egress proxy asks of the secrets' broker."""
+
+    def bound(self, sandbox_id: str, host: str) -> bool: ...
+
+    async def intercept(
+        self,
+        sandbox_id: str,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        first: bytes,
+        destination: tuple[IPAddress, int],
+        host: str,
+        on_data: Callable[[], None],
+    ) -> dict[str, Any]: ...
+
+
 class EgressProxy:
     def __init__(
         self,
@@ -46,13 +65,15 @@ class EgressProxy:
         is_host_address: Callable[[IPAddress], bool],
         on_activity: Callable[[], None],
         audit: Callable[[dict[str, Any]], None] = lambda entry: None,
+        secrets: Callable[[], Interceptor | None] = lambda: None,
     ) -> None:
-        self.label = label
+        self.label = label  # the sandbox's id
         self.policy = policy
         self.resolved = resolved
         self.is_host_address = is_host_address
         self.on_activity = on_activity
         self.audit = audit  # one line per connection (network.audit)
+        self.secrets = secrets
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -82,12 +103,23 @@ class EgressProxy:
         else:
             local = {ip} if self.is_host_address(ip) else set()  # asked now: an address added a moment ago counts
             why = policy.judge(ip, resolved, claimed, local)
+        broker = self.secrets() if claimed else None
+        bound = broker is not None and broker.bound(self.label, claimed[0])
+        if not why and bound and kind == "http":
+            why = f"a secret is bound to {claimed[0]}: plain HTTP is refused (a secret never goes in clear); use HTTPS"
         if why:
             log.info("%s: denied %s:%d%s: %s", self.label, ip, port, f" ({claimed[0]})" if claimed else "", why)
             self.audit(line | {"verdict": "denied", "rule": why})
             abort(writer)
             return
         line |= {"verdict": "allowed", "rule": policy.allowing_rule(ip, resolved)}
+        if bound and broker is not None:
+            self.on_activity()
+            extra = await broker.intercept(
+                self.label, (reader, writer), first, (ip, port), claimed[0], self.on_activity
+            )
+            self.audit(line | {"seconds": round(time.monotonic() - opened, 3), "bytes_out": 0, "bytes_in": 0} | extra)
+            return
         try:
             upstream = await asyncio.wait_for(asyncio.open_connection(str(ip), port), CONNECT_TIMEOUT)
         except (OSError, TimeoutError) as exc:

@@ -25,7 +25,7 @@ from .. import faults
 from ..netpolicy import IPAddress, NetworkPolicy
 from . import firewall, namespaces
 from .audit import EgressAudit
-from .egress import EgressProxy
+from .egress import EgressProxy, Interceptor
 from .namespaces import GATEWAY_ADDRESS, INNER_ADDRESS, Device, SandboxNet
 from .resolver import Resolver, upstream_from_env
 
@@ -82,6 +82,7 @@ class NetworkEngine:
         self.tag = tag
         self.on_activity = on_activity
         self.audit = audit
+        self.secrets: Interceptor | None = None  # the secrets' broker, set by the room above that owns it
         self.upstream = upstream_from_env()
         self._attached: dict[str, Attached] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -121,7 +122,7 @@ class NetworkEngine:
                 self.audit.record(sandbox_id, entry)
 
         proxy = EgressProxy(sandbox_id, current, resolver.resolved, is_host_address,
-                            lambda: self.on_activity(sandbox_id), audited)  # fmt: skip
+                            lambda: self.on_activity(sandbox_id), audited, lambda: self.secrets)  # fmt: skip
         with namespaces.inside(net.gateway):
             dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

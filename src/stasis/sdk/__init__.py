@@ -39,6 +39,7 @@ from ..models import (
     SandboxInfo,
     SandboxSpec,
     SandboxStatus,
+    SecretInfo,
     TransferResult,
 )
 from ..netpolicy import NetworkPolicy
@@ -49,6 +50,7 @@ from ._sync import Sandbox
 from .code import CodeContext, Execution, ExecutionError, Result
 from .image import Image
 from .pool import Pool, PoolNotReady
+from .secret import Secret
 from .template import Template, TemplateNotReady
 
 __all__ = [
@@ -96,6 +98,8 @@ __all__ = [
     "SandboxNotFound",
     "SandboxSpec",
     "SandboxStatus",
+    "Secret",
+    "SecretInfo",
     "StartupError",
     "StasisError",
     "StateError",

@@ -54,6 +54,7 @@ class CreateOptions(TypedDict, total=False):
     network: bool | NetworkPolicy  # True: the internet; a policy: only where it allows; absent: no network
     snapshot_id: str  # create from this checkpoint (id or name): its processes and files
     template: str | None  # create from this template (stasis.Template): its start command already running
+    secrets: list[str]  # the daemon's secrets it may use: each an env var holding a placeholder (stasis.Secret)
 
 
 class RunOptions(TypedDict, total=False):

@@ -14,9 +14,13 @@ from . import (
     ports,
     remote,
     sandboxes,
+    secrets,
     system,
     terminals,
 )
 
-FACES = (system, images, sandboxes, pools, checkpoints, remote, commands, code, egress, terminals, ports, files, e2b)
+FACES = (
+    system, images, sandboxes, pools, checkpoints, remote, secrets,
+    commands, code, egress, terminals, ports, files, e2b,
+)  # fmt: skip
 ROUTERS = [face.router for face in FACES]

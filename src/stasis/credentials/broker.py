@@ -1,0 +1,220 @@
+"""The egress proxy's part in secrets: which hosts a sandbox's secrets are bound to, and the interception.
+
+For HTTPS to a bound host the proxy is the server the sandbox talks to (a certificate for the host, signed
+by the sandbox's own CA) and a client of the real host (verified against the system's trust store, plus
+``STASIS_UPSTREAM_CA``: a host whose certificate fails is refused). Between the two it reads the sandbox's
+requests one at a time and puts the secrets in (:mod:`.inject`); responses go back as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from ..models import SandboxSpec
+from ..netpolicy import IPAddress, name_matches
+from ..network.http1 import COPY_CHUNK, BadRequest, framing
+from ..network.relay import abort, pipe
+from .authority import Authorities
+from .inject import Bound, Injection, header_rules, replace_body, rewrite_head
+from .store import SecretStore
+from .tls import TlsClosed, TlsServerStream
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 30.0  # the sandbox's side, on a loaded machine
+BODY_LIMIT = 16 << 20  # a Content-Length body is read whole to put secrets in; a larger one goes as it is
+
+
+def upstream_context() -> ssl.SSLContext:
+    """How the proxy verifies the real host: the system's trust store, and ``STASIS_UPSTREAM_CA`` if set."""
+    context = ssl.create_default_context()
+    if extra := os.environ.get("STASIS_UPSTREAM_CA"):
+        context.load_verify_locations(cafile=extra)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+class SecretBroker:
+    def __init__(
+        self, store: SecretStore, authorities: Authorities, spec_of: Callable[[str], SandboxSpec | None]
+    ) -> None:
+        self.store = store
+        self.authorities = authorities
+        self.spec_of = spec_of  # the sandbox's spec as stored now
+        self.upstream = upstream_context()
+
+    # ------------------------------------------------------------ which secrets apply
+
+    def bound(self, sandbox_id: str, host: str) -> bool:
+        """Whether a secret of the sandbox (one that still exists) or one of its header rules is bound to ``host``."""
+        spec = self.spec_of(sandbox_id)
+        if spec is None or spec.ca_lineage is None:
+            return False
+        if any(name_matches(rule, host) for rule in spec.egress_headers):
+            return True
+        for name in spec.secrets:
+            secret = self.store.get(name)
+            if secret is not None and any(name_matches(rule, host) for rule in secret.info.hosts):
+                return True
+        return False
+
+    def injection(self, sandbox_id: str, host: str) -> Injection:
+        """The secrets as they are now: a rotation counts from the next request, a removal makes a placeholder inert."""
+        spec = self.spec_of(sandbox_id)
+        if spec is None:
+            return Injection([])
+        bound = []
+        for name, placeholder in spec.secrets.items():
+            secret = self.store.get(name)
+            if secret is None or not any(name_matches(rule, host) for rule in secret.info.hosts):
+                continue
+            value, info = secret.value.encode(), secret.info
+            header = info.header.encode() if info.header else None
+            formatted = info.format.replace("{value}", secret.value).encode() if header else None
+            bound.append(Bound(name, placeholder.encode(), value, header, formatted, info.body))
+        headers: dict[bytes, tuple[bytes, list[str]]] = {}
+        for rule, rules in spec.egress_headers.items():
+            if name_matches(rule, host):
+                headers |= header_rules(rules, lambda n: s.value if (s := self.store.get(n)) else None)
+        return Injection(bound, headers)
+
+    # ------------------------------------------------------------ the interception
+
+    async def intercept(
+        self,
+        sandbox_id: str,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        first: bytes,
+        destination: tuple[IPAddress, int],
+        host: str,
+        on_data: Callable[[], None],
+    ) -> dict[str, Any]:
+        """Serve one HTTPS connection to a bound host; what the audit line adds (bytes, secrets used, an error)."""
+        reader, writer = client
+        spec = self.spec_of(sandbox_id)
+        assert spec is not None and spec.ca_lineage is not None
+        authority = self.authorities.get(spec.ca_lineage)
+        context = await asyncio.to_thread(authority.server_context, host)
+        ip, port = destination
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(str(ip), port, ssl=self.upstream, server_hostname=host), CONNECT_TIMEOUT
+            )
+        except ssl.SSLCertVerificationError as exc:
+            abort(writer)
+            return {"error": f"refused: {host}'s certificate failed verification ({exc.verify_message})"}
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            abort(writer)
+            return {"error": f"{host} unreachable over TLS from the host: {exc or type(exc).__name__}"}
+        tls = TlsServerStream(reader, writer, context, first)
+        try:
+            await asyncio.wait_for(tls.handshake(), HANDSHAKE_TIMEOUT)
+        except (ssl.SSLError, TlsClosed, TimeoutError, OSError) as exc:
+            abort(writer)
+            up_writer.close()
+            return {"error": f"the sandbox's TLS handshake with the proxy failed (does it trust its CA?): {exc}"}
+        used: set[str] = set()
+        try:
+            sent, received = await asyncio.gather(
+                self._requests(tls, up_writer, sandbox_id, host, used, on_data), pipe(up_reader, tls, on_data)
+            )
+        finally:
+            writer.close()
+            up_writer.close()
+        return {"intercepted": True, "secrets": sorted(used), "bytes_out": sent, "bytes_in": received}
+
+    async def _requests(
+        self,
+        client: TlsServerStream,
+        upstream: asyncio.StreamWriter,
+        sandbox_id: str,
+        host: str,
+        used: set[str],
+        on_data: Callable[[], None],
+    ) -> int:
+        """Forward the sandbox's requests with the secrets put in, until it is done; the bytes sent."""
+        sent = 0
+        try:
+            while True:
+                try:
+                    head = await client.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return sent  # the sandbox is done
+                on_data()
+                injection = self.injection(sandbox_id, host)
+                head, names = rewrite_head(head, injection)
+                used |= names
+                body = framing(head)
+                if body == "raw":  # an upgrade (a WebSocket): the rest is another protocol's
+                    upstream.write(head)
+                    return sent + len(head) + await pipe(client, upstream, on_data)  # type: ignore[arg-type]
+                if body == "chunked":
+                    upstream.write(head)
+                    sent += len(head) + await _copy_chunked(client, upstream, injection, used)
+                elif injection.body and int(body) <= BODY_LIMIT:
+                    data = replace_body(await client.readexactly(int(body)), injection, used)
+                    head = _with_length(head, len(data))
+                    upstream.write(head + data)
+                    sent += len(head) + len(data)
+                else:
+                    upstream.write(head)
+                    sent += len(head) + await _copy_exactly(client, upstream, int(body))
+                await upstream.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, BadRequest, ValueError, ConnectionError,
+                ssl.SSLError):  # fmt: skip
+            return sent
+        finally:
+            with contextlib.suppress(Exception):
+                upstream.close()  # the sandbox is done: the host's answer to nothing is not awaited
+
+
+def _with_length(head: bytes, length: int) -> bytes:
+    lines = [line for line in head[:-4].split(b"\r\n") if not line.lower().startswith(b"content-length:")]
+    return b"\r\n".join([*lines, b"Content-Length: %d" % length]) + b"\r\n\r\n"
+
+
+async def _copy_exactly(client: TlsServerStream, upstream: asyncio.StreamWriter, size: int) -> int:
+    total = size
+    while size > 0:
+        data = await client.read(min(size, COPY_CHUNK))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", size)
+        upstream.write(data)
+        size -= len(data)
+        await upstream.drain()
+    return total
+
+
+async def _copy_chunked(
+    client: TlsServerStream, upstream: asyncio.StreamWriter, injection: Injection, used: set[str]
+) -> int:
+    """Chunk by chunk; with a body secret, each chunk has the placeholders in it replaced (and its size redone)."""
+    sent = 0
+    while True:
+        line = await client.readuntil(b"\r\n")
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BadRequest("a chunk size that is not hexadecimal") from None
+        if size == 0:
+            upstream.write(line)
+            sent += len(line)
+            while (trailer := await client.readuntil(b"\r\n")) != b"\r\n":
+                upstream.write(trailer)
+                sent += len(trailer)
+            upstream.write(b"\r\n")
+            return sent + 2
+        chunk = (await client.readexactly(size + 2))[:-2]
+        if injection.body:
+            chunk = replace_body(chunk, injection, used)
+        framed = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+        upstream.write(framed)
+        sent += len(framed)
+        await upstream.drain()
