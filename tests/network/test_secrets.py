@@ -12,6 +12,8 @@ import base64
 import contextlib
 import json
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +22,10 @@ import pytest
 
 from stasis import CheckpointType, Client, NotFound, Sandbox, Secret
 from stasis.errors import InvalidRequest
-from tests.conftest import Daemon
+from tests.conftest import Daemon, new_home, terminate_all
 from tests.network.testhosts import TestHost, TestTls
+from tests.remote.conftest import S3
+from tests.remote.conftest import s3 as s3_fixture  # noqa: F401 - registers the fixture `s3` here, for the move
 
 # Run in a sandbox: an HTTPS (or HTTP) request; $NAME in a header or the body is the sandbox's own variable.
 REQUEST = r"""
@@ -271,3 +275,63 @@ def test_bad_secret_requests_are_refused_with_what_to_do(net_client: Client, sec
         Secret.add("BAD_VALUE", "a\r\nX-Evil: 1", hosts=["api.secret.test"], client=net_client)
     with pytest.raises(InvalidRequest, match="invalid secret name"):
         Secret.add("../etc", "x", hosts=["api.secret.test"], client=net_client)
+
+
+def test_the_cli_reads_a_value_from_stdin_and_never_shows_it(net_daemon: Daemon, net_client: Client) -> None:
+    name, value = f"CLI_{secrets.token_hex(4)}", "cli-" + secrets.token_hex(16)
+
+    def stasis(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "stasis", *args], input=stdin, capture_output=True, text=True,
+                              env=net_daemon.env, timeout=120)  # fmt: skip
+
+    try:
+        added = stasis("secret", "add", name, "--host", "api.secret.test", "--header", "Authorization",
+                       "--format", "Bearer {value}", stdin=value + "\n")  # fmt: skip
+        assert added.returncode == 0, added.stderr
+        assert f"secret {name} added, bound to api.secret.test" in added.stdout and value not in added.stdout
+        assert Secret.get(name, client=net_client).format == "Bearer {value}"
+        listed = stasis("secret", "ls")
+        assert name in listed.stdout and "Authorization: Bearer {value}" in listed.stdout and value not in listed.stdout
+        rotated = stasis("secret", "add", name, "--host", "api.secret.test", stdin="second-" + value)
+        assert "rotated (version 2)" in rotated.stdout
+        empty = stasis("secret", "add", name, "--host", "api.secret.test", stdin="\n")
+        assert empty.returncode != 0 and "the value is empty" in empty.stderr
+        assert stasis("secret", "rm", name).returncode == 0
+        assert name not in stasis("secret", "ls").stdout
+    finally:
+        with contextlib.suppress(NotFound):
+            Secret.remove(name, client=net_client)
+
+
+def test_a_sandbox_moved_to_another_node_authenticates_with_that_nodes_secret(
+    s3: S3, hosts: dict[str, TestHost], tls: TestTls
+) -> None:
+    """Secrets are each node's own: the sandbox carries its placeholder, node B puts in B's value, and B (which
+    never saw A's CA) makes the sandbox trust a CA of its own when it resumes there."""
+    name = f"MOVED_{secrets.token_hex(4)}"
+    values = {"node-a": "a-" + secrets.token_hex(16), "node-b": "b-" + secrets.token_hex(16)}
+    nodes = {node: Daemon(new_home(f"secret-{node}")) for node in values}
+    for node, daemon in nodes.items():
+        daemon.sticky_env.update(s3.env, STASIS_NODE=node, STASIS_DNS_UPSTREAM=hosts["web"].address,
+                                 STASIS_UPSTREAM_CA=str(tls.ca))  # fmt: skip
+        daemon.start()
+    try:
+        with nodes["node-a"].client() as a, nodes["node-b"].client() as b:
+            for node, client in (("node-a", a), ("node-b", b)):
+                Secret.add(name, values[node], hosts=["api.secret.test"], client=client)
+            sbx = Sandbox.create(f"mover-{name.lower()}", client=a, memory_mb=512, network=True, secrets=[name])
+            path = f"/on-a/{secrets.token_hex(4)}"
+            assert request(sbx, f"https://api.secret.test{path}", {"Authorization": f"${name}"})["status"] == 200
+            assert header(received(tls, path)[0], "Authorization") == values["node-a"]
+            sbx.push()
+            Sandbox.pull(sbx.id, client=b)
+            moved = Sandbox.connect(sbx.id, client=b)
+            moved.resume()
+            path = f"/on-b/{secrets.token_hex(4)}"
+            answer = request(moved, f"https://api.secret.test{path}", {"Authorization": f"${name}"})
+            assert answer.get("status") == 200, answer  # the sandbox trusts node B's CA now
+            assert header(received(tls, path)[0], "Authorization") == values["node-b"]
+    finally:
+        for daemon in nodes.values():
+            terminate_all(daemon)
+            daemon.stop()

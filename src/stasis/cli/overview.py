@@ -37,6 +37,7 @@ OVERVIEW: dict[str, dict[str, str]] = {
     "Network and access": {
         "network": "Show or change the egress policy, live",
         "egress": "Every connection a sandbox opened: the egress audit",
+        "secret": "Secrets the proxy adds to requests; sandboxes never hold them",
         "port": "Expose a port at a URL (a request resumes it)",
         "port-forward": "Forward a local TCP port into the sandbox",
         "ssh": "Log in with your OpenSSH client",

@@ -56,6 +56,10 @@ def create(
     ] = False,
     allow_out: AllowOut = None,
     deny_out: DenyOut = None,
+    secrets: Annotated[
+        list[str] | None,
+        typer.Option("--secret", help="A secret it may use (`stasis secret ls`): its env var holds a placeholder."),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Create a sandbox and start it (from an image, or from a checkpoint with --from)."""
@@ -74,6 +78,8 @@ def create(
         explicit["template"] = template
     if network or allow_out or deny_out:
         explicit["network"] = build(NetworkPolicy, allow_out=allow_out or [], deny_out=deny_out or [])
+    if secrets:
+        explicit["secrets"] = secrets
     with err.status(f"creating sandbox {name}..."):
         started = time.monotonic()
         sbx = Sandbox.create(
