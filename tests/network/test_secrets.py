@@ -25,7 +25,7 @@ from stasis.errors import InvalidRequest
 from tests.conftest import Daemon, new_home, terminate_all
 from tests.network.testhosts import TestHost, TestTls
 from tests.remote.conftest import S3
-from tests.remote.conftest import s3 as s3_fixture  # noqa: F401 - registers the fixture `s3` here, for the move
+from tests.remote.conftest import s3 as s3_store  # noqa: F401 - the remote tests' S3 server, as a fixture here
 
 # Run in a sandbox: an HTTPS (or HTTP) request; $NAME in a header or the body is the sandbox's own variable.
 REQUEST = r"""
@@ -304,7 +304,9 @@ def test_the_cli_reads_a_value_from_stdin_and_never_shows_it(net_daemon: Daemon,
 
 
 def test_a_sandbox_moved_to_another_node_authenticates_with_that_nodes_secret(
-    s3: S3, hosts: dict[str, TestHost], tls: TestTls
+    s3_store: S3,
+    hosts: dict[str, TestHost],
+    tls: TestTls,  # noqa: F811 - the fixture imported above
 ) -> None:
     """Secrets are each node's own: the sandbox carries its placeholder, node B puts in B's value, and B (which
     never saw A's CA) makes the sandbox trust a CA of its own when it resumes there."""
@@ -312,7 +314,7 @@ def test_a_sandbox_moved_to_another_node_authenticates_with_that_nodes_secret(
     values = {"node-a": "a-" + secrets.token_hex(16), "node-b": "b-" + secrets.token_hex(16)}
     nodes = {node: Daemon(new_home(f"secret-{node}")) for node in values}
     for node, daemon in nodes.items():
-        daemon.sticky_env.update(s3.env, STASIS_NODE=node, STASIS_DNS_UPSTREAM=hosts["web"].address,
+        daemon.sticky_env.update(s3_store.env, STASIS_NODE=node, STASIS_DNS_UPSTREAM=hosts["web"].address,
                                  STASIS_UPSTREAM_CA=str(tls.ca))  # fmt: skip
         daemon.start()
     try:
