@@ -24,8 +24,10 @@ from stasis import CheckpointType, Client, NotFound, Sandbox, Secret
 from stasis.errors import InvalidRequest
 from tests.conftest import Daemon, new_home, terminate_all
 from tests.network.testhosts import TestHost, TestTls
+from tests.remote import conftest as remote
 from tests.remote.conftest import S3
-from tests.remote.conftest import s3 as s3_store  # noqa: F401 - the remote tests' S3 server, as a fixture here
+
+s3 = remote.s3  # the remote tests' S3 server (moto's, on loopback), as a fixture here: for the move
 
 # Run in a sandbox: an HTTPS (or HTTP) request; $NAME in a header or the body is the sandbox's own variable.
 REQUEST = r"""
@@ -304,9 +306,7 @@ def test_the_cli_reads_a_value_from_stdin_and_never_shows_it(net_daemon: Daemon,
 
 
 def test_a_sandbox_moved_to_another_node_authenticates_with_that_nodes_secret(
-    s3_store: S3,
-    hosts: dict[str, TestHost],
-    tls: TestTls,  # noqa: F811 - the fixture imported above
+    s3: S3, hosts: dict[str, TestHost], tls: TestTls
 ) -> None:
     """Secrets are each node's own: the sandbox carries its placeholder, node B puts in B's value, and B (which
     never saw A's CA) makes the sandbox trust a CA of its own when it resumes there."""
@@ -314,7 +314,7 @@ def test_a_sandbox_moved_to_another_node_authenticates_with_that_nodes_secret(
     values = {"node-a": "a-" + secrets.token_hex(16), "node-b": "b-" + secrets.token_hex(16)}
     nodes = {node: Daemon(new_home(f"secret-{node}")) for node in values}
     for node, daemon in nodes.items():
-        daemon.sticky_env.update(s3_store.env, STASIS_NODE=node, STASIS_DNS_UPSTREAM=hosts["web"].address,
+        daemon.sticky_env.update(s3.env, STASIS_NODE=node, STASIS_DNS_UPSTREAM=hosts["web"].address,
                                  STASIS_UPSTREAM_CA=str(tls.ca))  # fmt: skip
         daemon.start()
     try:
@@ -337,3 +337,45 @@ def test_a_sandbox_moved_to_another_node_authenticates_with_that_nodes_secret(
         for daemon in nodes.values():
             terminate_all(daemon)
             daemon.stop()
+
+
+def test_e2bs_secrets_api_and_network_rules_put_the_value_in(
+    net_daemon: Daemon, net_client: Client, tls: TestTls
+) -> None:
+    """The official e2b SDK, unchanged: Secret.create, a sandbox whose network rule sets a header from
+    ${e2b.secrets.NAME}, Secret.update (a new version, sent from the next request), Secret.destroy."""
+    import e2b
+
+    from tests.e2b.test_python_sdk import Listener, opts
+
+    listener = Listener(net_daemon, "gvisor", memory_mb=512)
+    name, value = f"e2b-key-{secrets.token_hex(4)}", "e2b-" + secrets.token_hex(16)
+    sbx = None
+    try:
+        o = opts(listener)
+        created = e2b.Secret.create(name, value, metadata={"team": "tests"}, **o)
+        assert (created.name, created.version, created.metadata) == (name, 1, {"team": "tests"})
+        assert name in [s.name for s in e2b.Secret.list(**o).next_items()]
+        rule = {"transform": {"headers": {"Authorization": f"Bearer {e2b.Secret.fill(name)}"}}}
+        sbx = e2b.Sandbox.create(allow_internet_access=True, network={"rules": {"api.secret.test": [rule]}}, **o)
+        inside = Sandbox.connect(sbx.sandbox_id, client=net_client)
+
+        def sent() -> str | None:
+            path = f"/e2b/{secrets.token_hex(4)}"
+            answer = request(inside, f"https://api.secret.test{path}")
+            assert answer.get("status") == 200, answer
+            return header(received(tls, path)[0], "Authorization")
+
+        assert sent() == f"Bearer {value}"
+        assert value not in sbx.commands.run("env").stdout
+        updated = e2b.Secret.update(created.secret_id, "v2-" + value, **o)
+        assert updated.version == 2
+        assert sent() == f"Bearer v2-{value}"
+        assert e2b.Secret.destroy(name, **o)
+        assert sent() is None  # a rule naming a removed secret is dropped, never sent with the reference in it
+    finally:
+        if sbx is not None:
+            sbx.kill()
+        with contextlib.suppress(NotFound):
+            Secret.remove(name, client=net_client)
+        listener.close()

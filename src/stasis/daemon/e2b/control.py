@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import StasisError
-from . import sandbox_routes, snapshot_routes
+from . import sandbox_routes, secret_routes, snapshot_routes
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
 
@@ -44,4 +44,5 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
 
     app.include_router(sandbox_routes.router)
     app.include_router(snapshot_routes.router)
+    app.include_router(secret_routes.router)
     return app

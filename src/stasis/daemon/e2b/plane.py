@@ -4,12 +4,14 @@ presenter every route of :mod:`.control` shares, reached through ``PlaneDep``)."
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...errors import InvalidRequest
 from ...models import CheckpointInfo, SandboxInfo
 from ...netpolicy import NetworkPolicy
 from .records import Record
@@ -24,10 +26,36 @@ class _Body(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
 
+class Transform(_Body):
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class Rule(_Body):
+    transform: Transform | None = None
+
+
 class NetworkConfig(_Body):
     allow_out: list[str] | None = Field(None, alias="allowOut")
     deny_out: list[str] | None = Field(None, alias="denyOut")
     allow_public_traffic: bool | None = Field(None, alias="allowPublicTraffic")
+    rules: dict[str, list[Rule]] | None = None  # per host: headers set on its requests (secrets as placeholders)
+
+
+E2B_SECRET = re.compile(r"\$\{e2b\.secrets\.([^}]*)\}")
+
+
+def egress_headers(network: NetworkConfig | None) -> dict[str, dict[str, str]]:
+    """E2B's per-host header transforms as stasis' ``egress_headers``: ``${e2b.secrets.NAME}`` becomes
+    ``${secrets.NAME}``, which the egress proxy fills in per request. Workload identity is not served here."""
+    out: dict[str, dict[str, str]] = {}
+    for host, rules in (network.rules or {}).items() if network else []:
+        for rule in rules:
+            for header, value in (rule.transform.headers if rule.transform else {}).items():
+                if "${e2b.identity." in value:
+                    raise InvalidRequest("workload identity tokens (${e2b.identity...}) are not supported by stasis")
+                out.setdefault(host, {})[header] = E2B_SECRET.sub(lambda m: "${secrets." + m.group(1).lower() + "}",
+                                                                  value)  # fmt: skip
+    return out
 
 
 class NewSandbox(_Body):
@@ -109,6 +137,11 @@ class ControlPlane:
         }  # fmt: skip
         if network is not None:
             detail["network"] = {"allowOut": network.allow_out, "denyOut": network.deny_out}
+        if info.spec.egress_headers:
+            detail.setdefault("network", {})["rules"] = {
+                host: [{"transform": {"headers": {k: v.replace("${secrets.", "${e2b.secrets.") for k, v in h.items()}}}]
+                for host, h in info.spec.egress_headers.items()
+            }
         return detail
 
     def log_entries(self, sandbox_id: str) -> list[dict[str, Any]]:

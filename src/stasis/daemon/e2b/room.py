@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError
 from ...guest import protocol as P
@@ -34,6 +35,7 @@ from ..checkpointing import Checkpoints
 from ..forks import fork
 from ..front import Front
 from ..networking import update_network
+from ..secrets import SecretsRoom
 from ..service import SandboxService
 from .keys import E2bKeys
 from .records import Record, Records
@@ -65,9 +67,12 @@ class Defaults:
 
 
 class E2bRoom:
-    def __init__(self, core: SandboxService, front: Front, checkpoints: Checkpoints, keys: E2bKeys) -> None:
+    def __init__(
+        self, core: SandboxService, front: Front, checkpoints: Checkpoints, keys: E2bKeys, secrets: SecretsRoom
+    ) -> None:
         self.core = core
         self.front = front
+        self.secrets = secrets  # E2B's secrets API is stasis' secret store
         self.checkpoints = checkpoints
         self.keys = keys
         self.records = Records(core.paths.home / "e2b")
@@ -79,8 +84,9 @@ class E2bRoom:
     async def create(
         self, defaults: Defaults, template: str, timeout: int | None, auto_pause: bool, metadata: dict[str, str],
         envs: dict[str, str], network: NetworkPolicy | None, public_traffic: bool = False,
+        egress_headers: dict[str, dict[str, str]] | None = None,
     ) -> tuple[SandboxInfo, Record]:  # fmt: skip
-        request = self._request(defaults, template, network)
+        request = self._request(defaults, template, network, egress_headers or {})
         info = await self.front.create(request)
         if request.image == CODE_IMAGE and self.code_interpreter is not None:
             await self.code_interpreter(info.id)  # E2B's code-interpreter SDK calls port 49999 at once
@@ -93,9 +99,14 @@ class E2bRoom:
         log.info("E2B sandbox %s from template %r, lifetime %ss", info.id, template, _timeout(timeout))
         return info, record
 
-    def _request(self, defaults: Defaults, template: str, network: NetworkPolicy | None) -> CreateSandboxRequest:
+    def _request(
+        self, defaults: Defaults, template: str, network: NetworkPolicy | None, egress_headers: dict[str, Any]
+    ) -> CreateSandboxRequest:
         """A template is a stasis image, a stasis template, or a snapshot (a MEMORY checkpoint's id or name)."""
-        base = {"backend": defaults.backend, "memory_mb": defaults.memory_mb, "cpus": defaults.cpus, "network": network}
+        base: dict[str, Any] = {"backend": defaults.backend, "memory_mb": defaults.memory_mb, "cpus": defaults.cpus,
+                                "network": network}  # fmt: skip
+        if egress_headers:
+            base["egress_headers"] = egress_headers
         if template == E2B_CODE_TEMPLATE and self._warm_code_template(defaults.backend):
             return CreateSandboxRequest(template=CODE_IMAGE, **base)  # its kernel already running and warm
         name = TEMPLATE_IMAGES.get(template, template)

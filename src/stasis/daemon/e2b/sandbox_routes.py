@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ...errors import InvalidRequest
 from ...netpolicy import NetworkPolicy
-from .plane import Connect, Fork, NetworkConfig, NewSandbox, PlaneDep, Timeout, error, iso, policy
+from .plane import Connect, Fork, NetworkConfig, NewSandbox, PlaneDep, Timeout, egress_headers, error, iso, policy
 from .room import PAUSED
 
 router = APIRouter()
@@ -25,7 +25,7 @@ async def create(body: NewSandbox, plane: PlaneDep) -> dict[str, Any]:
     public = bool(body.network and body.network.allow_public_traffic)
     info, record = await plane.room.create(
         plane.defaults, body.template_id, body.timeout, body.auto_pause, body.metadata, body.env_vars,
-        policy(body.allow_internet_access, body.network), public,
+        policy(body.allow_internet_access, body.network), public, egress_headers(body.network),
     )  # fmt: skip
     return plane.created(info, record)
 
