@@ -72,6 +72,11 @@ class Authority:
         )  # fmt: skip
         return cls(key, cert, scratch)
 
+    def made_context(self, host: str) -> ssl.SSLContext | None:
+        """The context for ``host`` if it is made already (no key to generate: no need for a thread)."""
+        kept = self._leaves.get(host)
+        return kept[0] if kept is not None and kept[1] > _now() else None
+
     def server_context(self, host: str) -> ssl.SSLContext:
         """A TLS server context presenting a certificate for ``host`` signed by this CA (made once, then kept)."""
         with self._lock:

@@ -23,7 +23,7 @@ from ..network.relay import abort, pipe
 from .authority import Authorities
 from .inject import Bound, Injection, header_rules, replace_body, rewrite_head
 from .store import SecretStore
-from .tls import TlsClosed, TlsServerStream
+from .tls import TlsServerStream
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,17 @@ class SecretBroker:
     ) -> None:
         self.store = store
         self.authorities = authorities
-        self.spec_of = spec_of  # the sandbox's spec as stored now
+        self._spec_of = spec_of  # the sandbox's spec as stored
+        self._specs: dict[str, SandboxSpec] = {}  # what secrets a sandbox has is fixed when it is made: read once
         self.upstream = upstream_context()
+
+    def spec_of(self, sandbox_id: str) -> SandboxSpec | None:
+        if (spec := self._specs.get(sandbox_id)) is None and (spec := self._spec_of(sandbox_id)) is not None:
+            self._specs[sandbox_id] = spec
+        return spec
+
+    def forget(self, sandbox_id: str) -> None:
+        self._specs.pop(sandbox_id, None)
 
     # ------------------------------------------------------------ which secrets apply
 
@@ -101,25 +110,27 @@ class SecretBroker:
         spec = self.spec_of(sandbox_id)
         assert spec is not None and spec.ca_lineage is not None
         authority = self.authorities.get(spec.ca_lineage)
-        context = await asyncio.to_thread(authority.server_context, host)
+        context = authority.made_context(host) or await asyncio.to_thread(authority.server_context, host)
         ip, port = destination
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(str(ip), port, ssl=self.upstream, server_hostname=host), CONNECT_TIMEOUT
-            )
-        except ssl.SSLCertVerificationError as exc:
-            abort(writer)
-            return {"error": f"refused: {host}'s certificate failed verification ({exc.verify_message})"}
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
-            abort(writer)
-            return {"error": f"{host} unreachable over TLS from the host: {exc or type(exc).__name__}"}
         tls = TlsServerStream(reader, writer, context, first)
-        try:
-            await asyncio.wait_for(tls.handshake(), HANDSHAKE_TIMEOUT)
-        except (ssl.SSLError, TlsClosed, TimeoutError, OSError) as exc:
+        # Both handshakes at once; nothing the sandbox sends goes anywhere until the host's certificate passed.
+        upstream, handshake = await asyncio.gather(
+            asyncio.wait_for(asyncio.open_connection(str(ip), port, ssl=self.upstream, server_hostname=host),
+                             CONNECT_TIMEOUT),
+            asyncio.wait_for(tls.handshake(), HANDSHAKE_TIMEOUT),
+            return_exceptions=True,
+        )  # fmt: skip
+        if isinstance(upstream, BaseException) or isinstance(handshake, BaseException):
             abort(writer)
-            up_writer.close()
-            return {"error": f"the sandbox's TLS handshake with the proxy failed (does it trust its CA?): {exc}"}
+            if not isinstance(upstream, BaseException):
+                upstream[1].close()
+            if isinstance(upstream, ssl.SSLCertVerificationError):
+                return {"error": f"refused: {host}'s certificate failed verification ({upstream.verify_message})"}
+            if isinstance(upstream, BaseException):
+                return {"error": f"{host} unreachable over TLS from the host: {upstream or type(upstream).__name__}"}
+            why = handshake or type(handshake).__name__
+            return {"error": f"the sandbox's TLS handshake with the proxy failed (does it trust its CA?): {why}"}
+        up_reader, up_writer = upstream
         used: set[str] = set()
         try:
             sent, received = await asyncio.gather(

@@ -77,3 +77,4 @@ class SecretsRoom:
 
     async def forget(self, sandbox_id: str) -> None:
         self._installed.pop(sandbox_id, None)
+        self.broker.forget(sandbox_id)
