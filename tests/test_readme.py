@@ -18,7 +18,9 @@ pytestmark = pytest.mark.fast
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 BLOCK = re.compile(r"```(python|console)\n(.*?)```", re.DOTALL)
-SDK_CLASSES = {name: getattr(stasis, name) for name in ("Sandbox", "Image", "Template", "Pool", "AsyncSandbox")}
+SDK_CLASSES = {
+    name: getattr(stasis, name) for name in ("Sandbox", "Image", "Template", "Pool", "AsyncSandbox", "Secret")
+}
 
 
 def blocks(kind: str) -> list[str]:
