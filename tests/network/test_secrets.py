@@ -379,3 +379,32 @@ def test_e2bs_secrets_api_and_network_rules_put_the_value_in(
         with contextlib.suppress(NotFound):
             Secret.remove(name, client=net_client)
         listener.close()
+
+
+def test_a_killed_daemon_comes_back_with_its_secrets_and_the_sandbox_authenticates(
+    hosts: dict[str, TestHost], tls: TestTls
+) -> None:
+    """The store and the CAs are files of the daemon's home: a SIGKILL loses neither, so a sandbox that ran on
+    through the crash (its trust store holding the same CA) authenticates at once, and after a suspend."""
+    daemon = Daemon(new_home("secret-restart"))
+    daemon.sticky_env.update(STASIS_DNS_UPSTREAM=hosts["web"].address, STASIS_UPSTREAM_CA=str(tls.ca))
+    daemon.start()
+    name, value = f"KEPT_{secrets.token_hex(4)}", "kept-" + secrets.token_hex(16)
+    try:
+        with daemon.client() as client:
+            Secret.add(name, value, hosts=["api.secret.test"], client=client)
+            sbx_id = Sandbox.create(client=client, memory_mb=512, network=True, secrets=[name]).id
+        daemon.kill()
+        daemon.start()
+        with daemon.client() as client:
+            sbx = Sandbox.connect(sbx_id, client=client)
+            for when in ("after-restart", "after-resume"):
+                path = f"/{when}/{secrets.token_hex(4)}"
+                answer = request(sbx, f"https://api.secret.test{path}", {"Authorization": f"${name}"})
+                assert answer.get("status") == 200, (when, answer)
+                assert header(received(tls, path)[0], "Authorization") == value
+                sbx.suspend()
+                sbx.resume()
+    finally:
+        terminate_all(daemon)
+        daemon.stop()
