@@ -139,6 +139,7 @@ def test_the_bound_host_gets_the_value_and_the_sandbox_only_a_placeholder(
         for page in (f"/ui/sandboxes/{sbx.id}", "/ui/"):
             shown = console.get(f"http://stasis{page}")
             assert shown.status_code == 200 and sbx.id in shown.text and value not in shown.text
+        assert name in console.get(f"http://stasis/ui/sandboxes/{sbx.id}").text  # its egress table names it
     assert value not in (net_daemon.paths.home / "daemon-test.log").read_text(errors="replace")  # at DEBUG
 
     # The audit says which secret went out, never its value

@@ -67,8 +67,10 @@ def egress(
         colour = "green" if line["verdict"] == "allowed" else "red"
         claimed = escape(str(line.get("name") or "-"))  # a sandbox's claim: shown as text, never as markup
         where = f"{line['destination']}:{line['port']}"
+        extra = f"  secrets: {', '.join(line['secrets'])}" if line.get("secrets") else ""
+        extra += f"  ({escape(str(line['error']))})" if line.get("error") else ""
         out.print(f"{when}  [{colour}]{line['verdict']:7}[/{colour}]  {where}  {claimed}  {moved}  "
-                  f"{escape(str(line.get('rule', '')))}", highlight=False)  # fmt: skip
+                  f"{escape(str(line.get('rule', '')))}{extra}", highlight=False)  # fmt: skip
     if not shown and not follow and not as_json:
         out.print("no connections recorded (`stasis network NAME` shows its policy)")
 
