@@ -25,6 +25,7 @@ from ..guest.client import GuestChannel
 CA_FILE = "/etc/stasis/ca.crt"
 BUNDLE = "/etc/stasis/ca-bundle.crt"
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+OTHER_BUNDLES = ("/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")  # Fedora/RHEL, Alpine: read, not changed
 LOCAL_CA = "/usr/local/share/ca-certificates/stasis-sandbox.crt"
 PROFILE = "/etc/profile.d/stasis-secrets.sh"
 BEGIN, END = b"# BEGIN stasis sandbox CA\n", b"# END stasis sandbox CA\n"
@@ -53,8 +54,14 @@ def without_block(bundle: bytes) -> bytes:
 
 
 async def install(channel: GuestChannel, ca_pem: bytes, placeholders: dict[str, str]) -> None:
+    """An image without any system bundle gets one holding the CA alone: install ca-certificates in it to
+    verify other hosts through the variables above."""
     system = await _read(channel, SYSTEM_BUNDLE)
     base = without_block(system) if system is not None else b""
+    for other in OTHER_BUNDLES if system is None else ():
+        if (found := await _read(channel, other)) is not None:
+            base = without_block(found)
+            break
     block = BEGIN + ca_pem + END
     await _write(channel, CA_FILE, ca_pem)
     await _write(channel, LOCAL_CA, ca_pem)
