@@ -80,7 +80,8 @@ class Rooms:
         return rooms
 
 
-def rooms_of(connection: HTTPConnection) -> Rooms:
+async def rooms_of(connection: HTTPConnection) -> Rooms:
+    """Async, as every dependency here: FastAPI runs a plain function in a worker thread, a hop per request."""
     return connection.app.state.rooms  # type: ignore[no-any-return]
 
 

@@ -7,6 +7,7 @@ journal says survived a power cut.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
@@ -414,12 +415,18 @@ class Store:
         )
 
 
+@functools.lru_cache(maxsize=4096)
+def _spec(text: str) -> SandboxSpec:
+    """A spec is written once and read on every request: parsed once per text (never changed in place)."""
+    return SandboxSpec.model_validate_json(text)
+
+
 def _info(row: sqlite3.Row) -> SandboxInfo:
     return SandboxInfo(
         id=row["id"],
         name=row["name"],
         status=SandboxStatus(row["status"]),
-        spec=SandboxSpec.model_validate_json(row["spec"]),
+        spec=_spec(row["spec"]),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         last_activity=row["last_activity"],

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.requests import HTTPConnection
 
-from ..rooms import RoomsDep, rooms_of
+from ..rooms import Rooms, RoomsDep
 from .live import Feed
 from .sessions import COOKIE, Session
 
@@ -20,7 +20,7 @@ pages = Jinja2Templates(directory=HERE / "pages")
 __all__ = ["FeedDep", "RoomsDep", "acting", "page", "pages", "refused", "session_of", "to_login"]
 
 
-def feed_of(connection: HTTPConnection) -> Feed:
+async def feed_of(connection: HTTPConnection) -> Feed:
     return connection.app.state.feed  # type: ignore[no-any-return]
 
 
@@ -28,7 +28,8 @@ FeedDep = Annotated[Feed, Depends(feed_of)]
 
 
 def session_of(connection: Request | WebSocket) -> Session | None:
-    return rooms_of(connection).logins.get(connection.cookies.get(COOKIE))
+    rooms: Rooms = connection.app.state.rooms
+    return rooms.logins.get(connection.cookies.get(COOKIE))
 
 
 def acting(request: Request) -> Session | None:

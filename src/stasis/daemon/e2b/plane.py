@@ -162,7 +162,7 @@ class ControlPlane:
         return {"snapshotID": checkpoint.id, "names": [checkpoint.name] if checkpoint.name else [checkpoint.id]}
 
 
-def plane_of(request: Request) -> ControlPlane:
+async def plane_of(request: Request) -> ControlPlane:
     return request.app.state.plane  # type: ignore[no-any-return]
 
 
