@@ -84,6 +84,13 @@ def _open_regular(path: str) -> int | None:
     return fd
 
 
+def private_dir(path: Path) -> Path:
+    """A directory only the daemon's user reads (0700), made if missing, tightened if it was not."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write to a temp name, fsync, rename over ``path``, fsync the directory."""
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

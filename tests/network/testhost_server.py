@@ -21,20 +21,24 @@ import dns.rcode
 import dns.rrset
 
 
+def send_bytes(handler: http.server.BaseHTTPRequestHandler, size: int) -> None:
+    """GET /bytes/N: N bytes of "x"."""
+    handler.send_response(200)
+    handler.send_header("content-length", str(size))
+    handler.end_headers()
+    chunk = b"x" * (1 << 20)
+    while size > 0:
+        handler.wfile.write(chunk[: min(size, len(chunk))])
+        size -= len(chunk)
+
+
 def serve_http(port: int, name: str) -> None:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
             if self.path.startswith("/bytes/"):
-                size = int(self.path.rsplit("/", 1)[1])
-                self.send_response(200)
-                self.send_header("content-length", str(size))
-                self.end_headers()
-                chunk = b"x" * (1 << 20)
-                while size > 0:
-                    self.wfile.write(chunk[: min(size, len(chunk))])
-                    size -= len(chunk)
+                send_bytes(self, int(self.path.rsplit("/", 1)[1]))
                 return
             body = f"hello from {name} (Host: {self.headers.get('host')})".encode()
             self.send_response(200)
@@ -80,14 +84,7 @@ def serve_https(port: int, cert: str, log: str) -> None:
 
         def do_GET(self) -> None:
             if self.path.startswith("/bytes/"):
-                size = int(self.path.rsplit("/", 1)[1])
-                self.send_response(200)
-                self.send_header("content-length", str(size))
-                self.end_headers()
-                chunk = b"x" * (1 << 20)
-                while size > 0:
-                    self.wfile.write(chunk[: min(size, len(chunk))])
-                    size -= len(chunk)
+                send_bytes(self, int(self.path.rsplit("/", 1)[1]))
                 return
             self._record(b"")
             self._answer(f"ok {self.command} {self.path}".encode())

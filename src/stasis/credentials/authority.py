@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, private_dir
 from ..secretnames import LINEAGE_PATTERN
 
 log = logging.getLogger(__name__)
@@ -128,9 +128,7 @@ class Authorities:
     """Every lineage's CA on this host: ``<directory>/<lineage>.pem`` (key and certificate, 0600)."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(directory, 0o700)
+        self.directory = private_dir(directory)
         self._loaded: dict[str, Authority] = {}
         self._lock = threading.Lock()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..models import SandboxSpec
 from ..netpolicy import IPAddress, name_matches
-from ..network.http1 import COPY_CHUNK, BadRequest, framing
+from ..network.http1 import BadRequest, copy_exactly, framing
 from ..network.relay import abort, pipe
 from .authority import Authorities
 from .inject import Bound, Injection, header_rules, replace_body, rewrite_head
@@ -176,7 +176,7 @@ class SecretBroker:
                     sent += len(head) + len(data)
                 else:
                     upstream.write(head)
-                    sent += len(head) + await _copy_exactly(client, upstream, int(body))
+                    sent += len(head) + await copy_exactly(client, upstream, int(body))
                 await upstream.drain()
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, BadRequest, ValueError, ConnectionError,
                 ssl.SSLError):  # fmt: skip
@@ -189,18 +189,6 @@ class SecretBroker:
 def _with_length(head: bytes, length: int) -> bytes:
     lines = [line for line in head[:-4].split(b"\r\n") if not line.lower().startswith(b"content-length:")]
     return b"\r\n".join([*lines, b"Content-Length: %d" % length]) + b"\r\n\r\n"
-
-
-async def _copy_exactly(client: TlsServerStream, upstream: asyncio.StreamWriter, size: int) -> int:
-    total = size
-    while size > 0:
-        data = await client.read(min(size, COPY_CHUNK))
-        if not data:
-            raise asyncio.IncompleteReadError(b"", size)
-        upstream.write(data)
-        size -= len(data)
-        await upstream.drain()
-    return total
 
 
 async def _copy_chunked(

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidRequest, NotFound
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, private_dir
 from ..models import SecretInfo, SecretRequest
 from ..secretnames import validate_secret_name
 
@@ -33,9 +32,7 @@ class Secret:
 
 class SecretStore:
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(directory, 0o700)
+        self.directory = private_dir(directory)
         self._secrets: dict[str, Secret] = {}
         for path in sorted(directory.glob("*.json")):
             try:

@@ -12,10 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import Protocol
 
 from .relay import pipe
 
 COPY_CHUNK = 1 << 16
+
+
+class Reader(Protocol):
+    """What a body is read from: an ``asyncio.StreamReader``, or the plaintext of a TLS stream the proxy ends."""
+
+    async def read(self, n: int = -1) -> bytes: ...
 
 
 class BadRequest(ValueError):
@@ -63,7 +70,7 @@ async def forward_requests(
             if body == "chunked":
                 await _copy_chunked(client, upstream)
             else:
-                await _copy_exactly(client, upstream, int(body))
+                await copy_exactly(client, upstream, int(body))
             await upstream.drain()
             try:
                 head = rewrite(await client.readuntil(b"\r\n\r\n"))
@@ -77,7 +84,9 @@ async def forward_requests(
                 upstream.write_eof()
 
 
-async def _copy_exactly(client: asyncio.StreamReader, upstream: asyncio.StreamWriter, size: int) -> None:
+async def copy_exactly(client: Reader, upstream: asyncio.StreamWriter, size: int) -> int:
+    """Copy ``size`` bytes of body; the bytes copied."""
+    total = size
     while size > 0:
         data = await client.read(min(size, COPY_CHUNK))
         if not data:
@@ -85,6 +94,7 @@ async def _copy_exactly(client: asyncio.StreamReader, upstream: asyncio.StreamWr
         upstream.write(data)
         size -= len(data)
         await upstream.drain()
+    return total
 
 
 async def _copy_chunked(client: asyncio.StreamReader, upstream: asyncio.StreamWriter) -> None:
@@ -100,4 +110,4 @@ async def _copy_chunked(client: asyncio.StreamReader, upstream: asyncio.StreamWr
                 upstream.write(trailer)
             upstream.write(b"\r\n")
             return
-        await _copy_exactly(client, upstream, size + 2)  # the chunk and its CRLF
+        await copy_exactly(client, upstream, size + 2)  # the chunk and its CRLF
