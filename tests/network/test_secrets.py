@@ -216,8 +216,8 @@ def test_a_header_a_basic_password_and_a_body_get_the_value(make, secret, tls: T
     assert header(received(tls, path)[0], "X-Api-Token") == f"token {header_value}"
 
     path = f"/body/{secrets.token_hex(4)}"
-    answer = request(sbx, f"https://api.secret.test{path}", {"Content-Type": "application/json"},
-                     body=f'{{"key": "${in_body}", "again": "${in_body}"}}')  # fmt: skip
+    answer = request(sbx, f"https://api.secret.test{path}", {"Content-Type": "application/json",
+                     "Expect": "100-continue"}, body=f'{{"key": "${in_body}", "again": "${in_body}"}}')  # fmt: skip
     assert answer["status"] == 200, answer
     got = received(tls, path)[0]
     assert json.loads(got["body"]) == {"key": body_value, "again": body_value}

@@ -170,6 +170,9 @@ class SecretBroker:
                     upstream.write(head)
                     sent += len(head) + await _copy_chunked(client, upstream, injection, used)
                 elif injection.body and int(body) <= BODY_LIMIT:
+                    head, expects = _buffered(head)
+                    if expects:  # the host is not asked before the body is read: the proxy answers for it
+                        client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     data = replace_body(await client.readexactly(int(body)), injection, used)
                     head = _with_length(head, len(data))
                     upstream.write(head + data)
@@ -184,6 +187,14 @@ class SecretBroker:
         finally:
             with contextlib.suppress(Exception):
                 upstream.close()  # the sandbox is done: the host's answer to nothing is not awaited
+
+
+def _buffered(head: bytes) -> tuple[bytes, bool]:
+    """A head whose body the proxy reads whole before sending it: without ``Expect: 100-continue`` (the client
+    would wait for the host's 100 and the host never see the head), and whether it had one."""
+    lines = head[:-4].split(b"\r\n")
+    kept = [line for line in lines if not line.lower().startswith(b"expect:")]
+    return b"\r\n".join(kept) + b"\r\n\r\n", len(kept) != len(lines)
 
 
 def _with_length(head: bytes, length: int) -> bytes:
