@@ -110,6 +110,8 @@ say "default image"
 .venv/bin/python -m stasis.images default  # in place: no daemon runs yet (later, `stasis image build` asks it)
 say "code-interpreter image (Debian's Jupyter, numpy, pandas, matplotlib)"
 .venv/bin/python -m stasis.images code-interpreter
+say "desktop image (Xvfb, openbox, Chromium, x11vnc, xdotool)"
+.venv/bin/python -m stasis.images desktop
 
 say "backends on this host"
 .venv/bin/stasis doctor

@@ -20,6 +20,29 @@ import dns.message
 import dns.rcode
 import dns.rrset
 
+# The desktop's test page: its state as colour blocks a screenshot reads. Top left: blue, red once the button was
+# clicked (kept in localStorage); top right: blue, green while the input holds "hello". Bottom: the button (left
+# half) and the input (right half).
+DESKTOP_PAGE = """<!doctype html><html><head><title>stasis desktop test</title><style>
+html, body { margin: 0; height: 100%; overflow: hidden; }
+div, button, input { position: fixed; box-sizing: border-box; border: 0; margin: 0; font-size: 40px; }
+#clicked { left: 0; top: 0; width: 50%; height: 60%; background: #0000ff; }
+#typed { left: 50%; top: 0; width: 50%; height: 60%; background: #0000ff; }
+#button { left: 0; top: 60%; width: 50%; height: 40%; background: #ffff00; }
+#input { left: 50%; top: 60%; width: 50%; height: 40%; background: #ffffff; outline: none; }
+</style></head><body>
+<div id="clicked"></div><div id="typed"></div><button id="button">click</button><input id="input">
+<script>
+const paint = () => {
+  document.getElementById("clicked").style.background = localStorage.getItem("clicked") ? "#ff0000" : "#0000ff";
+  document.getElementById("typed").style.background =
+    document.getElementById("input").value === "hello" ? "#00ff00" : "#0000ff";
+};
+document.getElementById("button").onclick = () => { localStorage.setItem("clicked", "1"); paint(); };
+document.getElementById("input").oninput = paint;
+paint();
+</script></body></html>"""
+
 
 def send_bytes(handler: http.server.BaseHTTPRequestHandler, size: int) -> None:
     """GET /bytes/N: N bytes of "x"."""
@@ -39,6 +62,14 @@ def serve_http(port: int, name: str) -> None:
         def do_GET(self) -> None:
             if self.path.startswith("/bytes/"):
                 send_bytes(self, int(self.path.rsplit("/", 1)[1]))
+                return
+            if self.path == "/desktop":
+                page = DESKTOP_PAGE.encode()
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
                 return
             body = f"hello from {name} (Host: {self.headers.get('host')})".encode()
             self.send_response(200)

@@ -14,7 +14,7 @@ from ..sdk import Client
 from .quick import ago as ago  # shared with the quick path
 
 app = typer.Typer(
-    help="Stateful sandboxes for AI agents: suspend a machine with its processes, resume it exactly where it was.",
+    help="Stateful sandboxes for AI agents: suspend one with its processes, resume it where it was.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -55,6 +55,7 @@ OVERVIEW: dict[str, dict[str, str]] = {
         "agent": "The agent harness: a tool-calling loop in a sandbox",
         "mcp": "The MCP tools over stdio",
         "e2b": "E2B's API, for the official E2B SDKs",
+        "desktop": "A desktop sandbox: screenshot, click, type, open",
         "ui": "The web console",
     },
 }

@@ -56,6 +56,9 @@ def create(
     ] = False,
     allow_out: AllowOut = None,
     deny_out: DenyOut = None,
+    screen: Annotated[
+        str | None, typer.Option("--screen", help="A desktop's screen (image desktop), e.g. 1280x800.")
+    ] = None,
     secrets: Annotated[
         list[str] | None,
         typer.Option("--secret", help="A secret it may use (`stasis secret ls`): its env var holds a placeholder."),
@@ -80,6 +83,8 @@ def create(
         explicit["network"] = build(NetworkPolicy, allow_out=allow_out or [], deny_out=deny_out or [])
     if secrets:
         explicit["secrets"] = secrets
+    if screen:
+        explicit["screen"] = screen
     with err.status(f"creating sandbox {name}..."):
         started = time.monotonic()
         sbx = Sandbox.create(

@@ -2,6 +2,7 @@
 
     faces       routes/ (HTTP), console/, mcp_http, e2b/    translate a protocol onto the rooms below
     code        CodeRoom: run_code, relayed to the kernel server in the sandbox (E2B's SDKs reach it directly)
+    desktop     DesktopRoom: a desktop session's screen, mouse, keyboard and browser
     front       Front: create and resume get their source   pools, templates, the remote store
     features    Checkpoints, forks, PoolManager, Ports, RemoteService, GuestOperations, ssh, idle reaper,
                 SecretsRoom (the secret store, its CAs, the broker the egress proxy asks)
@@ -24,6 +25,7 @@ from ..remote.config import RemoteConfig
 from .checkpointing import Checkpoints
 from .code import CodeRoom
 from .console.sessions import Sessions
+from .desktop import DesktopRoom
 from .e2b.keys import E2bKeys
 from .e2b.listener import E2bListeners
 from .e2b.room import E2bRoom
@@ -53,6 +55,7 @@ class Rooms:
     e2b: E2bRoom
     e2b_listeners: E2bListeners
     code: CodeRoom
+    desktop: DesktopRoom
     secrets: SecretsRoom
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
@@ -72,7 +75,7 @@ class Rooms:
             paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
             ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints),
             e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
-            secrets=secrets, token=token,
+            desktop=DesktopRoom(core, ports, ops), secrets=secrets, token=token,
         )  # fmt: skip
         e2b.code_interpreter = rooms.code.ensure
         if token:

@@ -71,5 +71,20 @@ RECIPES: dict[str, Recipe] = {
             wheels=("bash_kernel==0.10.0", "filetype==1.2.0"),  # a bash kernel: PyPI has it, Debian does not
             after=("python3 -m bash_kernel.install --sys-prefix",),
         ),
+        Recipe(
+            name="desktop",  # computer use (stasis.desktop): a screen, a window manager, Chromium, a VNC server
+            packages=(
+                *DEFAULT_PACKAGES,
+                "xvfb",
+                "x11vnc",
+                "openbox",
+                "chromium",
+                "xterm",
+                "xdotool",
+                "x11-utils",
+                "scrot",
+                "fonts-dejavu-core",
+            ),
+        ),
     )
 }

@@ -27,9 +27,10 @@ from . import _host as h
 from ._client import AsyncClient
 from ._dirs import pack, unpack
 from .code import CodeContext, CodeRecipes, Execution, ExecutionBuilder, OnResult, OnText
+from .desktop import DesktopRecipes, Keyboard, Mouse
 
 
-class AsyncSandbox(b.SandboxBase, CodeRecipes):
+class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     """A sandbox, driven from asyncio. Same methods as :class:`Sandbox`, awaited."""
 
     _client: AsyncClient
@@ -277,6 +278,28 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes):
     async def ports(self) -> list[ExposedPort]:
         """Its exposed ports, each with a fresh URL."""
         return await self._client.call(self._ports_call())
+
+    # ---------------------------------------------------- the desktop (image "desktop")
+
+    async def screenshot(self) -> bytes:
+        """The desktop's screen as PNG (its session is started first if it was not running)."""
+        return await self._client.call(self._screenshot_call())
+
+    @property
+    def mouse(self) -> Mouse:
+        return Mouse(self._url, self._client.call)
+
+    @property
+    def keyboard(self) -> Keyboard:
+        return Keyboard(self._url, self._client.call)
+
+    async def open(self, url: str) -> None:
+        """Open ``url`` in the desktop's browser, in a new tab."""
+        await self._client.call(self._open_call(url))
+
+    async def start_desktop(self) -> None:
+        """Wait until the desktop session answers (a desktop sandbox starts it by itself at boot)."""
+        await self._client.call(self._desktop_call())
 
     async def egress_log(self) -> list[dict[str, Any]]:
         return await self._client.call(self._egress_call())

@@ -55,6 +55,7 @@ class CreateOptions(TypedDict, total=False):
     snapshot_id: str  # create from this checkpoint (id or name): its processes and files
     template: str | None  # create from this template (stasis.Template): its start command already running
     secrets: list[str]  # the daemon's secrets it may use: each an env var holding a placeholder (stasis.Secret)
+    screen: str  # a desktop's screen (image "desktop"), WIDTHxHEIGHT: 1280x800 unless said
 
 
 class RunOptions(TypedDict, total=False):

@@ -26,9 +26,10 @@ from . import _host as h
 from ._client import Client
 from ._dirs import pack, unpack
 from .code import CodeContext, CodeRecipes, Execution, ExecutionBuilder, OnResult, OnText
+from .desktop import DesktopRecipes, Keyboard, Mouse
 
 
-class Sandbox(b.SandboxBase, CodeRecipes):
+class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     """A sandbox, driven synchronously."""
 
     _client: Client
@@ -279,6 +280,28 @@ class Sandbox(b.SandboxBase, CodeRecipes):
 
     def unexpose_port(self, port: int) -> None:
         self._client.call(self._unexpose_port_call(port))
+
+    # ---------------------------------------------------- the desktop (image "desktop")
+
+    def screenshot(self) -> bytes:
+        """The desktop's screen as PNG (its session is started first if it was not running)."""
+        return self._client.call(self._screenshot_call())
+
+    @property
+    def mouse(self) -> Mouse:
+        return Mouse(self._url, self._client.call)
+
+    @property
+    def keyboard(self) -> Keyboard:
+        return Keyboard(self._url, self._client.call)
+
+    def open(self, url: str) -> None:
+        """Open ``url`` in the desktop's browser (its window, its address bar, the URL, Return)."""
+        self._client.call(self._open_call(url))
+
+    def start_desktop(self) -> None:
+        """Wait until the desktop session answers (a desktop sandbox starts it by itself at boot)."""
+        self._client.call(self._desktop_call())
 
     def egress_log(self) -> list[dict[str, Any]]:
         """Every connection it opened, allowed or denied (time, destination, port, name, verdict, rule, bytes each

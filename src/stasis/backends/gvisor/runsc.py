@@ -216,7 +216,7 @@ def unsaveable(exc: BackendError, box_id: str, verb: str) -> BackendError | Stat
     if found is None:
         return exc
     return StateError(
-        f"cannot {verb} sandbox {box_id}: a process in it uses a directory that was deleted ({found[1]!r}) as "
-        "its working directory, or holds it open, and gVisor cannot save that. The sandbox is still running: "
+        f"cannot {verb} sandbox {box_id}: a process in it holds open (or works in) a file or directory that was "
+        f"deleted ({found[1]!r}), and gVisor cannot save that on the sandbox's disk. The sandbox is still running: "
         "end that process, or have it leave the directory, then try again"
     )

@@ -6,6 +6,7 @@ from . import (
     checkpoints,
     code,
     commands,
+    desktop,
     e2b,
     egress,
     files,
@@ -21,6 +22,6 @@ from . import (
 
 FACES = (
     system, images, sandboxes, pools, checkpoints, remote, secrets,
-    commands, code, egress, terminals, ports, files, e2b,
+    commands, code, desktop, egress, terminals, ports, files, e2b,
 )  # fmt: skip
 ROUTERS = [face.router for face in FACES]

@@ -1,0 +1,156 @@
+"""The desktop's room: screenshots, the mouse, the keyboard and the browser of a sandbox's desktop session.
+
+The session (:mod:`stasis.desktop.session`: Xvfb, openbox, x11vnc, Chromium) is a background process of the
+sandbox, started here when a sandbox of the `desktop` image first starts or is first asked for its screen, so
+it is suspended, checkpointed, forked and moved with the sandbox. Every action is one command in the sandbox
+(`scrot`, `xdotool`) given as an argv, never through a shell: what an agent types is never parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import secrets
+import time
+
+from ..desktop import DEFAULT_SCREEN, DISPLAY, IMAGE, SESSION_NAME, VNC_PORT, bootstrap
+from ..errors import GuestError, StasisError, Unsupported
+from ..guest.client import GuestChannel
+from ..models import DesktopAction, RunRequest, SandboxInfo, StartProcessRequest
+from .operations import GuestOperations
+from .ports import Ports
+from .service import SandboxService
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 180.0  # seconds for the session's VNC server to answer (Chromium's first start on a loaded host)
+SHOT = "/tmp/.stasis-screenshot.png"
+BUTTONS = {"left": "1", "middle": "2", "right": "3"}
+ENV = {"DISPLAY": DISPLAY}
+
+
+class DesktopRoom:
+    def __init__(self, core: SandboxService, ports: Ports, ops: GuestOperations) -> None:
+        self.core, self.ports, self.ops = core, ports, ops
+        self._starting: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        core.ready_hooks.append(self._on_start)
+        core.teardown_hooks.append(self._forget)
+
+    # ------------------------------------------------------------ the session
+
+    async def _on_start(self, info: SandboxInfo, channel: GuestChannel) -> None:
+        """A desktop sandbox starts its session at boot: after the create or resume that holds the lock."""
+        if info.spec.image != IMAGE:
+            return
+        task = asyncio.create_task(self._start_quietly(info.id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_quietly(self, sandbox_id: str) -> None:
+        try:
+            await self.ensure(sandbox_id)
+        except StasisError as exc:
+            log.warning("the desktop of %s did not start: %s", sandbox_id, exc)
+
+    async def ensure(self, sandbox_id: str) -> None:
+        """The session running (its VNC server answering), started if it was not."""
+        with contextlib.suppress(ConnectionRefusedError):
+            await self._probe(sandbox_id)
+            return
+        async with self._starting.setdefault(sandbox_id, asyncio.Lock()):
+            process_id = await self._start(sandbox_id)
+            deadline = time.monotonic() + START_TIMEOUT
+            while True:
+                try:
+                    await self._probe(sandbox_id)
+                    return
+                except ConnectionRefusedError:
+                    await self._check_running(sandbox_id, process_id)
+                    if time.monotonic() > deadline:
+                        raise Unsupported(
+                            f"the desktop of {sandbox_id} did not start within {START_TIMEOUT:g}s; "
+                            f"`stasis logs {sandbox_id} {process_id}` shows what it said"
+                        ) from None
+                    await asyncio.sleep(0.2)
+
+    async def _probe(self, sandbox_id: str) -> None:
+        _, writer = await self.ports.open(sandbox_id, VNC_PORT)
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+    async def _start(self, sandbox_id: str) -> str:
+        for process in await self.ops.list_processes(sandbox_id):
+            if (process.name or "").startswith(SESSION_NAME) and process.status == "running":
+                return process.id
+        screen = self.core.lookup(sandbox_id).spec.screen or DEFAULT_SCREEN
+        name = f"{SESSION_NAME}-{secrets.token_hex(3)}"
+        started = await self.ops.start_process(sandbox_id, StartProcessRequest(cmd=bootstrap(screen), name=name))
+        log.info("started the desktop of %s (%s, %s)", sandbox_id, started.id, screen)
+        return started.id
+
+    async def _check_running(self, sandbox_id: str, process_id: str) -> None:
+        process = await self.ops.get_process(sandbox_id, process_id)
+        if process.status == "running":
+            return
+        output = await self.ops.process_output(sandbox_id, process_id, "stderr", 0, 1 << 16, 0)
+        said = base64.b64decode(output.data_b64).decode(errors="replace").strip().splitlines()
+        raise Unsupported(
+            f"a desktop needs the `{IMAGE}` image (Sandbox.create(image={IMAGE!r})); its session exited: "
+            f"{said[-1] if said else process.exit_code}"
+        )
+
+    async def _forget(self, sandbox_id: str) -> None:
+        self._starting.pop(sandbox_id, None)
+
+    # ------------------------------------------------------------ what an agent does
+
+    async def screenshot(self, ref: str) -> bytes:
+        """The screen as PNG."""
+        sandbox_id = self.core.lookup(ref).id
+        await self.ensure(sandbox_id)
+        result = await self._run(sandbox_id, ["sh", "-c", 'scrot --overwrite "$1" && cat "$1"', "sh", SHOT])
+        return base64.b64decode(result)
+
+    async def act(self, ref: str, action: DesktopAction) -> None:
+        sandbox_id = self.core.lookup(ref).id
+        await self.ensure(sandbox_id)
+        for argv in commands(action):
+            await self._run(sandbox_id, argv)
+
+    async def _run(self, sandbox_id: str, argv: list[str]) -> str:
+        result = await self.ops.run(sandbox_id, RunRequest(cmd=argv, env=ENV, timeout=60, max_output=64 << 20))
+        if result.exit_code != 0:
+            said = base64.b64decode(result.stderr_b64).decode(errors="replace").strip()
+            raise GuestError(f"`{argv[0]}` failed in the desktop of {sandbox_id} (exit {result.exit_code}): {said}")
+        return result.stdout_b64
+
+
+def commands(action: DesktopAction) -> list[list[str]]:
+    """The argv (xdotool's, or Chromium's) that carry out ``action``."""
+    at = ["mousemove", "--sync", str(action.x), str(action.y)] if action.x is not None and action.y is not None else []
+    button = BUTTONS[action.button]
+    match action.action:
+        case "move":
+            return [["xdotool", *at]]
+        case "click":
+            return [["xdotool", *at, "click", button]]
+        case "double_click":
+            return [["xdotool", *at, "click", "--repeat", "2", "--delay", "80", button]]
+        case "scroll":
+            return [["xdotool", *at, "click", "--repeat", str(action.amount), "4" if action.direction == "up" else "5"]]
+        case "drag":
+            to = ["mousemove", "--sync", str(action.to_x), str(action.to_y)]
+            return [["xdotool", *at, "mousedown", button, *to, "mouseup", button]]
+        case "type":
+            return [["xdotool", "type", "--delay", "12", "--", action.text or ""]]
+        case "press":
+            return [["xdotool", "key", "--", *action.keys]]
+        case "open":  # as a person would: the browser's window (waited for), its address bar, the URL, Return
+            window = ["xdotool", "search", "--sync", "--onlyvisible", "--class", "chromium", "windowactivate", "--sync"]
+            return [[*window, "key", "--clearmodifiers", "ctrl+l"], ["xdotool", "type", "--delay", "5", "--",
+                    action.url or "about:blank"], ["xdotool", "key", "Return"]]  # fmt: skip
+    raise ValueError(f"not a desktop action carried out by a command: {action.action}")
