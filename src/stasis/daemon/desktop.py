@@ -26,6 +26,7 @@ from .service import SandboxService
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 180.0  # seconds for the session's VNC server to answer (Chromium's first start on a loaded host)
+WINDOW_TIMEOUT = 60.0  # seconds for the browser's window to be there to take a URL
 SHOT = "/tmp/.stasis-screenshot.png"
 BUTTONS = {"left": "1", "middle": "2", "right": "3"}
 ENV = {"DISPLAY": DISPLAY}
@@ -118,7 +119,17 @@ class DesktopRoom:
     async def act(self, ref: str, action: DesktopAction) -> None:
         sandbox_id = self.core.lookup(ref).id
         await self.ensure(sandbox_id)
-        for argv in commands(action):
+        first, *rest = commands(action)
+        deadline = time.monotonic() + WINDOW_TIMEOUT
+        while True:  # a browser starting up opens and closes windows: one found may be gone a moment later
+            try:
+                await self._run(sandbox_id, first)
+                break
+            except GuestError:
+                if action.action != "open" or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        for argv in rest:
             await self._run(sandbox_id, argv)
 
     async def _run(self, sandbox_id: str, argv: list[str]) -> str:
