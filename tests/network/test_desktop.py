@@ -15,6 +15,8 @@ import pytest
 from PIL import Image
 
 from stasis import CheckpointType, Client, Sandbox
+from tests.conftest import Daemon, new_home, terminate_all, wait_until
+from tests.network.testhosts import TestHost
 
 SCREEN = (1024, 768)
 BLUE, RED, GREEN = (0, 0, 255), (255, 0, 0), (0, 255, 0)
@@ -114,3 +116,28 @@ def test_actions_are_checked_and_become_argvs_never_a_shell_line() -> None:
     ):
         with pytest.raises(InvalidRequest, match=message):
             build(DesktopAction, **fields)
+
+
+def test_the_page_survives_an_idle_suspend_its_auto_resume_and_a_daemon_sigkill(hosts: dict[str, TestHost]) -> None:
+    daemon = Daemon(new_home("desktop-kill"))
+    daemon.sticky_env["STASIS_DNS_UPSTREAM"] = hosts["web"].address
+    daemon.start()
+    try:
+        with daemon.client() as client:
+            sbx = Sandbox.create(client=client, image="desktop", screen=f"{SCREEN[0]}x{SCREEN[1]}", memory_mb=2048,
+                                 network=True, timeout_secs=5, on_idle="suspend")  # fmt: skip
+            sbx.open(PAGE)
+            wait_for(sbx, (BLUE, BLUE))
+            sbx.mouse.click(*Page.button)
+            sbx.mouse.click(*Page.input)
+            sbx.keyboard.type("hello")
+            wait_for(sbx, (RED, GREEN))
+            wait_until(lambda: sbx.info().status.value == "suspended", timeout=120)  # idle: it sleeps by itself
+            wait_for(sbx, (RED, GREEN), timeout=60)  # a screenshot wakes it, as it was
+        daemon.kill()
+        daemon.start()
+        with daemon.client() as client:
+            wait_for(Sandbox.connect(sbx.id, client=client), (RED, GREEN), timeout=60)
+    finally:
+        terminate_all(daemon)
+        daemon.stop()
