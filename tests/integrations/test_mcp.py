@@ -4,6 +4,7 @@ streamable HTTP (its unix socket, and TCP with the token)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +21,7 @@ from stasis import Sandbox
 from tests.conftest import Daemon
 
 TOOLS = {"create", "list", "run", "run_code", "read_file", "write_file", "list_directory", "suspend", "resume",
-         "checkpoint", "fork", "terminate"}  # fmt: skip
+         "checkpoint", "fork", "terminate", "screenshot", "click", "type_text", "press_keys", "open_url"}  # fmt: skip
 Session = Callable[[], AbstractAsyncContextManager[ClientSession]]
 
 
@@ -151,3 +152,42 @@ def test_over_tcp_the_token_is_required(tcp_daemon: Daemon) -> None:
             return {t.name for t in (await client.list_tools()).tools}
 
     assert asyncio.run(listed()) == TOOLS
+
+
+def test_computer_use_tools_see_the_screen_and_click_on_it(daemon: Daemon) -> None:
+    """The desktop's tools over stdio: a page of the suite's own (file:/, no network) seen in a screenshot (an
+    image block of the tool's answer), then a click that changes it."""
+    import io
+
+    from PIL import Image
+
+    from tests.network.testhost_server import DESKTOP_PAGE
+
+    def colour(result: Any, x: int, y: int) -> tuple[int, int, int]:
+        (block,) = [b for b in result.content if getattr(b, "type", "") == "image"]
+        assert block.mime_type == "image/png"
+        with Image.open(io.BytesIO(base64.b64decode(block.data))) as image:
+            return image.convert("RGB").getpixel((x, y))  # type: ignore[return-value]
+
+    async def scenario() -> None:
+        async with over_stdio(daemon)() as client:
+            await call(client, "create", name="mcp-desk", image="desktop")
+            await call(client, "write_file", sandbox="mcp-desk", path="/root/page.html", content=DESKTOP_PAGE)
+            await call(client, "open_url", sandbox="mcp-desk", url="file:///root/page.html")
+            try:
+                for wanted, act in (((0, 0, 255), None), ((255, 0, 0), ("click", {"x": 320, "y": 680}))):
+                    if act is not None:
+                        await call(client, act[0], sandbox="mcp-desk", **act[1])
+                    for _ in range(240):  # the page loads, the click paints, at the browser's pace
+                        shot = await client.call_tool("screenshot", {"sandbox": "mcp-desk"})
+                        assert not shot.is_error, shot.content
+                        if colour(shot, 320, 300) == wanted:
+                            break
+                        await asyncio.sleep(0.5)
+                    else:
+                        raise AssertionError(f"the screen never showed {wanted}")
+                assert "invalid key" in await tool_error(client, "press_keys", sandbox="mcp-desk", keys=["ctrl+l; x"])
+            finally:
+                await call(client, "terminate", sandbox="mcp-desk")
+
+    asyncio.run(scenario())

@@ -16,7 +16,7 @@ from . import require
 
 require("mcp", "mcp")
 
-from mcp.server.mcpserver import MCPServer  # noqa: E402
+from mcp.server.mcpserver import Image, MCPServer  # noqa: E402
 from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 from mcp.server.transport_security import TransportSecuritySettings  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
@@ -114,6 +114,7 @@ def build_server(client_factory: Callable[[], AsyncClient] = AsyncClient) -> MCP
     _sandbox_tools(server, calls)
     _file_tools(server, calls)
     _state_tools(server, calls)
+    _desktop_tools(server, calls)
     return server
 
 
@@ -295,3 +296,53 @@ def http_app(server: MCPServer, path: str = "/mcp") -> Starlette:
     token over TCP) authenticates; a Host check would only refuse its unix-socket clients."""
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     return server.streamable_http_app(streamable_http_path=path, transport_security=security)
+
+
+def _desktop_tools(server: MCPServer, calls: _Calls) -> None:
+    """Computer use: a sandbox made from the desktop image (a screen, a window manager, Chromium)."""
+
+    @server.tool()
+    async def screenshot(sandbox: SandboxRef) -> Image:
+        """The desktop's screen as a PNG image (a sandbox of the desktop image; a suspended one wakes)."""
+        return Image(data=await calls.on(sandbox, lambda sbx: sbx.screenshot()), format="png")
+
+    @server.tool()
+    async def click(sandbox: SandboxRef, x: int, y: int, button: Literal["left", "middle", "right"] = "left",
+                    double: bool = False) -> str:  # fmt: skip
+        """Click at pixel (x, y) of the desktop's screen (from its top left)."""
+
+        async def go(sbx: AsyncSandbox) -> str:
+            await (sbx.mouse.double_click(x, y) if double else sbx.mouse.click(x, y, button=button))
+            return f"clicked at {x},{y}"
+
+        return await calls.on(sandbox, go)
+
+    @server.tool()
+    async def type_text(sandbox: SandboxRef, text: str) -> str:
+        """Type text as keystrokes into the desktop's focused window."""
+
+        async def go(sbx: AsyncSandbox) -> str:
+            await sbx.keyboard.type(text)
+            return f"typed {len(text)} characters"
+
+        return await calls.on(sandbox, go)
+
+    @server.tool()
+    async def press_keys(sandbox: SandboxRef, keys: list[str]) -> str:
+        """Press key combinations in turn, xdotool's names: ["ctrl+l"], ["Return"], ["ctrl+shift+t"]."""
+
+        async def go(sbx: AsyncSandbox) -> str:
+            await sbx.keyboard.press(*keys)
+            return "pressed " + " ".join(keys)
+
+        return await calls.on(sandbox, go)
+
+    @server.tool()
+    async def open_url(sandbox: SandboxRef, url: str) -> str:
+        """Open a URL in the desktop's browser."""
+
+        async def go(sbx: AsyncSandbox) -> str:
+            await sbx.open(url)
+            return f"opened {url}"
+
+        return await calls.on(sandbox, go)
