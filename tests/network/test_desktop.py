@@ -103,10 +103,10 @@ def test_actions_are_checked_and_become_argvs_never_a_shell_line() -> None:
     typed = build(DesktopAction, action="type", text="$(rm -rf /); echo 'hi'")
     assert commands(typed) == [["xdotool", "type", "--delay", "12", "--", "$(rm -rf /); echo 'hi'"]]
     click = build(DesktopAction, action="click", x=10, y=20, button="right")
-    assert commands(click) == [["xdotool", "mousemove", "--sync", "10", "20", "click", "3"]]
+    assert commands(click) == [["xdotool", "mousemove", "10", "20", "click", "3"]]
     drag = build(DesktopAction, action="drag", x=1, y=2, to_x=3, to_y=4)
-    assert commands(drag) == [["xdotool", "mousemove", "--sync", "1", "2", "mousedown", "1",
-                               "mousemove", "--sync", "3", "4", "mouseup", "1"]]  # fmt: skip
+    assert commands(drag) == [["xdotool", "mousemove", "1", "2", "mousedown", "1",
+                               "mousemove", "3", "4", "mouseup", "1"]]  # fmt: skip
     for fields, message in (
         ({"action": "click", "x": 5}, "both x and y"),
         ({"action": "press", "keys": ["ctrl+l; reboot"]}, "invalid key"),

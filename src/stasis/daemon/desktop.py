@@ -36,6 +36,7 @@ class DesktopRoom:
     def __init__(self, core: SandboxService, ports: Ports, ops: GuestOperations) -> None:
         self.core, self.ports, self.ops = core, ports, ops
         self._starting: dict[str, asyncio.Lock] = {}
+        self._ready: set[str] = set()  # sessions seen answering; a command that fails looks again
         self._tasks: set[asyncio.Task[None]] = set()
         core.ready_hooks.append(self._on_start)
         core.teardown_hooks.append(self._forget)
@@ -60,6 +61,7 @@ class DesktopRoom:
         """The session running (its VNC server answering), started if it was not."""
         with contextlib.suppress(ConnectionRefusedError):
             await self._probe(sandbox_id)
+            self._ready.add(sandbox_id)
             return
         async with self._starting.setdefault(sandbox_id, asyncio.Lock()):
             process_id = await self._start(sandbox_id)
@@ -67,6 +69,7 @@ class DesktopRoom:
             while True:
                 try:
                     await self._probe(sandbox_id)
+                    self._ready.add(sandbox_id)
                     return
                 except ConnectionRefusedError:
                     await self._check_running(sandbox_id, process_id)
@@ -106,24 +109,36 @@ class DesktopRoom:
 
     async def _forget(self, sandbox_id: str) -> None:
         self._starting.pop(sandbox_id, None)
+        self._ready.discard(sandbox_id)
 
     # ------------------------------------------------------------ what an agent does
 
     async def screenshot(self, ref: str) -> bytes:
         """The screen as PNG."""
         sandbox_id = self.core.lookup(ref).id
-        await self.ensure(sandbox_id)
-        result = await self._run(sandbox_id, ["sh", "-c", 'scrot --overwrite "$1" && cat "$1"', "sh", SHOT])
-        return base64.b64decode(result)
+        shot = ["sh", "-c", 'scrot --overwrite "$1" && cat "$1"', "sh", SHOT]
+        return base64.b64decode(await self._in_session(sandbox_id, shot))
+
+    async def _in_session(self, sandbox_id: str, argv: list[str]) -> str:
+        """Run ``argv`` in the session; one that fails where the session was not checked just now (a cold boot
+        ended it) has the session started and runs once more."""
+        if sandbox_id not in self._ready:
+            await self.ensure(sandbox_id)
+            return await self._run(sandbox_id, argv)
+        try:
+            return await self._run(sandbox_id, argv)
+        except GuestError:
+            self._ready.discard(sandbox_id)
+            await self.ensure(sandbox_id)
+            return await self._run(sandbox_id, argv)
 
     async def act(self, ref: str, action: DesktopAction) -> None:
         sandbox_id = self.core.lookup(ref).id
-        await self.ensure(sandbox_id)
         first, *rest = commands(action)
         deadline = time.monotonic() + WINDOW_TIMEOUT
         while True:  # a browser starting up opens and closes windows: one found may be gone a moment later
             try:
-                await self._run(sandbox_id, first)
+                await self._in_session(sandbox_id, first)
                 break
             except GuestError:
                 if action.action != "open" or time.monotonic() > deadline:
@@ -142,7 +157,9 @@ class DesktopRoom:
 
 def commands(action: DesktopAction) -> list[list[str]]:
     """The argv (xdotool's, or Chromium's) that carry out ``action``."""
-    at = ["mousemove", "--sync", str(action.x), str(action.y)] if action.x is not None and action.y is not None else []
+    # No --sync: it waits for the pointer to move, and a click where the pointer already is would wait forever.
+    # xdotool sends its steps in order, and the X server applies them in order.
+    at = ["mousemove", str(action.x), str(action.y)] if action.x is not None and action.y is not None else []
     button = BUTTONS[action.button]
     match action.action:
         case "move":
@@ -154,7 +171,7 @@ def commands(action: DesktopAction) -> list[list[str]]:
         case "scroll":
             return [["xdotool", *at, "click", "--repeat", str(action.amount), "4" if action.direction == "up" else "5"]]
         case "drag":
-            to = ["mousemove", "--sync", str(action.to_x), str(action.to_y)]
+            to = ["mousemove", str(action.to_x), str(action.to_y)]
             return [["xdotool", *at, "mousedown", button, *to, "mouseup", button]]
         case "type":
             return [["xdotool", "type", "--delay", "12", "--", action.text or ""]]
