@@ -10,11 +10,9 @@ execution streams, the sandbox counts as in use: idle suspend waits for it.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -23,9 +21,10 @@ import h11
 
 from ..errors import InvalidRequest, NotFound, StasisError, Unsupported
 from ..kernels import IMAGE, PORT, SERVER_NAME, bootstrap
-from ..models import CodeRequest, StartProcessRequest
+from ..models import CodeRequest
 from .operations import GuestOperations
 from .ports import Ports
+from .resident import exit_said, running_or_started
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -116,24 +115,14 @@ class CodeRoom:
 
     async def _start(self, sandbox_id: str) -> str:
         """The running server's process id, started now unless one runs."""
-        for process in await self.ops.list_processes(sandbox_id):
-            if (process.name or "").startswith(SERVER_NAME) and process.status == "running":
-                return process.id
-        name = f"{SERVER_NAME}-{secrets.token_hex(3)}"
-        started = await self.ops.start_process(sandbox_id, StartProcessRequest(cmd=bootstrap(), name=name))
-        log.info("started the code interpreter in %s (%s)", sandbox_id, started.id)
-        return started.id
+        return await running_or_started(self.ops, sandbox_id, SERVER_NAME, bootstrap())
 
     async def _check_started(self, sandbox_id: str, process_id: str) -> None:
-        process = await self.ops.get_process(sandbox_id, process_id)
-        if process.status == "running":
-            return
-        output = await self.ops.process_output(sandbox_id, process_id, "stderr", 0, 1 << 16, 0)
-        said = base64.b64decode(output.data_b64).decode(errors="replace").strip().splitlines()
-        raise Unsupported(
-            f"run_code needs Jupyter in the sandbox; the `{IMAGE}` image has it "
-            f"(Sandbox.create(image={IMAGE!r})). Its kernel server exited: {said[-1] if said else process.exit_code}"
-        )
+        if (said := await exit_said(self.ops, sandbox_id, process_id)) is not None:
+            raise Unsupported(
+                f"run_code needs Jupyter in the sandbox; the `{IMAGE}` image has it "
+                f"(Sandbox.create(image={IMAGE!r})). Its kernel server exited: {said}"
+            )
 
 
 async def _response(connection: h11.Connection, reader: asyncio.StreamReader) -> tuple[int, AsyncIterator[bytes]]:

@@ -12,15 +12,15 @@ import asyncio
 import base64
 import contextlib
 import logging
-import secrets
 import time
 
 from ..desktop import DEFAULT_SCREEN, DISPLAY, IMAGE, SESSION_NAME, VNC_PORT, bootstrap
 from ..errors import GuestError, StasisError, Unsupported
 from ..guest.client import GuestChannel
-from ..models import DesktopAction, RunRequest, SandboxInfo, StartProcessRequest
+from ..models import DesktopAction, RunRequest, SandboxInfo
 from .operations import GuestOperations
 from .ports import Ports
+from .resident import exit_said, running_or_started
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -87,25 +87,14 @@ class DesktopRoom:
             await writer.wait_closed()
 
     async def _start(self, sandbox_id: str) -> str:
-        for process in await self.ops.list_processes(sandbox_id):
-            if (process.name or "").startswith(SESSION_NAME) and process.status == "running":
-                return process.id
         screen = self.core.lookup(sandbox_id).spec.screen or DEFAULT_SCREEN
-        name = f"{SESSION_NAME}-{secrets.token_hex(3)}"
-        started = await self.ops.start_process(sandbox_id, StartProcessRequest(cmd=bootstrap(screen), name=name))
-        log.info("started the desktop of %s (%s, %s)", sandbox_id, started.id, screen)
-        return started.id
+        return await running_or_started(self.ops, sandbox_id, SESSION_NAME, bootstrap(screen))
 
     async def _check_running(self, sandbox_id: str, process_id: str) -> None:
-        process = await self.ops.get_process(sandbox_id, process_id)
-        if process.status == "running":
-            return
-        output = await self.ops.process_output(sandbox_id, process_id, "stderr", 0, 1 << 16, 0)
-        said = base64.b64decode(output.data_b64).decode(errors="replace").strip().splitlines()
-        raise Unsupported(
-            f"a desktop needs the `{IMAGE}` image (Sandbox.create(image={IMAGE!r})); its session exited: "
-            f"{said[-1] if said else process.exit_code}"
-        )
+        if (said := await exit_said(self.ops, sandbox_id, process_id)) is not None:
+            raise Unsupported(
+                f"a desktop needs the `{IMAGE}` image (Sandbox.create(image={IMAGE!r})); its session exited: {said}"
+            )
 
     async def _forget(self, sandbox_id: str) -> None:
         self._starting.pop(sandbox_id, None)
