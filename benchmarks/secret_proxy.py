@@ -42,8 +42,9 @@ from common import Comparison, report_ratios, serving_daemon, write_results
 from stasis import Client, Sandbox, Secret
 from stasis.credentials.authority import Authorities
 from stasis.credentials.broker import SecretBroker
+from stasis.credentials.models import SecretRequest
 from stasis.credentials.store import SecretStore
-from stasis.models import SandboxSpec, SecretRequest
+from stasis.models import SandboxSpec
 from stasis.network import sniff
 from tests.network.testhosts import TestHost, make_hosts
 

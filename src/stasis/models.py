@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
@@ -16,8 +15,6 @@ from .secretnames import (
     new_lineage,
     validate_egress_headers,
     validate_sandbox_secrets,
-    validate_secret_hosts,
-    validate_secret_value,
 )  # fmt: skip
 from .validation import (
     EXEC_ID_PATTERN,
@@ -177,80 +174,6 @@ class SandboxInfo(BaseModel):
 
 
 POOL_MAX_SIZE = 64
-
-
-KEY_NAME = r"^[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*$"  # xdotool's: Return, ctrl+l, ctrl+shift+t
-
-
-class DesktopAction(_Strict):
-    """One thing done on a sandbox's desktop: ``POST /v1/sandboxes/{ref}/desktop/actions``."""
-
-    action: Literal["move", "click", "double_click", "scroll", "drag", "type", "press", "open"]
-    x: int | None = Field(None, ge=0, le=16384, description="where (move, click, scroll, drag's start)")
-    y: int | None = Field(None, ge=0, le=16384)
-    to_x: int | None = Field(None, ge=0, le=16384, description="a drag's end")
-    to_y: int | None = Field(None, ge=0, le=16384)
-    button: Literal["left", "middle", "right"] = "left"
-    direction: Literal["up", "down"] = "down"
-    amount: int = Field(1, ge=1, le=100, description="scroll steps")
-    text: str | None = Field(None, max_length=100_000, description="what to type")
-    keys: list[str] = Field(default_factory=list, max_length=32, description="key combinations pressed in turn")
-    url: str | None = Field(None, max_length=8192, description="what the browser opens")
-
-    @model_validator(mode="after")
-    def _complete(self) -> DesktopAction:
-        if (self.x is None) != (self.y is None):
-            raise ValueError("give both x and y, or neither (then the pointer stays where it is)")
-        needs = {"move": ("x",), "drag": ("x", "to_x", "to_y"), "type": ("text",), "press": ("keys",), "open": ("url",)}
-        for name in needs.get(self.action, ()):
-            if getattr(self, name) in (None, []):
-                raise ValueError(f"a {self.action} needs {name}")
-        for key in self.keys:
-            if not re.fullmatch(KEY_NAME, key):
-                raise ValueError(f"invalid key {key[:40]!r}: use xdotool's names joined by +, e.g. ctrl+l or Return")
-        if self.url is not None and (
-            not re.match(r"^(https?://|about:|file:/)", self.url) or any(ord(c) < 0x21 for c in self.url)
-        ):
-            raise ValueError("url must be http(s)://, file:/ or about:, without spaces or control characters")
-        return self
-
-
-class SecretRequest(_Strict):
-    """A secret's value and where it may go: ``PUT /v1/secrets/{name}`` (a new one, or a rotation)."""
-
-    value: str = Field(repr=False, description="never returned by any read, never logged")
-    hosts: list[str] = Field(
-        default_factory=list, description="hostnames (api.example.com) or wildcards (*.example.com) it is bound to"
-    )
-    header: str | None = Field(None, description="set this header on every request to a bound host")
-    format: str = Field("{value}", description="the header's value, {value} standing for the secret")
-    body: bool = Field(False, description="replace the placeholder in request bodies too, not only in headers")
-    metadata: dict[str, str] = Field(default_factory=dict, description="the owner's notes (E2B's metadata)")
-
-    _valid_value = field_validator("value")(classmethod(lambda cls, v: validate_secret_value(v)))
-    _valid_hosts = field_validator("hosts")(classmethod(lambda cls, v: validate_secret_hosts(v)))
-
-    @model_validator(mode="after")
-    def _valid_header(self) -> SecretRequest:
-        if self.header is not None:
-            validate_egress_headers({"example.com": {self.header: self.format}})
-        if "{value}" not in self.format:
-            raise ValueError("format must contain {value} (where the secret goes), e.g. 'Bearer {value}'")
-        return self
-
-
-class SecretInfo(BaseModel):
-    """What anyone may read of a secret: everything but its value."""
-
-    name: str
-    hosts: list[str]
-    header: str | None = None
-    format: str = "{value}"
-    body: bool = False
-    metadata: dict[str, str] = Field(default_factory=dict)
-    version: int = Field(description="1 when added; each rotation adds one")
-    created_at: float
-    updated_at: float
 
 
 class CreatePoolRequest(_Strict):

@@ -98,7 +98,8 @@ def test_a_page_is_seen_clicked_and_typed_into_and_survives_suspend_and_two_fork
 def test_actions_are_checked_and_become_argvs_never_a_shell_line() -> None:
     from stasis import InvalidRequest
     from stasis.daemon.desktop import commands
-    from stasis.models import DesktopAction, build
+    from stasis.desktop.actions import DesktopAction
+    from stasis.models import build
 
     typed = build(DesktopAction, action="type", text="$(rm -rf /); echo 'hi'")
     assert commands(typed) == [["xdotool", "type", "--delay", "12", "--", "$(rm -rf /); echo 'hi'"]]

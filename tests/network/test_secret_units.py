@@ -14,9 +14,10 @@ import pytest
 from stasis import InvalidRequest
 from stasis.credentials.authority import Authorities
 from stasis.credentials.inject import Bound, Injection, header_rules, replace_body, rewrite_head
+from stasis.credentials.models import SecretRequest
 from stasis.credentials.store import SecretStore
 from stasis.credentials.trust import BEGIN, END, without_block
-from stasis.models import SandboxSpec, SecretRequest, build
+from stasis.models import SandboxSpec, build
 
 pytestmark = pytest.mark.fast
 PH = b"stasis-secret-" + b"a" * 32

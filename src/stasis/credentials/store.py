@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..errors import InvalidRequest, NotFound
 from ..fsutil import atomic_write, private_dir
-from ..models import SecretInfo, SecretRequest
 from ..secretnames import validate_secret_name
+from .models import SecretInfo, SecretRequest
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,10 @@ import logging
 import time
 
 from ..desktop import DEFAULT_SCREEN, DISPLAY, IMAGE, SESSION_NAME, VNC_PORT, bootstrap
+from ..desktop.actions import DesktopAction
 from ..errors import GuestError, StasisError, Unsupported
 from ..guest.client import GuestChannel
-from ..models import DesktopAction, RunRequest, SandboxInfo
+from ..models import RunRequest, SandboxInfo
 from .operations import GuestOperations
 from .ports import Ports
 from .resident import exit_said, running_or_started

@@ -12,10 +12,11 @@ import logging
 from ..credentials import trust
 from ..credentials.authority import Authorities
 from ..credentials.broker import SecretBroker
+from ..credentials.models import SecretInfo, SecretRequest
 from ..credentials.store import SecretStore
 from ..errors import NotFound
 from ..guest.client import GuestChannel
-from ..models import SandboxInfo, SandboxSpec, SecretInfo, SecretRequest
+from ..models import SandboxInfo, SandboxSpec
 from .service import SandboxService
 
 log = logging.getLogger(__name__)

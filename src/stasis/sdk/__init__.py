@@ -1,5 +1,6 @@
 """The stasis Python SDK."""
 
+from ..credentials.models import SecretInfo
 from ..errors import (
     BackendError,
     BuildError,
@@ -39,7 +40,6 @@ from ..models import (
     SandboxInfo,
     SandboxSpec,
     SandboxStatus,
-    SecretInfo,
     TransferResult,
 )
 from ..netpolicy import NetworkPolicy

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..models import DesktopAction, build
+from ..desktop.actions import DesktopAction
+from ..models import build
 from ._base import Call
 
 Button = str  # "left", "middle" or "right"

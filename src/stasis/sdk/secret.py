@@ -10,8 +10,9 @@ to the secret's hosts, and nowhere else. No read returns a value.
 
 from __future__ import annotations
 
+from ..credentials.models import SecretInfo, SecretRequest
 from ..errors import InvalidRequest
-from ..models import SecretInfo, SecretRequest, build
+from ..models import build
 from ..secretnames import validate_secret_name
 from ._base import Call, _model, _models
 from ._client import Client

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response
 from pydantic import Field
 
+from ...credentials.models import SecretInfo, SecretRequest
 from ...errors import Conflict
-from ...models import SecretInfo, SecretRequest
 from .plane import PlaneDep, _Body, iso
 
 router = APIRouter()

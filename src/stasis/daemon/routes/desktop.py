@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from ...models import DesktopAction
+from ...desktop.actions import DesktopAction
 from ..rooms import RoomsDep
 
 router = APIRouter()

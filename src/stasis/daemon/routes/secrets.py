@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from ...models import SecretInfo, SecretRequest
+from ...credentials.models import SecretInfo, SecretRequest
 from ..rooms import RoomsDep
 
 router = APIRouter()
