@@ -100,6 +100,18 @@ if [ ! -f "$vendor/.xterm-6.0.0" ]; then
   touch "$vendor/.xterm-6.0.0"
 fi
 
+# The desktop's live view: noVNC's library (ES modules: core/ and the pako it vendors), pinned, from npm.
+if [ ! -f "$vendor/.novnc-1.7.0" ]; then
+  say "fetching the console's live view (noVNC) with npm"
+  scratch=$(mktemp -d)
+  (cd "$scratch" && npm pack --silent @novnc/novnc@1.7.0 >/dev/null)
+  tar -xzf "$scratch/novnc-novnc-1.7.0.tgz" -C "$scratch"
+  rm -rf "$vendor/novnc" && mkdir -p "$vendor/novnc"
+  cp -r "$scratch/package/core" "$scratch/package/vendor" "$scratch/package/LICENSE.txt" "$vendor/novnc/"
+  rm -rf "$scratch"
+  touch "$vendor/.novnc-1.7.0"
+fi
+
 # The E2B face's JavaScript tests: the official e2b npm package, pinned by its lock file.
 if [ ! -d tests/e2b/js/node_modules/e2b ] || [ tests/e2b/js/package-lock.json -nt tests/e2b/js/node_modules/.package-lock.json ]; then
   say "installing the e2b npm package for the E2B face's tests"

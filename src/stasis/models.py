@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .errors import InvalidRequest
 from .netpolicy import NetworkPolicy, as_policy
-from .secretnames import (
-    LINEAGE_PATTERN,
-    new_lineage,
-    validate_egress_headers,
-    validate_sandbox_secrets,
-)  # fmt: skip
+from .secretnames import sandbox_lineage, validate_egress_headers, validate_sandbox_secrets
 from .validation import (
     EXEC_ID_PATTERN,
     NAME_PATTERN,
@@ -52,7 +57,7 @@ class SandboxStatus(StrEnum):
     FAILED = "failed"
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
@@ -73,7 +78,7 @@ def _all_utf8(value: Any) -> bool:
     return True
 
 
-class SandboxSpec(_Strict):
+class SandboxSpec(Strict):
     image: str = "default"
     backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
     cpus: float = Field(1.0, ge=0.01, le=64, description="CPU cores; at least 0.01 (the kernel's smallest CPU quota)")
@@ -86,12 +91,12 @@ class SandboxSpec(_Strict):
     )
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
     on_idle: Literal["suspend", "terminate"] | None = None
-    secrets: dict[str, str] = Field(
+    secrets: Annotated[dict[str, str], BeforeValidator(validate_sandbox_secrets)] = Field(
         default_factory=dict,
         description="the daemon's secrets this sandbox uses, as name -> the placeholder its environment variable "
         "holds (at create, a list of names: each gets a fresh placeholder); the egress proxy puts the real value in",
     )
-    egress_headers: dict[str, dict[str, str]] = Field(
+    egress_headers: Annotated[dict[str, dict[str, str]], AfterValidator(validate_egress_headers)] = Field(
         default_factory=dict,
         description="per host: headers the egress proxy sets on each HTTPS request, ${secrets.NAME} in a value "
         "standing for that secret's current value (E2B's network rules)",
@@ -108,27 +113,12 @@ class SandboxSpec(_Strict):
     def _network(cls, network: Any) -> NetworkPolicy | None:
         return as_policy(network)
 
-    @field_validator("secrets", mode="before")
-    @classmethod
-    def _placeholders(cls, secrets: Any) -> Any:
-        return validate_sandbox_secrets(secrets)
-
-    @field_validator("egress_headers")
-    @classmethod
-    def _valid_egress_headers(cls, rules: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        return validate_egress_headers(rules)
-
     @model_validator(mode="after")
     def _secrets_need_the_proxy(self) -> SandboxSpec:
-        if (self.secrets or self.egress_headers) and self.network is None:
-            raise ValueError(
-                "secrets reach their hosts through the egress proxy: give the sandbox a network "
-                "(network=True, or a policy that allows the secrets' hosts)"
-            )
-        if (self.secrets or self.egress_headers) and self.ca_lineage is None:
-            self.ca_lineage = new_lineage()
-        if self.ca_lineage is not None and not LINEAGE_PATTERN.fullmatch(self.ca_lineage):
-            raise ValueError("ca_lineage must be 32 hexadecimal digits (the daemon makes it)")
+        uses_secrets = bool(self.secrets or self.egress_headers)
+        lineage = sandbox_lineage(uses_secrets, self.network is not None, self.ca_lineage)
+        if lineage != self.ca_lineage:  # assigned only when made: a field set counts as sent
+            self.ca_lineage = lineage
         return self
 
     @field_validator("backend")
@@ -173,67 +163,7 @@ class SandboxInfo(BaseModel):
     moved_to: str | None = Field(None, description="the remote store it was handed to (it left this node)")
 
 
-POOL_MAX_SIZE = 64
-
-
-class CreatePoolRequest(_Strict):
-    """Sandboxes of one spec started ahead; a matching create claims one instead of booting."""
-
-    name: str
-    size: int = Field(2, ge=1, le=POOL_MAX_SIZE, description="sandboxes kept started and waiting")
-    image: str = "default"
-    backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
-    cpus: float = Field(1.0, ge=0.01, le=64)
-    memory_mb: int = Field(1024, ge=128, le=262144)
-    disk_mb: int = Field(10240, ge=512, le=1 << 20)
-    template: str | None = Field(None, description="members are restored from this template, not booted")
-
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, name: str) -> str:
-        return validate_name(name)
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, backend: str) -> str:
-        return validate_backend(backend)
-
-    def member_request(self) -> CreateSandboxRequest:
-        """What a member is created with. It never idles out: it is suspended or removed only once claimed.
-        A template's members take the template's resources except those the pool names."""
-        if self.template is None:
-            fields = self.model_dump(include=set(RESOURCES) | {"image"})
-        else:
-            fields = self.model_dump(include=self.model_fields_set & set(RESOURCES))
-        return CreateSandboxRequest(**fields, template=self.template, timeout_secs=None)
-
-    def matches(self, request: CreateSandboxRequest) -> bool:
-        """Whether a create asks for what this pool's members are (its name and idle policy may differ).
-        From an image: the same image and resources. From a template: the same template, and the same value
-        of every resource that either names (the others are the template's)."""
-        if request.snapshot_id is not None or request.network is not None or request.template != self.template:
-            return False
-        if self.template is None:
-            return request.image == self.image and all(getattr(request, f) == getattr(self, f) for f in RESOURCES)
-        named = (request.model_fields_set | self.model_fields_set) & set(RESOURCES)
-        both = request.model_fields_set & self.model_fields_set
-        return named <= both and all(getattr(request, f) == getattr(self, f) for f in named)
-
-
-RESOURCES = ("backend", "cpus", "memory_mb", "disk_mb")
-
-
-class PoolInfo(BaseModel):
-    name: str
-    spec: CreatePoolRequest
-    ready: int = Field(description="members started and waiting to be claimed")
-    starting: int = Field(description="members being started to refill it")
-    claimed: int = Field(0, description="members handed out since the daemon started")
-    last_error: str | None = Field(None, description="why the last refill failed, if it did")
-    members: list[str] = Field(default_factory=list, description="ids of the sandboxes waiting in it")
-
-
-class RunRequest(_Strict):
+class RunRequest(Strict):
     cmd: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
@@ -269,7 +199,7 @@ class RunResult(BaseModel):
     limit: str | None = Field(None, description="a sandbox limit the command ran into (processes, memory)")
 
 
-class StartProcessRequest(_Strict):
+class StartProcessRequest(Strict):
     cmd: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
@@ -301,7 +231,7 @@ class SshHostKey(BaseModel):
     public_key: str = Field(description="the sandbox's SSH host key, one OpenSSH public key line")
 
 
-class SshKeysRequest(_Strict):
+class SshKeysRequest(Strict):
     public_keys: list[str] = Field(min_length=1, max_length=64, description="OpenSSH public key lines to authorise")
 
 
@@ -314,11 +244,11 @@ class ProcessOutput(BaseModel):
     exit_code: int | None
 
 
-class SignalRequest(_Strict):
+class SignalRequest(Strict):
     signal: str = "SIGTERM"
 
 
-class StdinRequest(_Strict):
+class StdinRequest(Strict):
     data_b64: str = ""
     close: bool = False
 
@@ -344,7 +274,7 @@ class CheckpointType(StrEnum):
     FILESYSTEM = "filesystem"  # files only: restores with a fresh boot
 
 
-class CreateCheckpointRequest(_Strict):
+class CreateCheckpointRequest(Strict):
     type: CheckpointType = CheckpointType.MEMORY
     name: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -375,7 +305,7 @@ class CheckpointInfo(BaseModel):
     metadata: dict[str, Any]
 
 
-class RemoteRequest(_Strict):
+class RemoteRequest(Strict):
     ref: str = Field(min_length=1, max_length=200, description="a sandbox's or checkpoint's name or id")
     kind: Literal["sandbox", "checkpoint"] | None = Field(None, description="which, when a name could be either")
 
@@ -409,7 +339,7 @@ class RemoteEntry(BaseModel):
     pushed_at: float
 
 
-class ForkRequest(_Strict):
+class ForkRequest(Strict):
     times: int = Field(1, ge=1, le=64)
 
 
@@ -426,7 +356,7 @@ class DiskUsage(BaseModel):
     shared_note: str
 
 
-class ExposePortRequest(_Strict):
+class ExposePortRequest(Strict):
     port: int = Field(ge=1, le=65535, description="the TCP port a server in the sandbox listens on")
     public: bool = Field(False, description="no token needed: anyone who can reach the daemon's listener")
     ttl_secs: int = Field(86400, ge=60, le=365 * 86400, description="how long the URL's token is valid")
@@ -441,12 +371,12 @@ class ExposedPort(BaseModel):
     expires_at: float | None = Field(None, description="when the URL's token expires; None if public")
 
 
-class BuildImageRequest(_Strict):
+class BuildImageRequest(Strict):
     recipe: str = Field("default", max_length=63, description="a built-in recipe's name (`stasis image ls`)")
     force: bool = Field(False, description="build again even if this recipe's build exists")
 
 
-class CommitImageRequest(_Strict):
+class CommitImageRequest(Strict):
     """One build step's result as an image (see stasis.images.builder)."""
 
     parent: str = Field(description="key of the image the step ran on")
@@ -458,7 +388,7 @@ class CommitImageRequest(_Strict):
     step: str = ""
 
 
-class E2bServeRequest(_Strict):
+class E2bServeRequest(Strict):
     """Open the E2B face on a TCP listener for as long as the request's stream stays open (`stasis e2b serve`)."""
 
     listen: str = Field("127.0.0.1:3000", max_length=300, description="HOST:PORT (port 0: any free port)")
@@ -475,7 +405,7 @@ class E2bServeRequest(_Strict):
         return validate_backend(backend)
 
 
-class CodeRequest(_Strict):
+class CodeRequest(Strict):
     """One execution in a Jupyter kernel of the sandbox (``run_code``)."""
 
     code: str = Field(max_length=16 << 20)
@@ -487,7 +417,7 @@ class CodeRequest(_Strict):
     _valid_env = field_validator("env_vars")(classmethod(lambda cls, v: v if v is None else validate_env(v)))
 
 
-class CodeContextRequest(_Strict):
+class CodeContextRequest(Strict):
     language: str | None = Field(None, max_length=32)
     cwd: str | None = None
 

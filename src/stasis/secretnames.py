@@ -94,6 +94,20 @@ def validate_egress_headers(rules: dict[str, dict[str, str]]) -> dict[str, dict[
     return out
 
 
+def sandbox_lineage(uses_secrets: bool, has_network: bool, lineage: str | None) -> str | None:
+    """The CA lineage of a sandbox's spec: a new one for a sandbox that uses secrets and has none yet."""
+    if uses_secrets and not has_network:
+        raise ValueError(
+            "secrets reach their hosts through the egress proxy: give the sandbox a network "
+            "(network=True, or a policy that allows the secrets' hosts)"
+        )
+    if uses_secrets and lineage is None:
+        return new_lineage()
+    if lineage is not None and not LINEAGE_PATTERN.fullmatch(lineage):
+        raise ValueError("ca_lineage must be 32 hexadecimal digits (the daemon makes it)")
+    return lineage
+
+
 def referenced(template: str) -> list[str]:
     """The secrets a header template names (``${secrets.NAME}``)."""
     return REFERENCE.findall(template)

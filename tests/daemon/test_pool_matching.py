@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from stasis.models import CreatePoolRequest as Pool
 from stasis.models import CreateSandboxRequest as Create
 from stasis.netpolicy import NetworkPolicy
+from stasis.pool_models import CreatePoolRequest as Pool
 
 pytestmark = pytest.mark.fast
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from ..models import _Strict
+from ..models import Strict
 from ..secretnames import validate_egress_headers, validate_secret_hosts, validate_secret_value
 
 
-class SecretRequest(_Strict):
+class SecretRequest(Strict):
     """A secret's value and where it may go: ``PUT /v1/secrets/{name}`` (a new one, or a rotation)."""
 
     value: str = Field(repr=False, description="never returned by any read, never logged")

@@ -13,18 +13,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import h11
 
-from ..errors import InvalidRequest, NotFound, StasisError, Unsupported
+from ..errors import InvalidRequest, NotFound, StasisError
 from ..kernels import IMAGE, PORT, SERVER_NAME, bootstrap
 from ..models import CodeRequest
 from .operations import GuestOperations
 from .ports import Ports
-from .resident import exit_said, running_or_started
+from .resident import Resident
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -35,8 +34,9 @@ READ_SIZE = 1 << 16
 
 class CodeRoom:
     def __init__(self, core: SandboxService, ports: Ports, ops: GuestOperations) -> None:
-        self.core, self.ports, self.ops = core, ports, ops
-        self._starting: dict[str, asyncio.Lock] = {}
+        self.core = core
+        self.server = Resident(core, ports, ops, name=SERVER_NAME, port=PORT, what="the code interpreter",
+                               argv=lambda _: bootstrap(), exited=_exited, start_timeout=START_TIMEOUT)  # fmt: skip
 
     async def execute(
         self, ref: str, request: CodeRequest, failed: Callable[[StasisError], dict[str, Any]]
@@ -67,7 +67,7 @@ class CodeRoom:
         """The answer's body as it comes; an error answer raises before the first chunk."""
         info = self.core.lookup(ref)
         with self.core.activity.busy(info.id):
-            reader, writer = await self._connect(info.id)
+            reader, writer = await self.server.connect(info.id)
             try:
                 connection = h11.Connection(h11.CLIENT)
                 data = json.dumps(body).encode() if body is not None else b""
@@ -88,41 +88,14 @@ class CodeRoom:
 
     async def ensure(self, sandbox_id: str) -> None:
         """The server answering in the sandbox, started if it was not."""
-        _, writer = await self._connect(sandbox_id)
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+        await self.server.ensure(sandbox_id)
 
-    async def _connect(self, sandbox_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        try:
-            return await self.ports.open(sandbox_id, PORT)
-        except ConnectionRefusedError:
-            pass
-        lock = self._starting.setdefault(sandbox_id, asyncio.Lock())
-        async with lock:  # concurrent first calls start one server
-            process_id = await self._start(sandbox_id)
-            deadline = time.monotonic() + START_TIMEOUT
-            while True:
-                try:
-                    return await self.ports.open(sandbox_id, PORT)
-                except ConnectionRefusedError:
-                    await self._check_started(sandbox_id, process_id)
-                    if time.monotonic() > deadline:
-                        raise Unsupported(
-                            f"the code interpreter in sandbox {sandbox_id} did not answer within {START_TIMEOUT:g}s; "
-                            f"`stasis logs {sandbox_id} {process_id}` shows what it said"
-                        ) from None
 
-    async def _start(self, sandbox_id: str) -> str:
-        """The running server's process id, started now unless one runs."""
-        return await running_or_started(self.ops, sandbox_id, SERVER_NAME, bootstrap())
-
-    async def _check_started(self, sandbox_id: str, process_id: str) -> None:
-        if (said := await exit_said(self.ops, sandbox_id, process_id)) is not None:
-            raise Unsupported(
-                f"run_code needs Jupyter in the sandbox; the `{IMAGE}` image has it "
-                f"(Sandbox.create(image={IMAGE!r})). Its kernel server exited: {said}"
-            )
+def _exited(said: str) -> str:
+    return (
+        f"run_code needs Jupyter in the sandbox; the `{IMAGE}` image has it "
+        f"(Sandbox.create(image={IMAGE!r})). Its kernel server exited: {said}"
+    )
 
 
 async def _response(connection: h11.Connection, reader: asyncio.StreamReader) -> tuple[int, AsyncIterator[bytes]]:

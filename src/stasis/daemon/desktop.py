@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import time
 
-from ..desktop import DEFAULT_SCREEN, DISPLAY, IMAGE, SESSION_NAME, VNC_PORT, bootstrap
+from ..desktop import DEFAULT_SCREEN, DISPLAY, IMAGE, SESSION_NAME, VNC_PORT, VNC_VIEW_PORT, bootstrap
 from ..desktop.actions import DesktopAction
-from ..errors import GuestError, StasisError, Unsupported
+from ..errors import GuestError, StasisError
 from ..guest.client import GuestChannel
 from ..models import RunRequest, SandboxInfo
 from .operations import GuestOperations
 from .ports import Ports
-from .resident import exit_said, running_or_started
+from .resident import Resident, Stream
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -35,8 +34,9 @@ ENV = {"DISPLAY": DISPLAY}
 
 class DesktopRoom:
     def __init__(self, core: SandboxService, ports: Ports, ops: GuestOperations) -> None:
-        self.core, self.ports, self.ops = core, ports, ops
-        self._starting: dict[str, asyncio.Lock] = {}
+        self.core, self.ops = core, ops
+        self.session = Resident(core, ports, ops, name=SESSION_NAME, port=VNC_PORT, what="the desktop",
+                                argv=self._argv, exited=_exited, start_timeout=START_TIMEOUT)  # fmt: skip
         self._ready: set[str] = set()  # sessions seen answering; a command that fails looks again
         self._tasks: set[asyncio.Task[None]] = set()
         core.ready_hooks.append(self._on_start)
@@ -60,45 +60,20 @@ class DesktopRoom:
 
     async def ensure(self, sandbox_id: str) -> None:
         """The session running (its VNC server answering), started if it was not."""
-        with contextlib.suppress(ConnectionRefusedError):
-            await self._probe(sandbox_id)
-            self._ready.add(sandbox_id)
-            return
-        async with self._starting.setdefault(sandbox_id, asyncio.Lock()):
-            process_id = await self._start(sandbox_id)
-            deadline = time.monotonic() + START_TIMEOUT
-            while True:
-                try:
-                    await self._probe(sandbox_id)
-                    self._ready.add(sandbox_id)
-                    return
-                except ConnectionRefusedError:
-                    await self._check_running(sandbox_id, process_id)
-                    if time.monotonic() > deadline:
-                        raise Unsupported(
-                            f"the desktop of {sandbox_id} did not start within {START_TIMEOUT:g}s; "
-                            f"`stasis logs {sandbox_id} {process_id}` shows what it said"
-                        ) from None
-                    await asyncio.sleep(0.2)
+        await self.session.ensure(sandbox_id)
+        self._ready.add(sandbox_id)
 
-    async def _probe(self, sandbox_id: str) -> None:
-        _, writer = await self.ports.open(sandbox_id, VNC_PORT)
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+    async def vnc(self, ref: str, control: bool) -> Stream:
+        """A connection to the desktop's VNC server: the one that takes input, or (``control`` False) the one
+        that only shows the screen; the session is started (and the sandbox resumed) first if need be."""
+        sandbox_id = self.core.lookup(ref).id
+        await self.ensure(sandbox_id)
+        return await self.session.connect(sandbox_id, VNC_PORT if control else VNC_VIEW_PORT)
 
-    async def _start(self, sandbox_id: str) -> str:
-        screen = self.core.lookup(sandbox_id).spec.screen or DEFAULT_SCREEN
-        return await running_or_started(self.ops, sandbox_id, SESSION_NAME, bootstrap(screen))
-
-    async def _check_running(self, sandbox_id: str, process_id: str) -> None:
-        if (said := await exit_said(self.ops, sandbox_id, process_id)) is not None:
-            raise Unsupported(
-                f"a desktop needs the `{IMAGE}` image (Sandbox.create(image={IMAGE!r})); its session exited: {said}"
-            )
+    def _argv(self, sandbox_id: str) -> list[str]:
+        return bootstrap(self.core.lookup(sandbox_id).spec.screen or DEFAULT_SCREEN)
 
     async def _forget(self, sandbox_id: str) -> None:
-        self._starting.pop(sandbox_id, None)
         self._ready.discard(sandbox_id)
 
     # ------------------------------------------------------------ what an agent does
@@ -143,6 +118,10 @@ class DesktopRoom:
             said = base64.b64decode(result.stderr_b64).decode(errors="replace").strip()
             raise GuestError(f"`{argv[0]}` failed in the desktop of {sandbox_id} (exit {result.exit_code}): {said}")
         return result.stdout_b64
+
+
+def _exited(said: str) -> str:
+    return f"a desktop needs the `{IMAGE}` image (Sandbox.create(image={IMAGE!r})); its session exited: {said}"
 
 
 def commands(action: DesktopAction) -> list[list[str]]:

@@ -23,7 +23,8 @@ import uuid
 
 from ..errors import InvalidRequest, NotFound, StasisError
 from ..guest import protocol as P
-from ..models import CreatePoolRequest, CreateSandboxRequest, PoolInfo, SandboxInfo, SandboxStatus
+from ..models import CreateSandboxRequest, SandboxInfo, SandboxStatus
+from ..pool_models import CreatePoolRequest, PoolInfo
 from .service import SandboxService
 from .sources import source_of, template_checkpoint
 

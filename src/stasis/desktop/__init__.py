@@ -8,16 +8,17 @@ starts is a process of the sandbox: suspended, checkpointed, forked and moved wi
 from __future__ import annotations
 
 import base64
-import re
 import zlib
 from pathlib import Path
 
 IMAGE = "desktop"  # the recipe with the session's programs (stasis.images.recipe)
 SESSION_NAME = "stasis-desktop"  # the background process's name in the sandbox
 DISPLAY = ":0"
-VNC_PORT = 5900  # x11vnc, on the sandbox's loopback only: reached through the daemon, behind its tokens
+# x11vnc, twice: one server takes input, the other (-viewonly) only shows the screen. Neither is published: the
+# daemon reaches them from the host (the console's live view, behind its login) and nothing else can.
+VNC_PORT = 5900
+VNC_VIEW_PORT = 5901
 DEFAULT_SCREEN = "1280x800"
-SCREEN = re.compile(r"^([1-9][0-9]{2,3})x([1-9][0-9]{2,3})$")
 
 
 def bootstrap(screen: str = DEFAULT_SCREEN) -> list[str]:
@@ -28,4 +29,4 @@ def bootstrap(screen: str = DEFAULT_SCREEN) -> list[str]:
     return ["python3", "-c", program, screen]
 
 
-__all__ = ["DEFAULT_SCREEN", "DISPLAY", "IMAGE", "SCREEN", "SESSION_NAME", "VNC_PORT", "bootstrap"]
+__all__ = ["DEFAULT_SCREEN", "DISPLAY", "IMAGE", "SESSION_NAME", "VNC_PORT", "VNC_VIEW_PORT", "bootstrap"]

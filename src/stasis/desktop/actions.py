@@ -7,12 +7,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ..models import _Strict
+from ..models import Strict
 
 KEY_NAME = r"^[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*$"  # xdotool's: Return, ctrl+l, ctrl+shift+t
 
 
-class DesktopAction(_Strict):
+class DesktopAction(Strict):
     """One thing done on a sandbox's desktop: ``POST /v1/sandboxes/{ref}/desktop/actions``."""
 
     action: Literal["move", "click", "double_click", "scroll", "drag", "type", "press", "open"]

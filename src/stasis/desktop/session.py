@@ -54,8 +54,9 @@ def main() -> None:
     xvfb = start(["Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-dpi", "96"], env)
     wait_for_display()
     start(["openbox"], env)
-    start(["x11vnc", "-display", DISPLAY, "-rfbport", "5900", "-shared", "-forever", "-nopw",
-           "-quiet", "-noxdamage"], env)  # fmt: skip
+    for port, mode in ((5900, []), (5901, ["-viewonly"])):  # the one that takes input, the one that only shows
+        start(["x11vnc", "-display", DISPLAY, "-rfbport", str(port), "-shared", "-forever", "-nopw", "-quiet",
+               "-noxdamage", *mode], env)  # fmt: skip
     browser = start([*CHROMIUM, f"--window-size={width},{height}", "about:blank"], env)
     print(f"desktop {width}x{height} on {DISPLAY}", flush=True)
     while xvfb.poll() is None:

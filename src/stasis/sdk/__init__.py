@@ -34,7 +34,6 @@ from ..models import (
     CheckpointType,
     ExposedPort,
     FileEntry,
-    PoolInfo,
     ProcessInfo,
     ProcessOutput,
     SandboxInfo,
@@ -43,6 +42,7 @@ from ..models import (
     TransferResult,
 )
 from ..netpolicy import NetworkPolicy
+from ..pool_models import PoolInfo
 from ._async import AsyncSandbox
 from ._base import CommandResult, OutputEvent
 from ._client import AsyncClient, Client

@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 from ..errors import PoolNotReady
-from ..models import CreatePoolRequest, PoolInfo, build
+from ..models import build
+from ..pool_models import CreatePoolRequest, PoolInfo
 from ._base import Call, _model, _models
 from ._client import Client
 

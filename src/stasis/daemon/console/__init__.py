@@ -1,9 +1,11 @@
-"""The web console: every sandbox at a glance, its checkpoint tree, agent runs step by step, a terminal.
+"""The web console: every sandbox at a glance, its checkpoint tree, agent runs step by step, a terminal, the live
+view of a desktop.
 
 A room of the daemon, served under ``/ui``: server-rendered pages (Jinja2, everything from a sandbox
 escaped), live status over Server-Sent Events, actions as form posts from the page's script, a terminal
-(xterm.js, pinned and fetched from the npm registry by ``make setup``) on the daemon's PTY. Login is
-the daemon's token typed into a form, then a cookie session; the token never appears in a URL.
+(xterm.js, pinned and fetched from the npm registry by ``make setup``) on the daemon's PTY, a desktop through
+noVNC (pinned from npm likewise). Login is the daemon's token typed into a form, then a cookie session; the
+token never appears in a URL.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from ...errors import StasisError
 from ..rooms import Rooms
-from . import actions, pages, runs
+from . import actions, desktop, pages, runs
 from .live import Feed
 from .render import HERE
 from .render import pages as page_templates
@@ -26,7 +28,7 @@ def create_console(rooms: Rooms) -> FastAPI:
     app.state.rooms = rooms
     app.state.feed = Feed(rooms.core)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    for module in (pages, runs, actions):
+    for module in (pages, runs, actions, desktop):
         app.include_router(module.router)
 
     @app.exception_handler(StasisError)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ...models import CreatePoolRequest, PoolInfo
+from ...pool_models import CreatePoolRequest, PoolInfo
 from ..rooms import RoomsDep
 
 router = APIRouter()
