@@ -1,8 +1,9 @@
 """A desktop sandbox (image `desktop`): a page of a test host in its Chromium, read back by screenshots.
 
 The page (tests/network/testhost_server.py, /desktop) paints its state as colour blocks: top left blue, red
-once its button was clicked (kept in localStorage); top right blue, green while its input holds "hello". So
-every check is a screenshot's pixels: what an agent sees is what the test sees.
+once its button was clicked (kept in localStorage); top right blue, green while its input holds "hello"; a strip
+below them grey, green when the test host saw its own login cookie. So every check is a screenshot's pixels:
+what an agent sees is what the test sees.
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ from PIL import Image
 from stasis import CheckpointType, Client, Sandbox
 from tests.conftest import Daemon, new_home, terminate_all, wait_until
 from tests.network.testhosts import TestHost
+from tests.remote import conftest as remote
+from tests.remote.conftest import S3
 
+s3 = remote.s3  # the remote tests' S3 server (moto's, on loopback), as a fixture here: for the move
 SCREEN = (1024, 768)
-BLUE, RED, GREEN = (0, 0, 255), (255, 0, 0), (0, 255, 0)
+BLUE, RED, GREEN, GREY = (0, 0, 255), (255, 0, 0), (0, 255, 0), (128, 128, 128)
 PAGE = "http://allowed.test/desktop"  # the web test host, by the test DNS zone
+LOGIN = "http://allowed.test/desktop/login"  # sets the host's session cookie, then shows PAGE
+Colour = tuple[int, int, int]
+Blocks = tuple[Colour, Colour, Colour]  # clicked, typed, logged in
 
 
 def pixel(png: bytes, x: int, y: int) -> tuple[int, int, int]:
@@ -34,16 +41,17 @@ class Page:
 
     clicked = (SCREEN[0] // 4, 300)
     typed = (SCREEN[0] * 3 // 4, 300)
+    session = (SCREEN[0] // 2, 446)
     button = (SCREEN[0] // 4, 680)
     input = (SCREEN[0] * 3 // 4, 680)
 
 
-def blocks(sbx: Sandbox) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+def blocks(sbx: Sandbox) -> Blocks:
     png = sbx.screenshot()
-    return pixel(png, *Page.clicked), pixel(png, *Page.typed)
+    return pixel(png, *Page.clicked), pixel(png, *Page.typed), pixel(png, *Page.session)
 
 
-def wait_for(sbx: Sandbox, wanted: tuple[tuple[int, int, int], tuple[int, int, int]], timeout: float = 120) -> None:
+def wait_for(sbx: Sandbox, wanted: Blocks, timeout: float = 120) -> None:
     """Until the screen shows ``wanted`` (a page loads, a click paints, at the browser's pace)."""
     deadline = time.monotonic() + timeout
     while (seen := blocks(sbx)) != wanted:
@@ -68,26 +76,26 @@ def test_a_page_is_seen_clicked_and_typed_into_and_survives_suspend_and_two_fork
     assert png.startswith(b"\x89PNG") and Image.open(io.BytesIO(png)).size == SCREEN
 
     desktop.open(PAGE)
-    wait_for(desktop, (BLUE, BLUE))
+    wait_for(desktop, (BLUE, BLUE, GREY))
     desktop.mouse.click(*Page.button)
-    wait_for(desktop, (RED, BLUE))
+    wait_for(desktop, (RED, BLUE, GREY))
     desktop.mouse.click(*Page.input)
     desktop.keyboard.type("hello")
-    wait_for(desktop, (RED, GREEN))
+    wait_for(desktop, (RED, GREEN, GREY))
 
     desktop.suspend()
     desktop.resume()
-    wait_for(desktop, (RED, GREEN), timeout=60)  # the same page, its DOM and its storage: nothing reloaded
+    wait_for(desktop, (RED, GREEN, GREY), timeout=60)  # the same page, its DOM and its storage: nothing reloaded
 
     checkpoint = desktop.checkpoint(type=CheckpointType.MEMORY)
     forks = [Sandbox.create(client=net_client, snapshot_id=checkpoint.id) for _ in range(2)]
     try:
         for fork in forks:
-            wait_for(fork, (RED, GREEN), timeout=60)
+            wait_for(fork, (RED, GREEN, GREY), timeout=60)
         forks[1].keyboard.press("BackSpace")  # "hell": that copy's input no longer says hello
-        wait_for(forks[1], (RED, BLUE))
-        wait_for(forks[0], (RED, GREEN), timeout=60)  # the other copy goes on as it was
-        wait_for(desktop, (RED, GREEN), timeout=60)
+        wait_for(forks[1], (RED, BLUE, GREY))
+        wait_for(forks[0], (RED, GREEN, GREY), timeout=60)  # the other copy goes on as it was
+        wait_for(desktop, (RED, GREEN, GREY), timeout=60)
     finally:
         for fork in forks:
             fork.terminate()
@@ -119,26 +127,42 @@ def test_actions_are_checked_and_become_argvs_never_a_shell_line() -> None:
             build(DesktopAction, **fields)
 
 
-def test_the_page_survives_an_idle_suspend_its_auto_resume_and_a_daemon_sigkill(hosts: dict[str, TestHost]) -> None:
-    daemon = Daemon(new_home("desktop-kill"))
-    daemon.sticky_env["STASIS_DNS_UPSTREAM"] = hosts["web"].address
-    daemon.start()
+def test_a_logged_in_page_survives_idle_suspend_a_daemon_sigkill_and_a_move(s3: S3, hosts: dict[str, TestHost]) -> None:
+    """On node A the page is logged in (the test host's cookie), clicked (localStorage) and typed into (a form);
+    it sleeps when idle and wakes at a screenshot; A's daemon is SIGKILLed; the sandbox moves through the remote
+    store to node B. Each time the screen shows the page as it was; at the end the page loaded anew on B shows
+    that the cookie and the storage came along too (the test host answers the cookie; the page reads the storage)."""
+    nodes = {node: Daemon(new_home(f"desktop-{node}")) for node in ("node-a", "node-b")}
+    for node, daemon in nodes.items():
+        daemon.sticky_env.update(s3.env, STASIS_NODE=node, STASIS_DNS_UPSTREAM=hosts["web"].address)
+        daemon.start()
+    a, b = nodes["node-a"], nodes["node-b"]
     try:
-        with daemon.client() as client:
-            sbx = Sandbox.create(client=client, image="desktop", screen=f"{SCREEN[0]}x{SCREEN[1]}", memory_mb=2048,
-                                 network=True, timeout_secs=5, on_idle="suspend")  # fmt: skip
-            sbx.open(PAGE)
-            wait_for(sbx, (BLUE, BLUE))
+        with a.client() as client:
+            sbx = Sandbox.create("desk-mover", client=client, image="desktop", screen=f"{SCREEN[0]}x{SCREEN[1]}",
+                                 memory_mb=2048, network=True, timeout_secs=5, on_idle="suspend")  # fmt: skip
+            sbx.open(LOGIN)
+            wait_for(sbx, (BLUE, BLUE, GREEN))
             sbx.mouse.click(*Page.button)
             sbx.mouse.click(*Page.input)
             sbx.keyboard.type("hello")
-            wait_for(sbx, (RED, GREEN))
+            wait_for(sbx, (RED, GREEN, GREEN))
             wait_until(lambda: sbx.info().status.value == "suspended", timeout=120)  # idle: it sleeps by itself
-            wait_for(sbx, (RED, GREEN), timeout=60)  # a screenshot wakes it, as it was
-        daemon.kill()
-        daemon.start()
-        with daemon.client() as client:
-            wait_for(Sandbox.connect(sbx.id, client=client), (RED, GREEN), timeout=60)
+            wait_for(sbx, (RED, GREEN, GREEN), timeout=60)  # a screenshot wakes it, as it was
+        a.kill()
+        a.start()
+        with a.client() as client:
+            sbx = Sandbox.connect(sbx.id, client=client)
+            wait_for(sbx, (RED, GREEN, GREEN), timeout=60)
+            sbx.push()
+        with b.client() as client:
+            Sandbox.pull(sbx.id, client=client)
+            moved = Sandbox.connect(sbx.id, client=client)
+            wait_for(moved, (RED, GREEN, GREEN), timeout=60)
+            moved.open(PAGE)  # loaded anew (its input empty): the host is asked again, with the cookie the browser kept
+            wait_for(moved, (RED, BLUE, GREEN))
+            moved.terminate()
     finally:
-        terminate_all(daemon)
-        daemon.stop()
+        for daemon in nodes.values():
+            terminate_all(daemon)
+            daemon.stop()

@@ -1,6 +1,7 @@
 """A test host's servers, run inside its network namespace by :mod:`tests.network.testhosts`.
 
-python3 testhost_server.py http PORT NAME      GET / answers "hello from NAME"; /bytes/N sends N bytes
+python3 testhost_server.py http PORT NAME      GET / answers "hello from NAME"; /bytes/N sends N bytes;
+                                               /desktop and /desktop/login: the desktop tests' page
 python3 testhost_server.py dns PORT ZONE_JSON  answers A queries from {"name": "ip", "*.suffix": "ip"}
 python3 testhost_server.py https PORT CERT LOG  HTTPS with CERT (chain and key); each request's Host, path,
                                                headers and body appended to LOG as a JSON line, never echoed
@@ -8,8 +9,10 @@ python3 testhost_server.py https PORT CERT LOG  HTTPS with CERT (chain and key);
 
 from __future__ import annotations
 
+import http.cookies
 import http.server
 import json
+import secrets
 import socket
 import socketserver
 import ssl
@@ -21,17 +24,20 @@ import dns.rcode
 import dns.rrset
 
 # The desktop's test page: its state as colour blocks a screenshot reads. Top left: blue, red once the button was
-# clicked (kept in localStorage); top right: blue, green while the input holds "hello". Bottom: the button (left
-# half) and the input (right half).
+# clicked (kept in localStorage); top right: blue, green while the input holds "hello"; a strip below them: grey,
+# green when the request carried the session cookie /desktop/login set (the server's own check). Bottom: the
+# button (left half) and the input (right half).
 DESKTOP_PAGE = """<!doctype html><html><head><title>stasis desktop test</title><style>
 html, body { margin: 0; height: 100%; overflow: hidden; }
 div, button, input { position: fixed; box-sizing: border-box; border: 0; margin: 0; font-size: 40px; }
-#clicked { left: 0; top: 0; width: 50%; height: 60%; background: #0000ff; }
-#typed { left: 50%; top: 0; width: 50%; height: 60%; background: #0000ff; }
+#clicked { left: 0; top: 0; width: 50%; height: 45%; background: #0000ff; }
+#typed { left: 50%; top: 0; width: 50%; height: 45%; background: #0000ff; }
+#session { left: 0; top: 45%; width: 100%; height: 15%; background: SESSION; }
 #button { left: 0; top: 60%; width: 50%; height: 40%; background: #ffff00; }
 #input { left: 50%; top: 60%; width: 50%; height: 40%; background: #ffffff; outline: none; }
 </style></head><body>
-<div id="clicked"></div><div id="typed"></div><button id="button">click</button><input id="input">
+<div id="clicked"></div><div id="typed"></div><div id="session"></div>
+<button id="button">click</button><input id="input">
 <script>
 const paint = () => {
   document.getElementById("clicked").style.background = localStorage.getItem("clicked") ? "#ff0000" : "#0000ff";
@@ -42,6 +48,30 @@ document.getElementById("button").onclick = () => { localStorage.setItem("clicke
 document.getElementById("input").oninput = paint;
 paint();
 </script></body></html>"""
+DESKTOP_SESSIONS: set[str] = set()  # the sessions /desktop/login gave out
+
+
+def desktop_page(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """GET /desktop/login: a session cookie (a day long), then the page; GET /desktop: the page, its strip green
+    only for a session this server gave out."""
+    if handler.path == "/desktop/login":
+        session = secrets.token_hex(16)
+        DESKTOP_SESSIONS.add(session)
+        handler.send_response(303)
+        handler.send_header("set-cookie", f"desktop_session={session}; Max-Age=86400; Path=/; HttpOnly")
+        handler.send_header("location", "/desktop")
+        handler.send_header("content-length", "0")
+        handler.end_headers()
+        return
+    cookies = http.cookies.SimpleCookie(handler.headers.get("cookie", ""))
+    logged_in = "desktop_session" in cookies and cookies["desktop_session"].value in DESKTOP_SESSIONS
+    page = DESKTOP_PAGE.replace("SESSION", "#00ff00" if logged_in else "#808080").encode()
+    handler.send_response(200)
+    handler.send_header("content-type", "text/html")
+    handler.send_header("cache-control", "no-store")
+    handler.send_header("content-length", str(len(page)))
+    handler.end_headers()
+    handler.wfile.write(page)
 
 
 def send_bytes(handler: http.server.BaseHTTPRequestHandler, size: int) -> None:
@@ -63,13 +93,8 @@ def serve_http(port: int, name: str) -> None:
             if self.path.startswith("/bytes/"):
                 send_bytes(self, int(self.path.rsplit("/", 1)[1]))
                 return
-            if self.path == "/desktop":
-                page = DESKTOP_PAGE.encode()
-                self.send_response(200)
-                self.send_header("content-type", "text/html")
-                self.send_header("content-length", str(len(page)))
-                self.end_headers()
-                self.wfile.write(page)
+            if self.path in ("/desktop", "/desktop/login"):
+                desktop_page(self)
                 return
             body = f"hello from {name} (Host: {self.headers.get('host')})".encode()
             self.send_response(200)
