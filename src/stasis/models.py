@@ -107,6 +107,11 @@ class SandboxSpec(Strict):
     screen: str | None = Field(
         None, pattern=r"^[1-9][0-9]{2,3}x[1-9][0-9]{2,3}$", description="a desktop's screen, WIDTHxHEIGHT (1280x800)"
     )
+    desktop_session: bool = Field(
+        True,
+        description="the desktop image: stasis starts its session (X, a window manager, Chromium, VNC) at boot; "
+        "false: the client starts its own, as E2B Desktop's SDK does",
+    )
 
     @field_validator("network", mode="before")
     @classmethod

@@ -31,6 +31,13 @@ def test_default_environment_is_a_login_like_root_shell(sandbox: Sandbox) -> Non
     assert result.stdout == "/root\n/root\n0\n"
 
 
+def test_localhost_resolves_in_a_sandbox_without_network(sandbox: Sandbox) -> None:
+    """The images have no /etc/hosts (debootstrap makes none): the agent writes one, so a server on localhost is
+    reached by its name, as on any machine (websockify, noVNC's proxy, connects to localhost:5900 so)."""
+    code = "import socket; print(socket.getaddrinfo('localhost', 80, socket.AF_INET)[0][4][0])"
+    assert sandbox.run(["python3", "-c", code]).stdout == "127.0.0.1\n"
+
+
 def test_missing_working_dir_and_command_are_clear_errors(sandbox: Sandbox) -> None:
     with pytest.raises(InvalidRequest, match="does not exist"):
         sandbox.run("true", working_dir="/nope")

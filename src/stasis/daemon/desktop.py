@@ -46,7 +46,7 @@ class DesktopRoom:
 
     async def _on_start(self, info: SandboxInfo, channel: GuestChannel) -> None:
         """A desktop sandbox starts its session at boot: after the create or resume that holds the lock."""
-        if info.spec.image != IMAGE:
+        if info.spec.image != IMAGE or not info.spec.desktop_session:
             return
         task = asyncio.create_task(self._start_quietly(info.id))
         self._tasks.add(task)

@@ -253,6 +253,23 @@ class Agent:
             self.identity_written.set()
 
 
+HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{name}\n"
+
+
+def ensure_hosts() -> None:
+    """An /etc/hosts where the image has none (debootstrap's and many OCI images' have none): without it
+    `localhost` resolves nowhere in a sandbox without network. Written once, then the sandbox's own file.
+    Only as a sandbox's init."""
+    if os.getpid() != 1 or os.path.lexists("/etc/hosts"):
+        return
+    try:  # no fsync: a file lost to a crash is written again at the next boot
+        with open("/etc/hosts.stasis-tmp", "w") as f:
+            f.write(HOSTS.format(name=socket.gethostname()))
+        os.replace("/etc/hosts.stasis-tmp", "/etc/hosts")
+    except OSError as exc:
+        print(f"stasis agent: cannot write /etc/hosts: {exc}", file=sys.stderr)
+
+
 def sync_hostname() -> None:
     """/etc/hostname says the sandbox's name (the image's says where it was built). Only as a sandbox's init."""
     if os.getpid() != 1:
@@ -278,6 +295,7 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     os.chdir("/")
+    ensure_hosts()  # before the first command: it may ask for localhost at once
     agent = Agent(sys.stdin.fileno(), sys.stdout.fileno(), setup_fence() if os.getpid() == 1 else None)
     threading.Thread(target=remove_interrupted_uploads, daemon=True).start()
     threading.Thread(target=sync_hostname, daemon=True).start()

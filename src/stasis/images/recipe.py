@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +51,32 @@ DEFAULT_PACKAGES = (
     "rsync",
 )
 
+# Sourced by Debian's chromium wrapper, however Chromium is started (xdg-open, gtk-launch): no setuid sandbox (the
+# sandbox is the sandbox); its unlinked temporary files and metrics file on the sandbox's tmpfs, where a suspend
+# saves them (gVisor cannot save such a file on a disk).
+CHROMIUM_DEFAULTS = (
+    'export CHROMIUM_FLAGS="$CHROMIUM_FLAGS --no-sandbox --disable-gpu --no-first-run --password-store=basic"',
+    'export CHROMIUM_FLAGS="$CHROMIUM_FLAGS --start-maximized"',  # the page fills the screen an agent looks at
+    "export TMPDIR=/dev/shm",
+    'stasis_profile="$HOME/.config/chromium"',
+    'mkdir -p "$stasis_profile" /dev/shm/stasis-chromium-metrics',
+    '[ -L "$stasis_profile/BrowserMetrics" ] || { rm -rf "$stasis_profile/BrowserMetrics"; '
+    'ln -s /dev/shm/stasis-chromium-metrics "$stasis_profile/BrowserMetrics"; }',
+)
+
+# gVisor (runsc 20240729) answers close_range(fd, ~0U, flags) with EINVAL where Linux closes up to the last
+# descriptor; GLib's g_spawn takes that for a failure, so no XFCE component starts. A preloaded close_range that
+# asks for the same range with an int's maximum fixes it (runc met the same: opencontainers/runc#4596).
+CLOSE_RANGE_SHIM = (
+    "#define _GNU_SOURCE",
+    "#include <limits.h>",
+    "#include <sys/syscall.h>",
+    "#include <unistd.h>",
+    "int close_range(unsigned int first, unsigned int last, int flags) {",
+    "  return syscall(SYS_close_range, first, last > INT_MAX ? INT_MAX : last, flags);",
+    "}",
+)
+
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
@@ -84,6 +111,26 @@ RECIPES: dict[str, Recipe] = {
                 "x11-utils",
                 "scrot",
                 "fonts-dejavu-core",
+                # what E2B Desktop's SDK runs in its sandbox: an XFCE session, xrandr, xdg-open and gtk-launch,
+                # netstat, and noVNC's proxy at /opt/noVNC (its stream)
+                "xfce4-session",
+                "xfwm4",
+                "xfdesktop4",
+                "xfce4-panel",
+                "dbus-x11",
+                "x11-xserver-utils",
+                "xdg-utils",
+                "libgtk-3-bin",
+                "net-tools",
+                "novnc",
+            ),
+            after=(
+                "ln -sfn /usr/share/novnc /opt/noVNC",
+                "dbus-uuidgen > /etc/machine-id",  # XFCE's D-Bus session wants one
+                shlex.join(["printf", "%s\\n", *CLOSE_RANGE_SHIM]) + " > /tmp/close-range.c && gcc -O2 -shared "
+                "-fPIC -o /usr/local/lib/stasis-close-range.so /tmp/close-range.c && rm /tmp/close-range.c && "
+                "echo /usr/local/lib/stasis-close-range.so > /etc/ld.so.preload",
+                shlex.join(["printf", "%s\\n", *CHROMIUM_DEFAULTS]) + " > /etc/chromium.d/stasis",
             ),
         ),
     )

@@ -337,23 +337,21 @@ class ImageStore:
     def _add_wheels(self, recipe: Recipe, staging: Path, progress: ProgressCallback | None) -> None:
         """The recipe's pinned wheels, downloaded on the host (no network in the tree), installed into it, then
         its ``after`` commands, in the tree."""
-        if not recipe.wheels:
-            return
         rootfs, wheels = staging / "rootfs", staging / "rootfs" / "tmp" / "stasis-wheels"
         download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
                     "-d", str(wheels), *recipe.wheels]  # fmt: skip
+        install = ["chroot", str(rootfs), "sh", "-c", "PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q "
+                   "--no-index --no-deps --no-cache-dir /tmp/stasis-wheels/*.whl"]  # fmt: skip
         for argv in (
-            download,
-            ["chroot", str(rootfs), "sh", "-c", "PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index "
-             "--no-deps --no-cache-dir /tmp/stasis-wheels/*.whl"],
+            *([download, install] if recipe.wheels else []),
             *(["chroot", str(rootfs), "sh", "-c", command] for command in recipe.after),
-        ):  # fmt: skip
+        ):
             if progress is not None:
                 progress(" ".join(argv[:6]))
             done = subprocess.run(argv, capture_output=True, text=True)
             if done.returncode != 0:
                 raise BackendError(f"building {recipe.name}: {' '.join(argv[:6])} failed: {done.stderr[-2000:]}")
-        shutil.rmtree(wheels)
+        shutil.rmtree(wheels, ignore_errors=True)
 
     def _run_build(self, argv: list[str], progress: ProgressCallback | None) -> None:
         tail: list[str] = []

@@ -27,6 +27,7 @@ from .envd.filesystem_connect import FilesystemASGIApplication
 from .envd.process_connect import ProcessASGIApplication
 from .filesystem import FilesystemService, create_files_app
 from .port_proxy import proxy_http
+from .port_websocket import proxy_websocket
 from .process import ProcessService
 from .requests import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from .room import Defaults, E2bRoom
@@ -77,7 +78,8 @@ class E2bApp:
             return
         scope = with_header(scope, SANDBOX_HEADER, info.id)
         if port != ENVD_PORT:
-            await proxy_http(self.ports, info.id, port, scope, receive, send)
+            proxy = proxy_websocket if scope["type"] == "websocket" else proxy_http
+            await proxy(self.ports, info.id, port, scope, receive, send)
             return
         path: str = scope["path"]
         if path.startswith("/process.Process/"):

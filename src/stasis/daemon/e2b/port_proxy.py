@@ -2,7 +2,7 @@
 port inside it as HTTP/1.1 over the connection stasis' exposed ports use (which resumes a paused sandbox first).
 
 One upstream connection per request (``Connection: close``), the body streamed both ways. E2B's own headers and
-credentials are not passed on. WebSockets are not carried yet: they are refused with a message.
+credentials are not passed on. WebSockets: :mod:`.port_websocket`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ READ_SIZE = 1 << 16
 
 
 async def proxy_http(ports: Ports, sandbox_id: str, port: int, scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] != "http":
-        await send({"type": "websocket.close", "code": 1003, "reason": "WebSockets to sandbox ports: not yet"})
-        return
     try:
         reader, writer = await ports.open(sandbox_id, port)
     except (StasisError, OSError, TimeoutError) as exc:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...desktop import IMAGE as DESKTOP_IMAGE
 from ...errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError
 from ...guest import protocol as P
 from ...kernels import E2B_TEMPLATE as E2B_CODE_TEMPLATE
@@ -112,6 +113,8 @@ class E2bRoom:
         name = TEMPLATE_IMAGES.get(template, template)
         with contextlib.suppress(ImageNotFound, InvalidRequest):
             self.core.images.get(name)
+            if name == DESKTOP_IMAGE:  # E2B Desktop's SDK starts its own X server and XFCE in it
+                base["desktop_session"] = False
             return CreateSandboxRequest(image=name, **base)
         if template != BASE_TEMPLATE:
             with contextlib.suppress(NotFound, InvalidRequest):

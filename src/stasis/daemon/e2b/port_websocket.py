@@ -1,0 +1,124 @@
+"""A WebSocket for another port of a sandbox (noVNC's stream of E2B Desktop, a Jupyter kernel's channels),
+carried as a WebSocket client of that port: the handshake made anew upstream (websockets' sans-I/O client, over
+the connection stasis' exposed ports use, which resumes a paused sandbox first), then messages relayed both ways.
+E2B's own headers and credentials are not passed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from starlette.types import Receive, Scope, Send
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.typing import Subprotocol
+from websockets.uri import parse_uri
+
+from ...errors import StasisError
+from ..ports import Ports
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 1 << 16
+HANDSHAKE_TIMEOUT = 60.0
+
+
+async def proxy_websocket(ports: Ports, sandbox_id: str, port: int, scope: Scope, receive: Receive, send: Send) -> None:
+    if (await receive())["type"] != "websocket.connect":
+        return
+    target = scope.get("raw_path") or scope["path"].encode()
+    if scope.get("query_string"):
+        target += b"?" + scope["query_string"]
+    upstream = ClientProtocol(parse_uri(f"ws://localhost:{port}{target.decode(errors='replace')}"),
+                              subprotocols=[Subprotocol(s) for s in scope.get("subprotocols", [])] or None,
+                              max_size=None)  # fmt: skip
+    try:
+        reader, writer = await ports.open(sandbox_id, port)
+    except (StasisError, OSError, TimeoutError) as exc:
+        await send({"type": "websocket.close", "code": 1011, "reason": f"nothing answers on port {port}: {exc}"[:120]})
+        return
+    try:
+        if not await _handshake(upstream, reader, writer):
+            said = str(upstream.handshake_exc or "the port closed the connection")
+            await send({"type": "websocket.close", "code": 1011, "reason": f"port {port} refused: {said}"[:120]})
+            return
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+        await _relay(upstream, reader, writer, receive, send)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def _handshake(upstream: ClientProtocol, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    upstream.send_request(upstream.connect())
+    _flush(upstream, writer)
+    async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+        while upstream.state is State.CONNECTING:
+            data = await reader.read(READ_SIZE)
+            if not data:
+                upstream.receive_eof()
+                break
+            upstream.receive_data(data)
+    upstream.events_received()  # the handshake's response
+    return upstream.state is State.OPEN
+
+
+async def _relay(
+    upstream: ClientProtocol, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, receive: Receive, send: Send
+) -> None:
+    async def to_sandbox() -> None:
+        while (message := await receive())["type"] == "websocket.receive":
+            if message.get("bytes") is not None:
+                upstream.send_binary(message["bytes"])
+            else:
+                upstream.send_text(str(message.get("text") or "").encode())
+            _flush(upstream, writer)
+            await writer.drain()
+        upstream.send_close()  # the client left
+        _flush(upstream, writer)
+
+    async def to_client() -> None:
+        parts: list[Frame] = []  # a message's fragments so far
+        while data := await reader.read(READ_SIZE):
+            upstream.receive_data(data)
+            _flush(upstream, writer)  # the pongs the protocol answers pings with
+            for frame in upstream.events_received():
+                if not isinstance(frame, Frame):
+                    continue
+                if frame.opcode is Opcode.CLOSE:
+                    code = upstream.close_rcvd.code if upstream.close_rcvd is not None else 1000
+                    await send({"type": "websocket.close", "code": code})
+                    return
+                if frame.opcode in (Opcode.TEXT, Opcode.BINARY, Opcode.CONT):
+                    parts.append(frame)
+                    if frame.fin:
+                        await send(_message(parts))
+                        parts = []
+        await send({"type": "websocket.close", "code": 1011, "reason": "the sandbox's port closed the connection"})
+
+    tasks = [asyncio.create_task(to_sandbox()), asyncio.create_task(to_client())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, Exception) and not isinstance(result, ConnectionError | RuntimeError):
+                log.warning("a WebSocket to a sandbox port ended with %r", result)
+
+
+def _message(parts: list[Frame]) -> dict[str, object]:
+    data = b"".join(bytes(part.data) for part in parts)
+    if parts[0].opcode is Opcode.TEXT:
+        return {"type": "websocket.send", "text": data.decode(errors="replace")}
+    return {"type": "websocket.send", "bytes": data}
+
+
+def _flush(upstream: ClientProtocol, writer: asyncio.StreamWriter) -> None:
+    for chunk in upstream.data_to_send():
+        if chunk:  # an empty chunk asks for the end of the stream: closing the writer does that
+            writer.write(chunk)
