@@ -68,7 +68,7 @@ def desktop(net_client: Client) -> Iterator[Sandbox]:
     sbx.terminate()
 
 
-def test_a_page_is_seen_clicked_and_typed_into_and_survives_suspend_and_two_forks(
+def test_a_logged_in_page_is_clicked_typed_into_and_survives_suspend_and_two_forks(
     desktop: Sandbox, net_client: Client
 ) -> None:
     desktop.start_desktop()
@@ -76,26 +76,30 @@ def test_a_page_is_seen_clicked_and_typed_into_and_survives_suspend_and_two_fork
     assert png.startswith(b"\x89PNG") and Image.open(io.BytesIO(png)).size == SCREEN
 
     desktop.open(PAGE)
-    wait_for(desktop, (BLUE, BLUE, GREY))
+    wait_for(desktop, (BLUE, BLUE, GREY))  # no cookie yet: the host says so
+    desktop.open(LOGIN)
+    wait_for(desktop, (BLUE, BLUE, GREEN))
     desktop.mouse.click(*Page.button)
-    wait_for(desktop, (RED, BLUE, GREY))
+    wait_for(desktop, (RED, BLUE, GREEN))
     desktop.mouse.click(*Page.input)
     desktop.keyboard.type("hello")
-    wait_for(desktop, (RED, GREEN, GREY))
+    wait_for(desktop, (RED, GREEN, GREEN))
 
     desktop.suspend()
     desktop.resume()
-    wait_for(desktop, (RED, GREEN, GREY), timeout=60)  # the same page, its DOM and its storage: nothing reloaded
+    wait_for(desktop, (RED, GREEN, GREEN), timeout=60)  # the same page, its DOM and its storage: nothing reloaded
 
     checkpoint = desktop.checkpoint(type=CheckpointType.MEMORY)
     forks = [Sandbox.create(client=net_client, snapshot_id=checkpoint.id) for _ in range(2)]
     try:
         for fork in forks:
-            wait_for(fork, (RED, GREEN, GREY), timeout=60)
+            wait_for(fork, (RED, GREEN, GREEN), timeout=60)
         forks[1].keyboard.press("BackSpace")  # "hell": that copy's input no longer says hello
-        wait_for(forks[1], (RED, BLUE, GREY))
-        wait_for(forks[0], (RED, GREEN, GREY), timeout=60)  # the other copy goes on as it was
-        wait_for(desktop, (RED, GREEN, GREY), timeout=60)
+        wait_for(forks[1], (RED, BLUE, GREEN))
+        wait_for(forks[0], (RED, GREEN, GREEN), timeout=60)  # the other copy goes on as it was
+        wait_for(desktop, (RED, GREEN, GREEN), timeout=60)
+        forks[0].open(PAGE)  # loaded anew in a copy: still logged in (the cookie), still clicked (the storage)
+        wait_for(forks[0], (RED, BLUE, GREEN))
     finally:
         for fork in forks:
             fork.terminate()
