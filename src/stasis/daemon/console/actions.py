@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import posixpath
 from collections.abc import AsyncIterator
@@ -13,11 +12,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ...errors import StasisError
 from ...models import CheckpointType, CodeRequest, CreateCheckpointRequest, CreateSandboxRequest
-from ...origin import same_origin
 from ..forks import fork
 from ..rooms import Rooms
 from ..terminal import serve_terminal
-from .render import FeedDep, RoomsDep, acting, refused, session_of
+from .render import FeedDep, RoomsDep, acting, admitted, refused, session_of
 
 router = APIRouter()
 ACTIONS = ("suspend", "resume", "checkpoint", "fork", "remove")
@@ -109,14 +107,8 @@ async def events(request: Request, feed: FeedDep) -> Response:
 
 @router.websocket("/sandboxes/{ref}/pty")
 async def pty(websocket: WebSocket, ref: str, rooms: RoomsDep, cols: int = 80, rows: int = 24, csrf: str = "") -> None:
-    # A WebSocket is not bound by the same-origin policy and the session cookie goes to every port of the
-    # host (a sandbox's exposed port too): the page must prove it is the console's own (its CSRF token,
-    # which no other origin can read) and the browser must say it opened it from here.
-    session = session_of(websocket)
-    if session is None or not hmac.compare_digest(csrf, session.csrf) or not same_origin(websocket):
-        await websocket.close(code=4401, reason="log in first (the console's own page opens the terminal)")
+    if not await admitted(websocket, csrf, "the terminal"):
         return
-    await websocket.accept()
     try:
         await serve_terminal(rooms.core, websocket, ref, cols, rows, ["/bin/sh", "-l"])
     except StasisError as exc:

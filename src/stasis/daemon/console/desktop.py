@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
@@ -20,8 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from ...desktop import IMAGE
 from ...errors import StasisError
-from ...origin import same_origin
-from .render import RoomsDep, page, session_of, to_login
+from .render import RoomsDep, admitted, page, session_of, to_login
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -38,11 +36,8 @@ async def desktop_page(request: Request, ref: str, rooms: RoomsDep) -> Response:
 
 @router.websocket("/sandboxes/{ref}/desktop/vnc")
 async def vnc(websocket: WebSocket, ref: str, rooms: RoomsDep, csrf: str = "", control: bool = False) -> None:
-    session = session_of(websocket)
-    if session is None or not hmac.compare_digest(csrf, session.csrf) or not same_origin(websocket):
-        await websocket.close(code=4401, reason="log in first (the console's own page opens the live view)")
+    if not await admitted(websocket, csrf, "the live view"):
         return
-    await websocket.accept()
     try:
         reader, writer = await rooms.desktop.vnc(ref, control)
     except (StasisError, ConnectionError) as exc:

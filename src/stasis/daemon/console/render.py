@@ -3,6 +3,7 @@ the login session and its CSRF token, and the rooms and live feed of the daemon 
 
 from __future__ import annotations
 
+import hmac
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,13 +12,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.requests import HTTPConnection
 
+from ...origin import same_origin
 from ..rooms import Rooms, RoomsDep
 from .live import Feed
 from .sessions import COOKIE, Session
 
 HERE = Path(__file__).parent
 pages = Jinja2Templates(directory=HERE / "pages")
-__all__ = ["FeedDep", "RoomsDep", "acting", "page", "pages", "refused", "session_of", "to_login"]
+__all__ = ["FeedDep", "RoomsDep", "acting", "admitted", "page", "pages", "refused", "session_of", "to_login"]
 
 
 async def feed_of(connection: HTTPConnection) -> Feed:
@@ -38,6 +40,18 @@ def acting(request: Request) -> Session | None:
     if session is None or request.headers.get("x-stasis-csrf") != session.csrf:
         return None
     return session
+
+
+async def admitted(websocket: WebSocket, csrf: str, what: str) -> bool:
+    """Accept a console WebSocket, or close it. A WebSocket is not bound by the same-origin policy and the session
+    cookie goes to every port of the host (a sandbox's exposed port too): the page must prove it is the console's
+    own (its CSRF token, which no other origin can read) and the browser must say it opened it from here."""
+    session = session_of(websocket)
+    if session is None or not hmac.compare_digest(csrf, session.csrf) or not same_origin(websocket):
+        await websocket.close(code=4401, reason=f"log in first (the console's own page opens {what})")
+        return False
+    await websocket.accept()
+    return True
 
 
 def page(request: Request, name: str, session: Session, **context: Any) -> HTMLResponse:
