@@ -141,7 +141,14 @@ def test_an_open_ssh_session_holds_the_sandbox_awake(client: Client, backend: st
         assert sbx.info().status == S.RUNNING  # 3 idle timeouts passed under the session
         out, err = session.communicate(timeout=60)
         assert session.returncode == 0 and out == "slept\n", err
-        wait_until(lambda: sbx.info().status == S.SUSPENDED, timeout=20)
+        try:
+            wait_until(lambda: sbx.info().status == S.SUSPENDED, timeout=60)
+        except AssertionError:  # seen once under load (cause not found): say what still held it
+            info, running = sbx.info(), [(p.id, p.cmd) for p in sbx.list_processes() if p.status == "running"]
+            raise AssertionError(
+                f"not suspended after the session: {info.status}, idle since "
+                f"{time.time() - info.last_activity:.0f}s, running {running}"
+            ) from None
     finally:
         sbx.terminate()
 
