@@ -19,6 +19,8 @@ DISPLAY = ":0"
 VNC_PORT = 5900
 VNC_VIEW_PORT = 5901
 DEFAULT_SCREEN = "1280x800"
+# built into the image by its recipe: a close_range runsc takes (stasis.images.recipe says why), to preload
+GLIB_SPAWN_SHIM = "/usr/local/lib/stasis-close-range.so"
 
 
 def bootstrap(screen: str = DEFAULT_SCREEN) -> list[str]:
@@ -29,4 +31,13 @@ def bootstrap(screen: str = DEFAULT_SCREEN) -> list[str]:
     return ["python3", "-c", program, screen]
 
 
-__all__ = ["DEFAULT_SCREEN", "DISPLAY", "IMAGE", "SESSION_NAME", "VNC_PORT", "VNC_VIEW_PORT", "bootstrap"]
+__all__ = [
+    "DEFAULT_SCREEN",
+    "DISPLAY",
+    "GLIB_SPAWN_SHIM",
+    "IMAGE",
+    "SESSION_NAME",
+    "VNC_PORT",
+    "VNC_VIEW_PORT",
+    "bootstrap",
+]

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...desktop import GLIB_SPAWN_SHIM
 from ...desktop import IMAGE as DESKTOP_IMAGE
 from ...errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError
 from ...guest import protocol as P
@@ -88,6 +89,8 @@ class E2bRoom:
         egress_headers: dict[str, dict[str, str]] | None = None,
     ) -> tuple[SandboxInfo, Record]:  # fmt: skip
         request = self._request(defaults, template, network, egress_headers or {})
+        if request.image == DESKTOP_IMAGE:  # XFCE's and gtk-launch's GLib spawns need it under gVisor
+            envs = {"LD_PRELOAD": GLIB_SPAWN_SHIM, **envs}
         info = await self.front.create(request)
         if request.image == CODE_IMAGE and self.code_interpreter is not None:
             await self.code_interpreter(info.id)  # E2B's code-interpreter SDK calls port 49999 at once
