@@ -1,6 +1,6 @@
 """An agent's dev loop in a sandbox beside the bare host, in one run (issue 30's yardstick).
 
-    python benchmarks/devloop.py [--rounds 3] [--backends gvisor]
+    python benchmarks/devloop.py [--rounds 3] [--backends gvisor,gvisor:fast]
 
 The loop (benchmarks/devloop_workload.py): a venv; `pip install` of pytest and six from local wheels; a real
 project imported into git and committed (pip's own sdist, ~1,000 files); six's test suite under pytest; five
@@ -75,8 +75,11 @@ def main() -> None:
             host.append(on_host(disk, given))
     report: dict = {"rounds": args.rounds}
     with serving_daemon("stasis-bench-devloop-") as paths, Client(paths) as client:
-        for backend in args.backends.split(","):
-            sbx = Sandbox.create(backend=backend, memory_mb=2048, disk_mb=8192, client=client)
+        for name in args.backends.split(","):
+            backend, _, storage = name.partition(":")  # gvisor:fast: fast storage
+            sbx = Sandbox.create(
+                backend=backend, memory_mb=2048, disk_mb=8192, storage=storage or "durable", client=client
+            )
             try:
                 sbx.upload_dir((given / "wheels").resolve(), "/root/inputs/wheels")
                 sbx.upload_dir((given / "project").resolve(), "/root/inputs/project")
@@ -86,8 +89,8 @@ def main() -> None:
             finally:
                 sbx.terminate()
             rows = {phase: ([r[phase] for r in ours], [h[phase] for h in host], "bare host") for phase in host[0]}
-            report[backend] = report_ratios(f"dev loop ({backend})", f"devloop-{backend}", rows, {})
-            report[backend]["medians"] = {p: statistics.median(r[p] for r in ours) for p in host[0]}
+            report[name] = report_ratios(f"dev loop ({name})", f"devloop-{name.replace(':', '-')}", rows, {})
+            report[name]["medians"] = {p: statistics.median(r[p] for r in ours) for p in host[0]}
 
 
 if __name__ == "__main__":

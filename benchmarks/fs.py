@@ -6,7 +6,7 @@ written with fsync and read) runs on this host, on a disk made like a gVisor san
 sparse ext4 file, same options), and in a fresh sandbox of each backend, in /root (its own disk).
 Each phase's median is compared with the host's.
 
-    python benchmarks/fs.py [--rounds 3] [--backends gvisor,microvm] [--scale 1.0]
+    python benchmarks/fs.py [--rounds 3] [--backends gvisor,gvisor:fast,microvm] [--scale 1.0]
 
 (A microVM on TCG runs the guest's CPU work emulated: its ratios say more about TCG than about I/O.)
 """
@@ -67,8 +67,11 @@ def main() -> None:
     args = parser.parse_args()
     with serving_daemon("stasis-bench-fs-") as paths, host_disk(8192) as scratch:
         client = Client(paths)
-        for backend in args.backends.split(","):
-            sandbox = Sandbox.create(client=client, backend=backend, memory_mb=2048, disk_mb=8192)
+        for name in args.backends.split(","):
+            backend, _, storage = name.partition(":")  # gvisor:fast: fast storage
+            sandbox = Sandbox.create(
+                client=client, backend=backend, memory_mb=2048, disk_mb=8192, storage=storage or "durable"
+            )
             try:
                 sandbox.write_file("/root/fs_workload.py", WORKLOAD.read_bytes())
                 host: list[dict[str, float]] = []
@@ -83,7 +86,7 @@ def main() -> None:
             rows["all of it"] = ([sum(r.values()) for r in ours], [sum(r.values()) for r in host], baseline)
             report = {"rounds": args.rounds, "scale": args.scale, "backend": backend,
                       "host_total_s": statistics.median(sum(r.values()) for r in host)}  # fmt: skip
-            report_ratios(f"file systems ({backend})", f"fs-{backend}", rows, report)
+            report_ratios(f"file systems ({name})", f"fs-{name.replace(':', '-')}", rows, report)
         client.close()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field, field_validator
 
 from .backends import BACKENDS, DEFAULT_BACKEND
@@ -21,6 +23,7 @@ class CreatePoolRequest(Strict):
     cpus: float = Field(1.0, ge=0.01, le=64)
     memory_mb: int = Field(1024, ge=128, le=262144)
     disk_mb: int = Field(10240, ge=512, le=1 << 20)
+    storage: Literal["durable", "fast"] = "durable"
     template: str | None = Field(None, description="members are restored from this template, not booted")
 
     @field_validator("name")
@@ -55,7 +58,7 @@ class CreatePoolRequest(Strict):
         return named <= both and all(getattr(request, f) == getattr(self, f) for f in named)
 
 
-RESOURCES = ("backend", "cpus", "memory_mb", "disk_mb")
+RESOURCES = ("backend", "cpus", "memory_mb", "disk_mb", "storage")
 
 
 class PoolInfo(BaseModel):

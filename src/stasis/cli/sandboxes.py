@@ -59,6 +59,10 @@ def create(
     screen: Annotated[
         str | None, typer.Option("--screen", help="A desktop's screen (image desktop), e.g. 1280x800.")
     ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(help="durable (default) | fast: files in gVisor's kernel, faster, lost if killed on the host."),
+    ] = None,
     secrets: Annotated[
         list[str] | None,
         typer.Option("--secret", help="A secret it may use (`stasis secret ls`): its env var holds a placeholder."),
@@ -85,6 +89,8 @@ def create(
         explicit["secrets"] = secrets
     if screen:
         explicit["screen"] = screen
+    if storage:
+        explicit["storage"] = storage
     with err.status(f"creating sandbox {name}..."):
         started = time.monotonic()
         sbx = Sandbox.create(
@@ -278,6 +284,7 @@ def info(name: Name, as_json: Json = False) -> None:
         ("image", data.spec.image),
         ("backend", data.spec.backend),
         ("cpus / memory / disk", f"{data.spec.cpus:g} / {data.spec.memory_mb} MiB / {data.spec.disk_mb} MiB"),
+        ("storage", data.spec.storage),
         ("network", data.spec.network.describe() if data.spec.network else "none (no network device)"),
         ("created", datetime.fromtimestamp(data.created_at).isoformat(sep=" ", timespec="seconds")),
         ("last activity", ago(data.last_activity)),

@@ -91,12 +91,17 @@ def spec_from_checkpoint(checkpoint: CheckpointInfo, request: CreateSandboxReque
                       "ca_lineage": kept.ca_lineage or request.ca_lineage,
                       "egress_headers": request.egress_headers or kept.egress_headers}  # fmt: skip
     if checkpoint.type == CheckpointType.FILESYSTEM:
-        overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb", "disk_mb"}}
+        overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb", "disk_mb", "storage"}}
     else:
         for field, what in (("memory_mb", "memory"), ("disk_mb", "disk")):
             taken = getattr(checkpoint.spec, field)
             if field in request.model_fields_set and getattr(request, field) != taken:
                 raise InvalidRequest(f"a MEMORY checkpoint restores with the {what} it was taken with ({taken} MiB)")
+        if "storage" in request.model_fields_set and request.storage != checkpoint.spec.storage:
+            raise InvalidRequest(
+                f"checkpoint {checkpoint.id} holds a kernel with {checkpoint.spec.storage} storage; a MEMORY restore "
+                "keeps it: restore a FILESYSTEM checkpoint to change the storage"
+            )
         if "network" in request.model_fields_set and (request.network is None) != (checkpoint.spec.network is None):
             had = "a network device" if checkpoint.spec.network else "no network device"
             raise InvalidRequest(

@@ -12,7 +12,7 @@ from pathlib import Path
 AGENT_DIR = Path(__file__).resolve().parent
 AGENT_FILES = (
     "boot.py", "agent.py", "protocol.py", "wire.py", "processes.py", "commands.py", "terminals.py", "files.py",
-    "fence.py", "workers.py", "watches.py", "sockets.py",
+    "fence.py", "workers.py", "watches.py", "sockets.py", "changes.py",
 )  # fmt: skip
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import protocol as P
+from .changes import pack_changes
 from .commands import Commands
 from .fence import Fence
 from .fence import setup as setup_fence
@@ -153,6 +154,7 @@ class Agent:
             P.ExtractTar: files.extract,
             P.PackTar: files.pack,
             P.ListFifos: files.fifos,
+            P.PackChanges: pack_changes,
             P.StartWatch: watches.start,
             P.ReadWatch: watches.read,
             P.StopWatch: watches.stop,

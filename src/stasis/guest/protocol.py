@@ -433,6 +433,20 @@ class ListFifos(Operation[FifoList]):
     skip: list[str] = field(default_factory=list)
 
 
+@dataclass
+class PackChanges(Operation[PathResult]):
+    """Pack into the tar file ``archive`` how the root file system differs from the image mounted read-only at
+    ``image``, as an overlay's upper layer: what is new or changed, with every parent directory, and a whiteout
+    (a character device 0:0) for each name the image has and the root no longer has. Nothing below ``skip``.
+    (A sandbox whose writable layer lives in its kernel, gVisor's fast storage: the host cannot read it.)"""
+
+    op = "pack_changes"
+    result = PathResult
+    image: str
+    archive: str
+    skip: list[str] = field(default_factory=list)
+
+
 # ---------------------------------------------------------------- watching directories
 
 
@@ -486,6 +500,7 @@ OPERATIONS: dict[str, type[Operation[Any]]] = {
     for op in (
         Health, Sync, SetIdentity, Exec, ExecStatus, StartProcess, ConnectPort, ListProcesses, GetProcess, ReadStreams,
         ReadOutput, SignalProcess, WriteStdin, OpenPty, WritePty, ResizePty, ClosePty, ReadFile, WriteFile,
-        ListDir, StatFile, DeleteFile, MakeDir, ExtractTar, PackTar, ListFifos, StartWatch, ReadWatch, StopWatch,
+        ListDir, StatFile, DeleteFile, MakeDir, ExtractTar, PackTar, ListFifos, PackChanges, StartWatch, ReadWatch,
+        StopWatch,
     )
 }  # fmt: skip

@@ -56,6 +56,7 @@ class CreateOptions(TypedDict, total=False):
     template: str | None  # create from this template (stasis.Template): its start command already running
     secrets: list[str]  # the daemon's secrets it may use: each an env var holding a placeholder (stasis.Secret)
     screen: str  # a desktop's screen (image "desktop"), WIDTHxHEIGHT: 1280x800 unless said
+    storage: str  # "durable" (default) or "fast" (gVisor: its files in its kernel; see the README's trade-offs)
     desktop_session: bool  # image "desktop": False to start no session at boot (the client starts its own X)
 
 

@@ -46,7 +46,7 @@ from ...network.namespaces import GATEWAY_ADDRESS, Device
 from ...paths import Paths
 from ..base import BackendState, BoxRef, External, Fetch, FromCheckpoint, HostState
 from ..suspend_image import SuspendImage
-from . import disk, fifos, mounts
+from . import changes, disk, fifos, mounts
 from .agentdir import agent_dir
 from .bundle import oci_config
 from .cgroups import memory_usage, stop_reason
@@ -64,6 +64,7 @@ class GvisorState(BackendState):
     platform: str
     agent: str = ""  # the agent build mounted at /opt/stasis; "" for sandboxes made before that mount
     disk_mb: int = 0  # size of its own disk; 0 for sandboxes made before they had one
+    storage: str = "durable"  # "fast": its writable layer lives in the sentry (runsc --overlay2=root:self)
 
 
 class GvisorBackend:
@@ -109,8 +110,10 @@ class GvisorBackend:
             "checkpoint_flags": " ".join(self.checkpoint_flags),
         }
 
-    def _new_state(self, disk_mb: int) -> GvisorState:
-        return GvisorState(runsc_version=self.version, platform=self.platform, agent=agent_digest(), disk_mb=disk_mb)
+    def _new_state(self, disk_mb: int, storage: str) -> GvisorState:
+        return GvisorState(
+            runsc_version=self.version, platform=self.platform, agent=agent_digest(), disk_mb=disk_mb, storage=storage
+        )
 
     # ------------------------------------------------------------ layout
 
@@ -118,6 +121,10 @@ class GvisorBackend:
     def _disk_mb(box: BoxRef) -> int:
         """Its disk's size; a sandbox not started yet gets the one its spec asks for."""
         return GvisorState.model_validate(box.state).disk_mb if box.state else box.spec.disk_mb
+
+    @staticmethod
+    def _storage(box: BoxRef) -> str:
+        return GvisorState.model_validate(box.state).storage if box.state else box.spec.storage
 
     def _paths(self, box: BoxRef) -> dict[str, Path]:
         d = box.directory
@@ -146,7 +153,7 @@ class GvisorBackend:
                 f"{what} was saved by runsc {state.runsc_version} but this host has runsc {self.version}; "
                 "reinstall that runsc build to restore it (or restore a FILESYSTEM checkpoint instead)"
             )
-        return Runsc(self.binary, self.runsc.root, state.platform, network)
+        return Runsc(self.binary, self.runsc.root, state.platform, network).with_storage(state.storage)
 
     # ------------------------------------------------------------ booting
 
@@ -161,8 +168,9 @@ class GvisorBackend:
         netns = box.network.inner_path if box.network else None
         resolv = resolv_conf(self.paths.home) if box.network else None
         own = None if box.python else agent_runtime(self.paths.images)  # an image without python3
+        image = box.image_rootfs if self._storage(box) == "fast" else None
         config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path, tmp, netns, resolv,
-                            box.python, own)  # fmt: skip
+                            box.python, own, image)  # fmt: skip
         atomic_write(p["bundle"] / "config.json", json.dumps(config, indent=1).encode())
         return p
 
@@ -249,11 +257,11 @@ class GvisorBackend:
         if source is not None:
             return await self._start_from(box, source.directory, source.memory, source.state)
         """A cold boot: a new sandbox, a failed one booting again on its files, a FILESYSTEM restore."""
-        state = self._new_state(self._disk_mb(box))
+        state = self._new_state(self._disk_mb(box), box.spec.storage)
         box = dataclasses.replace(box, state=state.model_dump())
         self._prepare(box, state.agent)
         await self.runsc.delete(box.id)  # a stale record, when booting a failed sandbox again
-        runsc = Runsc(self.binary, self.runsc.root, state.platform)
+        runsc = Runsc(self.binary, self.runsc.root, state.platform).with_storage(state.storage)
         args = ("run", "-detach", "--bundle", str(self._paths(box)["bundle"]), box.id)
         points = ("gvisor.start.after_mount", "gvisor.start.after_launch")
         channel = await self._boot(box, runsc, args, *points, cold=True)
@@ -301,11 +309,17 @@ class GvisorBackend:
         """
         runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}", box.network is not None)
         await channel.call(P.Sync(), timeout=60)
+        fast = self._storage(box) == "fast"
+        if fast and not memory:  # its layer is in its kernel: read through the sandbox, which keeps running
+            await changes.read_layer(channel, self._paths(box)["tmp"], dest / "files")
+            return
         pipes = [] if memory else await fifos.listed(channel)  # a MEMORY checkpoint keeps them in its memory
         await runsc.call("pause", box.id)
         try:
             faults.point("gvisor.checkpoint.paused")
             await copy_tree(self._paths(box)["upper"], dest / "files")
+            if fast:
+                changes.remove_filestores(dest / "files")
             await asyncio.to_thread(fifos.add, pipes, dest / "files", box.image_rootfs)
             if memory and self._disk_mb(box):  # open files in /tmp must be there when its processes return
                 await copy_tree(self._paths(box)["tmp"], dest / "tmp")

@@ -8,6 +8,7 @@ from typing import Any
 from ...images import runtime
 from ...models import SandboxSpec
 from .agentdir import MOUNT_POINT
+from .changes import IMAGE_MOUNT
 
 AGENT_PATH = f"{MOUNT_POINT}/boot.py"
 LEGACY_AGENT_PATH = f"{MOUNT_POINT}/agent.py"  # sandboxes made before the mount: the agent sits in their files
@@ -34,6 +35,7 @@ def oci_config(
     resolv_conf: Path | None = None,
     python: str = "/usr/bin/python3",
     python_runtime: Path | None = None,
+    image: Path | None = None,
 ) -> dict[str, Any]:
     """The bundle's config; ``agent`` is the host directory mounted read-only at /opt/stasis
     (None only for sandboxes made before that, whose agent sits in their own files); ``tmp`` is
@@ -41,7 +43,8 @@ def oci_config(
     ``netns`` the network namespace whose device runsc takes (None: no network), with
     ``resolv_conf`` mounted at /etc/resolv.conf (the daemon's resolver at the gateway); ``python``
     the image's interpreter, which runs the agent, or (``python_runtime``, an image without one)
-    stasis's own, mounted read-only at /opt/stasis-python."""
+    stasis's own, mounted read-only at /opt/stasis-python; ``image`` the image's files, mounted read-only at
+    /opt/stasis-image for a sandbox with fast storage (its agent packs a FILESYSTEM checkpoint against them)."""
     interpreter = [python] if python_runtime is None else runtime.argv_prefix()
     config = {
         "ociVersion": "1.0.2",
@@ -90,6 +93,9 @@ def oci_config(
     if python_runtime is not None:
         mount = {"destination": runtime.MOUNT_POINT, "type": "bind", "source": str(python_runtime),
                  "options": ["rbind", "ro"]}  # fmt: skip
+        config["mounts"].append(mount)  # type: ignore[attr-defined]
+    if image is not None:
+        mount = {"destination": IMAGE_MOUNT, "type": "bind", "source": str(image), "options": ["rbind", "ro"]}
         config["mounts"].append(mount)  # type: ignore[attr-defined]
     if netns is not None and resolv_conf is not None:
         mount = {"destination": "/etc/resolv.conf", "type": "bind", "source": str(resolv_conf), "options": ["ro"]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -101,6 +102,10 @@ class Runsc:
     root: Path
     platform: str
     network: bool = False  # the sandbox's netstack on the device in its namespace (--network=sandbox)
+    fast_storage: bool = False  # the writable layer in the sentry, its file store on the sandbox's disk
+
+    def with_storage(self, storage: str) -> Runsc:
+        return dataclasses.replace(self, fast_storage=storage == "fast")
 
     def argv(self, *args: str) -> list[str]:
         network = ["--network=sandbox", "--net-disconnect-ok"] if self.network else ["--network=none"]
@@ -109,7 +114,9 @@ class Runsc:
             "--root", str(self.root),
             f"--platform={self.platform}",
             *network,
-            "--overlay2=none",  # the writable layer is our host overlayfs: files stay out of the image
+            # durable: the writable layer is our host overlayfs (files stay out of the image); fast: an overlay
+            # in the sentry's memory, backed by a file in the root mount (our overlay, on the sandbox's disk)
+            "--overlay2=root:self" if self.fast_storage else "--overlay2=none",
             *args,
         ]  # fmt: skip
         if self.network and args and args[0] in ("run", "restore"):
