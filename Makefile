@@ -28,7 +28,7 @@ bench: setup
 	.venv/bin/python benchmarks/microvm.py
 	.venv/bin/python benchmarks/network.py
 	.venv/bin/python benchmarks/images.py
-	.venv/bin/python benchmarks/fs.py
+	.venv/bin/python benchmarks/fs.py --backends gvisor,gvisor:fast,microvm
 	.venv/bin/python benchmarks/pools.py
 	.venv/bin/python benchmarks/exec.py
 	.venv/bin/python benchmarks/density.py
@@ -36,7 +36,8 @@ bench: setup
 	.venv/bin/python benchmarks/e2b_face.py
 	.venv/bin/python benchmarks/cli.py
 	.venv/bin/python benchmarks/code.py
-	.venv/bin/python benchmarks/devloop.py
+	.venv/bin/python benchmarks/devloop.py --backends gvisor,gvisor:fast
+	.venv/bin/python benchmarks/storage.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30
