@@ -20,7 +20,6 @@ import base64
 import fcntl
 import json
 import os
-import secrets
 import select
 import signal
 import socket
@@ -28,7 +27,6 @@ import struct
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -122,7 +120,7 @@ class Agent:
         self.write_lock = threading.Lock()
         self.procs = ProcessTable(fence)
         self.started_at = time.time()
-        self.boot_id = secrets.token_hex(8)
+        self.boot_id = os.urandom(8).hex()  # not `secrets`: its import (OpenSSL) costs a boot ~10-40 ms
         self.identity_written = threading.Event()  # commands see the new identity's files, never the old ones
         self.identity_written.set()
         commands, terminals, files = Commands(self.procs), Terminals(self.procs), Files()
@@ -186,6 +184,8 @@ class Agent:
             message = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
             reply = {"id": req_id, "ok": False, "error": {"type": error_kind(exc), "message": message}}
         except Exception as exc:  # an agent bug must not kill the sandbox's init
+            import traceback
+
             traceback.print_exc(file=sys.stderr)
             reply = {"id": req_id, "ok": False, "error": {"type": P.ErrorKind.AGENT_BUG, "message": repr(exc)}}
         data = json.dumps(reply, separators=(",", ":")).encode() + b"\n"

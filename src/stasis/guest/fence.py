@@ -11,7 +11,6 @@ command line asks for this (``stasis.fence``); nothing here runs elsewhere. Stdl
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import struct
@@ -167,6 +166,8 @@ def _meminfo_mb(key: str) -> int:
 
 
 def _mount(source: bytes, target: bytes, fstype: bytes) -> None:
+    import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.mount(source, target, fstype, 0, None) != 0:
         errno = ctypes.get_errno()

@@ -11,7 +11,6 @@ import contextlib
 import grp
 import os
 import pwd
-import shutil
 import stat
 import time
 
@@ -232,6 +231,8 @@ class Files:
         path = absolute(req.path)
         if os.path.isdir(path) and not os.path.islink(path):
             if req.recursive:
+                import shutil
+
                 shutil.rmtree(path)
             else:
                 os.rmdir(path)
@@ -270,6 +271,8 @@ class Files:
         except tarfile.TarError as exc:
             raise RequestError(P.ErrorKind.INVALID, f"not a tar archive: {exc}") from exc
         finally:
+            import shutil
+
             shutil.rmtree(staging, ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.unlink(archive)
@@ -319,6 +322,8 @@ def merge_into(source: str, target: str) -> None:
 
 def remove_tree(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
+        import shutil
+
         shutil.rmtree(path)
     else:
         os.unlink(path)

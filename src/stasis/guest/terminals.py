@@ -10,7 +10,6 @@ import fcntl
 import os
 import signal
 import struct
-import termios
 
 from . import protocol as P
 from .commands import unb64
@@ -36,6 +35,8 @@ def _window(cols: int, rows: int) -> tuple[int, int]:
 
 
 def _set_window(fd: int, cols: int, rows: int) -> None:
+    import termios  # here, not at the top: the agent's boot does not pay for it
+
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
@@ -44,6 +45,8 @@ class Terminals:
         self.procs = procs
 
     def open(self, req: P.OpenPty) -> P.ProcessState:
+        import termios  # imported before the fork: never import in a forked child (the import lock)
+
         cols, rows = _window(req.cols, req.rows)
         cmd = req.cmd or ["/bin/bash", "-l"]
         identity = resolve_user(str(req.user)) if req.user else None

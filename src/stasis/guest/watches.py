@@ -9,8 +9,6 @@ in the kernel (then ``IN_Q_OVERFLOW``, reported as ``lost``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import os
 import select
@@ -37,19 +35,24 @@ MAX_DIRECTORIES = 8192  # per recursive watch
 
 class _Libc:
     def __init__(self) -> None:
+        import ctypes.util  # here, not at the top: the agent's boot does not pay for ctypes
+
+        self.ctypes = ctypes
         self.lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         self.lib.inotify_add_watch.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
 
     def init(self) -> int:
         fd = self.lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1: " + os.strerror(ctypes.get_errno()))
+            code = self.ctypes.get_errno()
+            raise OSError(code, "inotify_init1: " + os.strerror(code))
         return fd
 
     def add(self, fd: int, path: str) -> int:
         wd = self.lib.inotify_add_watch(fd, os.fsencode(path), MASK)
         if wd < 0:
-            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), path)
+            code = self.ctypes.get_errno()
+            raise OSError(code, os.strerror(code), path)
         return wd
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import traceback
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only names for the annotations: the image's python3 may predate subscripted builtins
@@ -44,6 +43,8 @@ class Workers:
             try:
                 target(*args)
             except Exception:  # as a thread of its own would: reported, and the next job still runs
+                import traceback
+
                 traceback.print_exc()
             job = self._park(inbox)
 
