@@ -404,8 +404,10 @@ class GvisorBackend:
         return self._image(box).host_state()
 
     async def host_pid(self, box: BoxRef) -> int | None:
-        state = await self.runsc.state(box.id)
-        pid = state.get("pid") if state else None
+        pid = self.runsc.recorded_pid(box.id)
+        if pid is None:  # a record runsc changed the shape of: ask runsc
+            state = await self.runsc.state(box.id)
+            pid = state.get("pid") if state else None
         return pid if procs.pid_alive(pid) else None
 
     def stop_reason(self, box: BoxRef) -> str:

@@ -157,6 +157,17 @@ class Runsc:
         except (ValueError, KeyError, TypeError):
             return []
 
+    def recorded_pid(self, sandbox_id: str) -> int | None:
+        """The sandbox process's pid from runsc's own record (a file read, not a 25 ms `runsc state` call), or
+        None if the record is missing or not as expected; the caller checks that it is alive."""
+        for record in self.root.glob(f"{sandbox_id}_sandbox:*.state"):
+            try:
+                pid = json.loads(record.read_bytes())["sandbox"]["pid"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            return pid if isinstance(pid, int) and pid > 0 else None
+        return None
+
     def has_record(self, sandbox_id: str) -> bool:
         """Whether runsc keeps state for this container (a file check: no 10 ms runsc call)."""
         return any(self.root.glob(f"{sandbox_id}_sandbox:*.state"))
