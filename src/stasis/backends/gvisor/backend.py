@@ -317,9 +317,10 @@ class GvisorBackend:
         await runsc.call("pause", box.id)
         try:
             faults.point("gvisor.checkpoint.paused")
-            await copy_tree(self._paths(box)["upper"], dest / "files")
-            if fast:
-                changes.remove_filestores(dest / "files")
+            # fast: runsc's backing file of the layer is no file of the sandbox's (its memory holds the files)
+            await copy_tree(
+                self._paths(box)["upper"], dest / "files", skip_prefix=changes.FILESTORE_PREFIX if fast else None
+            )
             await asyncio.to_thread(fifos.add, pipes, dest / "files", box.image_rootfs)
             if memory and self._disk_mb(box):  # open files in /tmp must be there when its processes return
                 await copy_tree(self._paths(box)["tmp"], dest / "tmp")
@@ -445,12 +446,19 @@ def resolv_conf(home: Path) -> Path:
     return path
 
 
-async def copy_tree(source: Path, dest: Path) -> None:
-    """Copy a sandbox's writable layer (whiteouts and xattrs included); reflinks where the fs allows.
+async def copy_tree(source: Path, dest: Path, skip_prefix: str | None = None) -> None:
+    """Copy a sandbox's writable layer (whiteouts and xattrs included); reflinks where the fs allows; its top-level
+    entries named ``skip_prefix``... left out.
 
     `cp -a` never follows a link and copies FIFOs and devices as such, without opening them."""
     dest.mkdir(parents=True, exist_ok=True)
-    result = await procs.run(["cp", "-a", "--reflink=auto", f"{source}/.", str(dest)], timeout=3600)
+    if skip_prefix is None:
+        sources = [f"{source}/."]
+    else:
+        sources = [str(source / name) for name in sorted(os.listdir(source)) if not name.startswith(skip_prefix)]
+        if not sources:
+            return
+    result = await procs.run(["cp", "-a", "--reflink=auto", *sources, str(dest)], timeout=3600)
     if result.returncode != 0:
         raise no_space(BackendError(f"copying {source} to {dest} failed: {result.output}"), dest)
 

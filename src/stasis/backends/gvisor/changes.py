@@ -78,12 +78,6 @@ def _as_file(member: tarfile.TarInfo) -> tarfile.TarInfo:
     return plain
 
 
-def remove_filestores(layer: Path) -> None:
-    """runsc's backing file is no file of the sandbox's: a copy of the layer leaves it out."""
-    for path in layer.glob(FILESTORE_PREFIX + "*"):
-        path.unlink(missing_ok=True)
-
-
 def _unlink_in(directory: Path, name: str) -> None:
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
