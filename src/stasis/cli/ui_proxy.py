@@ -9,7 +9,6 @@ the daemon runs).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -22,6 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed
 
+from ..network.relay import until_first_done
 from ..origin import same_origin
 from ..paths import Paths
 
@@ -83,10 +83,7 @@ def proxy_app(paths: Paths) -> Starlette:
                     else:
                         await websocket.send_text(data)
 
-        tasks = [asyncio.ensure_future(to_daemon()), asyncio.ensure_future(to_browser())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
+        await until_first_done(to_daemon(), to_browser())
         await remote.close()
         with contextlib.suppress(Exception):
             await websocket.close()

@@ -1,4 +1,5 @@
-"""Copy bytes both ways between two TCP streams until both sides are done."""
+"""Copy bytes both ways between two TCP streams until both sides are done; or run both directions of a bridge
+until either ends."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import asyncio
 import contextlib
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 CHUNK = 256 * 1024
 
@@ -47,3 +49,16 @@ def abort(writer: asyncio.StreamWriter) -> None:
     with contextlib.suppress(OSError, AttributeError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.close()
+
+
+async def until_first_done(*directions: Coroutine[Any, Any, None]) -> list[BaseException | None]:
+    """Run each direction of a bridge (a WebSocket's two ways) until one ends; the others are cancelled and
+    awaited. What each ended with: None, or the exception it raised (a cancelled one: CancelledError)."""
+    tasks = [asyncio.ensure_future(direction) for direction in directions]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+    return [outcome if isinstance(outcome, BaseException) else None for outcome in ended]

@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from ...desktop import IMAGE
 from ...errors import StasisError
+from ...network.relay import until_first_done
 from .render import RoomsDep, admitted, page, session_of, to_login
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,14 @@ async def vnc(websocket: WebSocket, ref: str, rooms: RoomsDep, csrf: str = "", c
     if not await admitted(websocket, csrf, "the live view"):
         return
     try:
-        reader, writer = await rooms.desktop.vnc(ref, control)
+        sandbox_id = rooms.core.lookup(ref).id
+        reader, writer = await rooms.desktop.vnc(sandbox_id, control)
     except (StasisError, ConnectionError) as exc:
         said = exc.message if isinstance(exc, StasisError) else f"the desktop's VNC server did not answer: {exc}"
         await websocket.close(code=4400, reason=said[:120])
         return
     log.info("live view of %s opened (%s)", ref, "control" if control else "view only")
-    with rooms.core.activity.busy(rooms.core.lookup(ref).id):
+    with rooms.core.activity.busy(sandbox_id):
         await _bridge(websocket, reader, writer)
 
 
@@ -62,13 +64,9 @@ async def _bridge(websocket: WebSocket, reader: asyncio.StreamReader, writer: as
         while data := await reader.read(READ_SIZE):
             await websocket.send_bytes(data)
 
-    tasks = [asyncio.create_task(to_sandbox()), asyncio.create_task(to_browser())]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await until_first_done(to_sandbox(), to_browser())
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()

@@ -18,6 +18,7 @@ from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
 from ...errors import StasisError
+from ...network.relay import until_first_done
 from ..ports import Ports
 
 log = logging.getLogger(__name__)
@@ -100,15 +101,9 @@ async def _relay(
                         parts = []
         await send({"type": "websocket.close", "code": 1011, "reason": "the sandbox's port closed the connection"})
 
-    tasks = [asyncio.create_task(to_sandbox()), asyncio.create_task(to_client())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        for result in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(result, Exception) and not isinstance(result, ConnectionError | RuntimeError):
-                log.warning("a WebSocket to a sandbox port ended with %r", result)
+    for ended in await until_first_done(to_sandbox(), to_client()):
+        if isinstance(ended, Exception) and not isinstance(ended, ConnectionError | RuntimeError):
+            log.warning("a WebSocket to a sandbox port ended with %r", ended)
 
 
 def _message(parts: list[Frame]) -> dict[str, object]:
