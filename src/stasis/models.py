@@ -176,7 +176,11 @@ class SandboxInfo(BaseModel):
     last_suspend_seconds: float | None = None
     last_resume_seconds: float | None = None
     idle_action: Literal["suspend", "terminate"] | None = None
-    idle_action_at: float | None = None
+    idle_action_at: float | None = Field(
+        None,
+        description="when the idle action runs unless it is used; None while in use (a request, a session, "
+        "a live view) or without a timeout",
+    )
     from_pool: str | None = Field(None, description="the warm pool it was claimed from")
     pool: str | None = Field(None, description="the pool it waits in (a member not claimed yet)")
     forked_from: str | None = Field(None, description="the sandbox it is a live fork of")

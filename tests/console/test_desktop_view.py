@@ -19,7 +19,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from stasis import Sandbox
-from tests.conftest import Daemon
+from tests.conftest import Daemon, wait_until
 from tests.console.conftest import TOKEN, log_in, shoot
 
 WIDTH, HEIGHT = 800, 600
@@ -98,6 +98,14 @@ def test_the_vnc_bridge_refuses_a_client_without_the_consoles_login(base: str, d
         connect(ws + "?control=1&csrf=guess", additional_headers={"cookie": cookie}, open_timeout=30).close()
     with httpx.Client(base_url=base) as http:
         assert http.get(f"/ui/sandboxes/{desktop.id}/desktop").status_code == 303  # to the login page
+
+
+def test_an_open_view_keeps_the_sandbox_in_use(base: str, desktop: Sandbox) -> None:
+    """While someone watches, the idle reaper leaves the sandbox alone: no idle deadline runs."""
+    assert desktop.info().idle_action_at is not None
+    with rfb_session(base, desktop.id, control=False):
+        assert desktop.info().idle_action_at is None
+    wait_until(lambda: desktop.info().idle_action_at is not None, timeout=60)  # the bridge ends on its own time
 
 
 # ---------------------------------------------------------------- a VNC client of the bridge, by hand

@@ -46,8 +46,12 @@ class Activity:
             self._inflight[sandbox_id] -= 1
             self.touch(sandbox_id)
 
+    def in_use(self, sandbox_id: str) -> bool:
+        """Whether an operation, a session or a view holds it (see :meth:`busy`)."""
+        return self._inflight.get(sandbox_id, 0) > 0
+
     def is_idle(self, info: SandboxInfo) -> bool:
-        if info.spec.timeout_secs is None or self._inflight.get(info.id, 0) > 0:
+        if info.spec.timeout_secs is None or self.in_use(info.id):
             return False
         return self.clock() - self.last(info) >= info.spec.timeout_secs
 

@@ -135,7 +135,8 @@ class SandboxService:
         update: dict[str, Any] = {"last_activity": last}
         if info.status == S.RUNNING and info.spec.timeout_secs is not None:
             update["idle_action"] = idle_action(info)
-            update["idle_action_at"] = last + info.spec.timeout_secs
+            in_use = self.activity.in_use(info.id)  # a session or a view holds it: no deadline runs
+            update["idle_action_at"] = None if in_use else last + info.spec.timeout_secs
         backend = self.backends.get(info.spec.backend)
         if backend is not None:
             with contextlib.suppress(ValueError):
