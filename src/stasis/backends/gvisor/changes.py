@@ -63,7 +63,7 @@ def unpack(directory: Path, name: str, dest: Path) -> None:
 def unsafe(member: tarfile.TarInfo, links: set[str]) -> str | None:
     if whiteout(member) or member.isfifo():  # no device to the host: only the path is checked
         return unsafe_member(_as_file(member), links)
-    if not (member.isreg() or member.isdir() or member.issym() or member.islnk() or member.isfifo()):
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
         return f"archive member {member.name!r} is neither a file, a directory, a link, a FIFO nor a whiteout"
     return unsafe_member(member, links)
 
