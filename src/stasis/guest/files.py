@@ -241,10 +241,12 @@ class Files:
         return P.Empty()
 
     def extract(self, req: P.ExtractTar) -> P.PathResult:
-        """Members are checked before anything is written: no absolute paths, no ``..``, no links that
-        leave the tree, no devices. Extracted beside ``path``, then renamed into place; an existing
+        """Members are checked before anything is written (:mod:`.untar`): no absolute paths, no ``..``, nothing
+        written through a link, no devices. Extracted beside ``path``, then renamed into place; an existing
         directory is replaced in place (see ``merge_into``)."""
         import tarfile
+
+        from . import untar
 
         archive, path = absolute(req.archive), absolute(req.path)
         if os.path.exists(path) and not req.replace:
@@ -254,13 +256,8 @@ class Files:
         staging = os.path.join(parent, f".{os.path.basename(path)}.stasis-dir-{os.getpid()}-{time.monotonic_ns()}")
         try:
             with tarfile.open(archive, "r:*") as tar:
-                members = tar.getmembers()
-                links: set[str] = set()
-                for member in members:
-                    if (why := unsafe_member(member, links)) is not None:
-                        raise RequestError(P.ErrorKind.INVALID, why)
                 os.mkdir(staging, 0o755)
-                tar.extractall(staging, members=members)
+                untar.extract(tar, staging, links="any", owners=True)
             if os.path.isdir(path) and not os.path.islink(path):
                 merge_into(staging, path)
             else:
@@ -268,6 +265,8 @@ class Files:
                     os.unlink(path)
                 os.rename(staging, path)
             fsync_dir(parent)
+        except untar.UnsafeArchive as exc:
+            raise RequestError(P.ErrorKind.INVALID, str(exc)) from exc
         except tarfile.TarError as exc:
             raise RequestError(P.ErrorKind.INVALID, f"not a tar archive: {exc}") from exc
         finally:
@@ -285,7 +284,9 @@ class Files:
         if not os.path.isdir(path):
             raise RequestError(P.ErrorKind.NOT_A_DIRECTORY, f"{path} is not a directory")
         os.makedirs(os.path.dirname(archive), exist_ok=True)
-        with tarfile.open(archive, "w") as tar:
+        # a new file of its own: never one somebody planted under that name (a link, a FIFO)
+        fd = os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w") as tar:
             tar.add(path, arcname=".")
         return P.PathResult(path=archive, size=os.stat(archive).st_size)
 
@@ -327,34 +328,3 @@ def remove_tree(path: str) -> None:
         shutil.rmtree(path)
     else:
         os.unlink(path)
-
-
-def unsafe_member(member: object, links: set[str] | None = None) -> str | None:
-    """Why a tar member must not be extracted (it leaves the directory, or is a device), or None.
-
-    Shared with the SDK's download_dir and Harbor's, which extract on the host: there a symlink must stay inside
-    the tree. In a sandbox (``links``: the symlinks met so far, updated here) a symlink may point anywhere, as a
-    workspace's ``ln -s /etc`` does, but no member may be written through one."""
-    import tarfile
-
-    assert isinstance(member, tarfile.TarInfo)
-    name = os.path.normpath(member.name)
-    if member.name.startswith("/") or name == ".." or name.startswith("../"):
-        return f"archive member {member.name!r} leaves the directory"
-    if links is not None:
-        if name in links:
-            return f"archive member {member.name!r} would be written through the link of the same name"
-        parts = name.split("/")
-        if through := next((p for i in range(1, len(parts)) if (p := "/".join(parts[:i])) in links), None):
-            return f"archive member {member.name!r} would be written through the link {through!r}"
-        if member.issym():
-            links.add(name)
-            return None
-    if member.issym() or member.islnk():  # a hard link names a member; a symlink is relative to its directory
-        base = "" if member.islnk() else os.path.dirname(name)
-        target = os.path.normpath(os.path.join(base, member.linkname))
-        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
-            return f"archive link {member.name!r} points outside the directory"
-    if member.isdev():
-        return f"archive member {member.name!r} is a device"
-    return None

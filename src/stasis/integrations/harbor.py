@@ -17,7 +17,9 @@ import io
 import os
 import re
 import shlex
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from harbor.environments.definition import effective_exec_cwd, require_agent_env
 from harbor.models.task.config import NetworkMode, NetworkPolicy  # noqa: E402
 
 from ..errors import InvalidRequest, StasisError, WorkdirNotFound  # noqa: E402
-from ..guest.files import unsafe_member  # noqa: E402
+from ..guest import untar  # noqa: E402
 from ..netpolicy import NetworkPolicy as StasisPolicy  # noqa: E402
 from ..sdk import Client, Image, Sandbox  # noqa: E402
 
@@ -169,16 +171,18 @@ class StasisEnvironment(BaseEnvironment):
         target.write_bytes(data)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        """Its files over those in ``target_dir`` (Harbor's meaning); every member checked first."""
+        """Its files over those in ``target_dir`` (Harbor's meaning): unpacked apart first (every member checked,
+        nothing written through a link), then copied over."""
         data = await asyncio.to_thread(self._started().download_tar, source_dir)
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            members = tar.getmembers()
-            for member in members:
-                if (why := unsafe_member(member)) is not None:
-                    raise InvalidRequest(why)
-            tar.extractall(target, members=members, filter="data")
+        with tempfile.TemporaryDirectory(prefix=".stasis-download-", dir=target.parent) as staging:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+                try:
+                    untar.extract(tar, staging, links="inside")
+                except untar.UnsafeArchive as exc:
+                    raise InvalidRequest(f"{source_dir} was not unpacked: {exc}") from exc
+            shutil.copytree(staging, target, symlinks=True, dirs_exist_ok=True)
 
 
 EXIT_CANNOT_EXECUTE = 126  # what `docker exec` returns when the command cannot start there

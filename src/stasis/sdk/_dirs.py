@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import FileError, InvalidRequest
-from ..guest.files import unsafe_member
+from ..guest import untar
 
 
 def pack(local: str | Path) -> bytes:
@@ -33,11 +33,10 @@ def unpack(data: bytes, local: str | Path, replace: bool = False) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.stasis-", dir=dest.parent))
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            members = tar.getmembers()
-            for member in members:
-                if (why := unsafe_member(member)) is not None:
-                    raise InvalidRequest(why)
-            tar.extractall(staging, members=members)
+            try:  # the sandbox made it: no link may lead out of the destination, nothing written through one
+                untar.extract(tar, staging, links="inside")
+            except untar.UnsafeArchive as exc:
+                raise InvalidRequest(f"the sandbox's directory was not unpacked: {exc}") from exc
         old = None
         if os.path.lexists(dest):
             old = dest.with_name(f".{dest.name}.stasis-old")

@@ -24,6 +24,7 @@ class Record(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
     public_traffic: bool = False  # its ports answer without the envd access token
+    e2b: bool = Field(True, exclude=True, description="made through the E2B face (only those are kept and reaped)")
 
 
 class Records:

@@ -141,15 +141,12 @@ class E2bRoom:
             return False
 
     def record(self, info: SandboxInfo) -> Record:
-        """Its E2B record; a stasis sandbox made elsewhere gets one when E2B first sees it."""
+        """Its E2B record. A sandbox made by stasis, not through this face, has none and gets none: it keeps
+        stasis' own idle policy, and E2B is shown its idle deadline as the end of its lifetime."""
         if (record := self.records.get(info.id)) is not None:
             return record
-        record = Record(
-            sandbox_id=info.id, template=info.spec.image, started_at=info.created_at,
-            end_at=time.time() + DEFAULT_TIMEOUT,
-        )  # fmt: skip
-        self.records.put(record)
-        return record
+        end = info.idle_action_at or time.time() + (info.spec.timeout_secs or MAX_TIMEOUT)
+        return Record(sandbox_id=info.id, template=info.spec.image, started_at=info.created_at, end_at=end, e2b=False)
 
     def sandbox(self, ref: str) -> SandboxInfo:
         """A live sandbox by E2B id (a stasis id or name); E2B's 404 otherwise."""
@@ -175,7 +172,13 @@ class E2bRoom:
 
     def set_timeout(self, ref: str, timeout: int) -> Record:
         info = self.sandbox(ref)
-        record = self.record(info).model_copy(update={"end_at": time.time() + _timeout(timeout)})
+        record = self.record(info)
+        if not record.e2b:
+            raise InvalidRequest(
+                f"sandbox {info.name or info.id} was made by stasis, not through E2B: it has no E2B lifetime and "
+                f"keeps stasis' idle policy ({_idle_policy(info)}); `stasis rm` ends it"
+            )
+        record = record.model_copy(update={"end_at": time.time() + _timeout(timeout)})
         self.records.put(record)
         return record
 
@@ -189,9 +192,10 @@ class E2bRoom:
         if resumed:
             info = await self.front.resume(info.id)
         record = self.record(info)
-        end_at = max(record.end_at, time.time() + _timeout(timeout))
-        record = record.model_copy(update={"end_at": end_at})
-        self.records.put(record)
+        if record.e2b:  # a stasis-made sandbox keeps its own idle policy
+            end_at = max(record.end_at, time.time() + _timeout(timeout))
+            record = record.model_copy(update={"end_at": end_at})
+            self.records.put(record)
         return info, record, resumed
 
     async def fork(self, ref: str, count: int, timeout: int | None) -> list[tuple[SandboxInfo, Record]]:
@@ -201,7 +205,8 @@ class E2bRoom:
         made = []
         for child in children:
             record = parent_record.model_copy(
-                update={"sandbox_id": child.id, "started_at": time.time(), "end_at": time.time() + _timeout(timeout)}
+                update={"sandbox_id": child.id, "started_at": time.time(), "end_at": time.time() + _timeout(timeout),
+                        "e2b": True}  # made through this face: an E2B lifetime
             )
             self.records.put(record)
             made.append((child, record))
@@ -280,6 +285,12 @@ class E2bRoom:
                         self.records.remove(info.id)
                 except StasisError as exc:
                     log.warning("ending %s at the end of its E2B lifetime failed: %s", info.id, exc)
+
+
+def _idle_policy(info: SandboxInfo) -> str:
+    if info.spec.timeout_secs is None:
+        return "it never idles out"
+    return f"{info.idle_action or 'suspend'} after {info.spec.timeout_secs} s idle"
 
 
 def _timeout(timeout: int | None) -> int:
