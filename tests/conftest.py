@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stasis import Client, Pool, Sandbox, procs
+from stasis import Client, Pool, Sandbox, mountns, procs
 from stasis.backends import BACKENDS, register_backend
 from stasis.network import namespaces
 from stasis.paths import Paths, default_home
@@ -149,6 +149,12 @@ def mounts_under(home: Path) -> list[str]:
         return [line.split()[1] for line in mounts if line.split()[1].startswith(str(home))]
 
 
+def mounts_in(pin: Path, directory: Path) -> list[str]:
+    """Mounts under ``directory`` in the mount namespace pinned at ``pin`` (a daemon's, see stasis.mountns)."""
+    seen = subprocess.run(["nsenter", f"--mount={pin}", "cat", "/proc/self/mounts"], capture_output=True, text=True)
+    return [line.split()[1] for line in seen.stdout.splitlines() if line.split()[1].startswith(str(directory))]
+
+
 def loop_devices_under(home: Path) -> list[str]:
     """Loop devices whose backing file (a gVisor sandbox's disk) lies under ``home``."""
     found = []
@@ -168,13 +174,17 @@ def require_default_image() -> None:
 def leak_check() -> Iterator[None]:
     TEST_ROOT.mkdir(parents=True, exist_ok=True)
     yield
-    for home in TEST_ROOT.iterdir():  # a daemon killed on purpose cannot undo its shared bind of sandboxes/
-        if str(home / "sandboxes") in mounts_under(home) and not [
-            m for m in mounts_under(home / "sandboxes") if m != str(home / "sandboxes")
-        ]:
-            subprocess.run(["umount", str(home / "sandboxes")], check=False)
+    leaked_pins = []
+    for home in TEST_ROOT.iterdir():  # a daemon killed on purpose cannot unpin its mount namespace
+        pin = Paths(home, IMAGE_DIR).mount_pin
+        if mountns.pinned(pin):
+            inside = mounts_in(pin, home / "sandboxes")
+            if [m for m in inside if m != str(home / "sandboxes")]:
+                leaked_pins.append(f"{pin}: {inside}")
+            subprocess.run(["umount", "--lazy", str(pin)], check=False)
+            pin.unlink(missing_ok=True)
     leaked_processes = sandbox_processes_under(TEST_ROOT) + [f"{pid}: {cmd}" for pid, cmd in fake_agents(TEST_ROOT)]
-    leaked_mounts = mounts_under(TEST_ROOT) + loop_devices_under(TEST_ROOT)
+    leaked_mounts = mounts_under(TEST_ROOT) + loop_devices_under(TEST_ROOT) + leaked_pins
     leftover = [str(p) for p in TEST_ROOT.glob("*/sandboxes/*")]
     leftover += [str(p) for home in TEST_ROOT.iterdir() for p in Paths(home, IMAGE_DIR).runsc_root.glob("*")]
     leftover += [str(p) for home in TEST_ROOT.iterdir() for p in (Paths(home, IMAGE_DIR).runtime / "vm").glob("*")]

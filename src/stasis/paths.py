@@ -71,6 +71,12 @@ class Paths:
         return base / "stasis" / digest
 
     @property
+    def mount_pin(self) -> Path:
+        """Where the daemon's mount namespace is pinned (:mod:`stasis.mountns`): beside the runtimes of all homes,
+        in one directory that is a private mount."""
+        return self.runtime.parent / "mnt" / self.runtime.name
+
+    @property
     def runsc_root(self) -> Path:
         return self.runtime / "runsc"
 

@@ -69,28 +69,38 @@ def test_a_request_that_reaches_the_agent_after_the_daemon_gave_up_never_runs(
         sbx.terminate()
 
 
-@pytest.mark.parametrize("backend", ["gvisor"])  # a microVM's disk is a file QEMU holds, never a host mount
+PINNERS = {
+    "ip netns exec": lambda netns: ["ip", "netns", "exec", netns, "sleep", "600"],  # its copies are slaves
+    "unshare -m": lambda netns: ["unshare", "-m", "sleep", "600"],  # util-linux's default: private copies
+}
+
+
+@pytest.mark.parametrize("pinner", PINNERS)
 def test_a_mount_namespace_made_later_never_keeps_a_suspended_sandboxs_disk(daemon: Daemon, client: Client,
-                                                                           backend: str) -> None:  # fmt: skip
-    """`ip netns exec` (or any tool that makes a mount namespace) copies the host's mounts; a suspend must still
-    release the sandbox's disk at once, and its resume must mount it again."""
-    sbx = Sandbox.create("pinned", memory_mb=256, backend=backend, client=client)
+                                                                           pinner: str) -> None:  # fmt: skip
+    """Any tool that makes a mount namespace on the host copies the host's mounts. A sandbox's disk is mounted in
+    the daemon's own namespace (gVisor; a microVM's disk is a file QEMU holds), so the copy never has it: a
+    suspend releases the disk at once, and its resume mounts it again."""
+    sbx = Sandbox.create("pinned", memory_mb=256, backend="gvisor", client=client)
     netns = f"stasis-pin-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", netns], check=True)
-    pinner = subprocess.Popen(["ip", "netns", "exec", netns, "sleep", "600"], start_new_session=True)
+    held_open = subprocess.Popen(PINNERS[pinner](netns), start_new_session=True)
     try:
         sbx.write_file("/root/kept", b"kept")
-        wait_until(lambda: str(daemon.paths.home) in Path(f"/proc/{pinner.pid}/mounts").read_text(), timeout=30)
-        sbx.suspend()
+        namespace = f"/proc/{held_open.pid}/ns/mnt"
+        wait_until(lambda: Path(f"/proc/{held_open.pid}/comm").read_text().strip() == "sleep", timeout=30)
+        assert os.readlink(namespace) != os.readlink("/proc/self/ns/mnt")  # it made a mount namespace of its own
         directory = str(daemon.paths.home / "sandboxes" / sbx.id)
+        assert [
+            line for line in Path(f"/proc/{held_open.pid}/mounts").read_text().splitlines() if directory in line
+        ] == []
+        sbx.suspend()
         held_by = disk.holders(daemon.paths.home / "sandboxes")
         assert [m for m in loop_devices_under(daemon.paths.home) if sbx.id in m] == [], held_by
-        held = [line for line in Path(f"/proc/{pinner.pid}/mounts").read_text().splitlines() if directory in line]
-        assert held == [], held
         sbx.resume()
         assert sbx.read_file("/root/kept") == b"kept"
     finally:
-        os.killpg(pinner.pid, signal.SIGKILL)  # ip may run the command as a child of its own
-        pinner.wait()
+        os.killpg(held_open.pid, signal.SIGKILL)  # ip may run the command as a child of its own
+        held_open.wait()
         subprocess.run(["ip", "netns", "del", netns], check=False)
         sbx.terminate()

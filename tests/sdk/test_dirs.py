@@ -126,6 +126,6 @@ def test_a_link_may_point_anywhere_but_nothing_is_written_through_one(sandbox: S
     sandbox.upload_tar(archive(("etc-link", "/etc"), ("notes.txt", None)), "/root/linked")
     assert sandbox.run("readlink /root/linked/etc-link; cat /root/linked/notes.txt").stdout == "/etc\nhi"
     for members in ([("etc-link", "/etc"), ("etc-link/evil.conf", None)], [("x", "/etc/passwd"), ("x", None)]):
-        with pytest.raises(StasisError, match="written through the link"):
+        with pytest.raises(StasisError, match=r"written through the link|appears twice"):
             sandbox.upload_tar(archive(*members), "/root/through", replace=True)
     assert sandbox.run("test ! -e /etc/evil.conf && test ! -e /root/through && head -c 5 /etc/passwd").stdout == "root:"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import uvicorn
 
+from .. import mountns
 from ..errors import DaemonRunning, InvalidRequest
 from ..fsutil import atomic_write
 from ..paths import Paths
@@ -89,6 +90,7 @@ def serve(paths: Paths, tcp: str | None = None, token: str | None = None, log_le
         raise InvalidRequest("serving on TCP needs a token: set STASIS_TOKEN (clients send it as a bearer token)")
     paths.ensure()
     lock_fd = _take_lock(paths)
+    mountns.enter(paths.mount_pin, paths.home)  # before any thread: sandboxes' disks are mounted in it
     sockets = [_unix_socket(paths.socket)]
     if tcp:
         sockets.append(_tcp_socket(tcp))
@@ -104,5 +106,6 @@ def serve(paths: Paths, tcp: str | None = None, token: str | None = None, log_le
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:
+        mountns.release(paths.mount_pin, paths.sandboxes)
         remove_traces()
         os.close(lock_fd)

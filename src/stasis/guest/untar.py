@@ -88,7 +88,8 @@ def _refused(
     for depth in range(1, len(parts)):
         above = kinds.get(parts[:depth])
         if above is not None and not above.isdir():
-            return f"archive member {member.name!r} would be written through {above.name!r}, which is no directory"
+            what = f"the link {above.name!r}" if above.issym() else f"{above.name!r}, which is no directory"
+            return f"archive member {member.name!r} would be written through {what}"
     if member.islnk():
         target = _parts(member.linkname, member.name)
         source = kinds.get(target)

@@ -44,10 +44,11 @@ def unmount(target: Path) -> None:
 def share(directory: Path) -> None:
     """Make ``directory`` (where sandboxes' disks and roots are mounted) a shared mount: a bind of itself.
 
-    A mount namespace made later (``ip netns exec``, runsc's gofer, our own for networked sandboxes)
-    starts with copies of every mount; on a host whose mounts are private those copies are independent
-    and keep a suspended sandbox's disk mounted (its loop device busy) for as long as that namespace
-    lives. Under a shared mount, the copies are peers or slaves and an unmount here reaches them too."""
+    This happens in the daemon's own mount namespace (:mod:`stasis.mountns`), which the host's never sees. A
+    mount namespace the daemon's children make (``ip netns exec``, runsc's gofer, our own for networked
+    sandboxes) starts with copies of every mount; were they private, those copies would keep a suspended
+    sandbox's disk mounted (its loop device busy) for as long as that namespace lives. Under a shared mount,
+    the copies are peers or slaves and an unmount here reaches them too."""
     directory.mkdir(parents=True, exist_ok=True)
     path = str(directory).encode()
     if not is_mounted(directory) and _libc.mount(path, path, None, MS_BIND, None) != 0:
