@@ -1,7 +1,9 @@
-"""The pieces of secrets that need no sandbox: what a request's head becomes, the store on disk, the CA."""
+"""The pieces of secrets that need no sandbox: what a request's head becomes, the store on disk, the CA, the API's
+checks of a create (in-process, on the fake backend)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -9,6 +11,7 @@ import ssl
 import stat
 from pathlib import Path
 
+import httpx
 import pytest
 
 from stasis import InvalidRequest
@@ -17,7 +20,14 @@ from stasis.credentials.inject import Bound, Injection, header_rules, replace_bo
 from stasis.credentials.models import SecretRequest
 from stasis.credentials.store import SecretStore
 from stasis.credentials.trust import BEGIN, END, without_block
+from stasis.daemon.app import create_app
+from stasis.daemon.e2b.control import create_control_app
+from stasis.daemon.e2b.room import Defaults
+from stasis.daemon.rooms import Rooms
+from stasis.daemon.service import SandboxService
 from stasis.models import SandboxSpec, build
+from tests.fakes import FakeBackend
+from tests.fastkit import fake_home
 
 pytestmark = pytest.mark.fast
 PH = b"stasis-secret-" + b"a" * 32
@@ -121,3 +131,50 @@ def test_a_lineages_ca_is_kept_and_signs_a_leaf_a_client_verifies(tmp_path: Path
 def test_the_ca_block_in_a_bundle_is_replaced_not_repeated() -> None:
     bundle = b"system certs\n" + BEGIN + b"old\n" + END + b"more system\n"
     assert without_block(bundle) == b"system certs\nmore system\n"
+
+
+def test_a_header_rule_may_name_only_a_secret_bound_to_its_host() -> None:
+    """Through stasis' egress_headers or E2B's network rules, a secret bound to api.test goes to no other host: the
+    create is refused, naming the secret, its hosts and the rule's host. One bound to no host (E2B's secrets API
+    makes those) goes where its rules say."""
+    rule = {"Authorization": "Bearer ${secrets.token}"}
+    e2b_rule = {"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.token}"}}}
+
+    async def scenario(rooms: Rooms, http: httpx.AsyncClient, e2b: httpx.AsyncClient) -> None:
+        assert (
+            await http.put("/v1/secrets/token", json={"value": "v", "hosts": ["api.test", "*.api.test"]})
+        ).is_success
+        for host in ("evil.test", "*.test"):
+            body = {"backend": "fake", "network": True, "egress_headers": {host: rule}}
+            answer = await http.post("/v1/sandboxes", json=body)
+            message = f"header rule for {host} names secret token, which is bound to api.test, *.api.test"
+            assert answer.status_code == 400 and message in answer.json()["message"], answer.text
+        body = {"templateID": "default", "allow_internet_access": True, "network": {"rules": {"evil.test": [e2b_rule]}}}
+        answer = await e2b.post("/sandboxes", json=body)
+        message = "header rule for evil.test names secret token, which is bound to api.test"
+        assert answer.status_code == 400 and message in answer.json()["message"], answer.text
+        assert (await e2b.post("/secrets", json={"name": "unbound", "value": "v"})).is_success
+        # Accepted: a rule within the secret's hosts, and one naming a secret bound to no host.
+        rooms.secrets.check([], {"x.api.test": {"A": "${secrets.token}"}, "evil.test": {"B": "${secrets.unbound}"}})
+
+    async def main() -> None:
+        paths = fake_home("rules")
+        service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
+        app = create_app(paths, service=service)
+        rooms = app.state.rooms
+        e2b_app, key = create_control_app(rooms.e2b, Defaults(backend="fake")), rooms.e2b.keys.api_key
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://stasis") as http,
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=e2b_app), base_url="http://e2b",
+                              headers={"x-api-key": key}) as e2b,
+        ):  # fmt: skip
+            try:
+                await scenario(rooms, http, e2b)
+            finally:
+                made = service.store.list()  # none, unless a check let one through
+                for info in made:
+                    await service.terminate(info.id)
+        assert made == []
+
+    asyncio.run(main())

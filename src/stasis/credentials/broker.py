@@ -18,7 +18,7 @@ from typing import Any
 
 from ..models import SandboxSpec
 from ..netpolicy import IPAddress, name_matches
-from ..network.http1 import BadRequest, copy_exactly, framing
+from ..network.http1 import BadRequest, chunk_size, copy_exactly, field_line, parse_strictly
 from ..network.relay import abort, pipe
 from .authority import Authorities
 from .inject import Bound, Injection, header_rules, replace_body, rewrite_head
@@ -74,15 +74,25 @@ class SecretBroker:
                 return True
         return False
 
-    def injection(self, sandbox_id: str, host: str) -> Injection:
-        """The secrets as they are now: a rotation counts from the next request, a removal makes a placeholder inert."""
+    def injection(self, sandbox_id: str, names: set[str]) -> Injection:
+        """What goes into a request naming ``names`` (the connection's TLS name, the request's Host and target):
+        the secrets and header rules bound to every one of them, a rule's secret too if it is bound to hosts. The
+        secrets as they are now: a rotation counts from the next request, a removal makes a placeholder inert."""
         spec = self.spec_of(sandbox_id)
-        if spec is None:
+        if spec is None or not names:
             return Injection([])
+
+        def bound_to_all(rules: list[str]) -> bool:
+            return all(any(name_matches(rule, name) for rule in rules) for name in names)
+
+        def rule_value(name: str) -> str | None:  # a secret bound to no host (E2B's) goes where its rules say
+            secret = self.store.get(name)
+            return secret.value if secret and (not secret.info.hosts or bound_to_all(secret.info.hosts)) else None
+
         bound = []
         for name, placeholder in spec.secrets.items():
             secret = self.store.get(name)
-            if secret is None or not any(name_matches(rule, host) for rule in secret.info.hosts):
+            if secret is None or not bound_to_all(secret.info.hosts):
                 continue
             value, info = secret.value.encode(), secret.info
             header = info.header.encode() if info.header else None
@@ -90,8 +100,8 @@ class SecretBroker:
             bound.append(Bound(name, placeholder.encode(), value, header, formatted, info.body))
         headers: dict[bytes, tuple[bytes, list[str]]] = {}
         for rule, rules in spec.egress_headers.items():
-            if name_matches(rule, host):
-                headers |= header_rules(rules, lambda n: s.value if (s := self.store.get(n)) else None)
+            if bound_to_all([rule]):
+                headers |= header_rules(rules, rule_value)
         return Injection(bound, headers)
 
     # ------------------------------------------------------------ the interception
@@ -133,13 +143,17 @@ class SecretBroker:
         up_reader, up_writer = upstream
         used: set[str] = set()
         try:
-            sent, received = await asyncio.gather(
+            (sent, refused), received = await asyncio.gather(
                 self._requests(tls, up_writer, sandbox_id, host, used, on_data), pipe(up_reader, tls, on_data)
             )
         finally:
             writer.close()
             up_writer.close()
-        return {"intercepted": True, "secrets": sorted(used), "bytes_out": sent, "bytes_in": received}
+        extra: dict[str, Any] = {"intercepted": True, "secrets": sorted(used), "bytes_out": sent, "bytes_in": received}
+        if refused:
+            log.info("%s: refused a request to %s (400): %s", sandbox_id, host, refused)
+            extra["error"] = f"refused a request (400): {refused}"
+        return extra
 
     async def _requests(
         self,
@@ -149,27 +163,30 @@ class SecretBroker:
         host: str,
         used: set[str],
         on_data: Callable[[], None],
-    ) -> int:
-        """Forward the sandbox's requests with the secrets put in, until it is done; the bytes sent."""
+    ) -> tuple[int, str | None]:
+        """Forward the sandbox's requests with the secrets put in, until it is done; the bytes sent, and why a
+        request was refused (the sandbox had a 400 and the connection ends)."""
         sent = 0
         try:
             while True:
                 try:
                     head = await client.readuntil(b"\r\n\r\n")
                 except asyncio.IncompleteReadError:
-                    return sent  # the sandbox is done
+                    return sent, None  # the sandbox is done
                 on_data()
-                injection = self.injection(sandbox_id, host)
+                request = parse_strictly(head)
+                # Each request by the names it gives: one connection may name another host each time.
+                injection = self.injection(sandbox_id, {host, *request.hosts}) if request.hosts else Injection([])
                 head, names = rewrite_head(head, injection)
                 used |= names
-                body = framing(head)
+                body = request.body
                 if body == "raw":  # an upgrade (a WebSocket): the rest is another protocol's
                     upstream.write(head)
-                    return sent + len(head) + await pipe(client, upstream, on_data)  # type: ignore[arg-type]
+                    return sent + len(head) + await pipe(client, upstream, on_data), None  # type: ignore[arg-type]
                 if body == "chunked":
                     upstream.write(head)
                     sent += len(head) + await _copy_chunked(client, upstream, injection, used)
-                elif injection.body and int(body) <= BODY_LIMIT:
+                elif injection.body and 0 < int(body) <= BODY_LIMIT:  # a GET gains no Content-Length
                     head, expects = _buffered(head)
                     if expects:  # the host is not asked before the body is read: the proxy answers for it
                         client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -181,12 +198,23 @@ class SecretBroker:
                     upstream.write(head)
                     sent += len(head) + await copy_exactly(client, upstream, int(body))
                 await upstream.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, BadRequest, ValueError, ConnectionError,
-                ssl.SSLError):  # fmt: skip
-            return sent
+        except BadRequest as exc:
+            with contextlib.suppress(ssl.SSLError, OSError):
+                client.write(_refusal(str(exc)))
+            return sent, str(exc)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError, ssl.SSLError):
+            return sent, None
         finally:
             with contextlib.suppress(Exception):
                 upstream.close()  # the sandbox is done: the host's answer to nothing is not awaited
+
+
+def _refusal(why: str) -> bytes:
+    text = f"stasis' egress proxy refused this request, which a host could read another way: {why}\n".encode()
+    return (
+        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(text), text)
+    )
 
 
 def _buffered(head: bytes) -> tuple[bytes, bool]:
@@ -209,19 +237,19 @@ async def _copy_chunked(
     sent = 0
     while True:
         line = await client.readuntil(b"\r\n")
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise BadRequest("a chunk size that is not hexadecimal") from None
-        if size == 0:
+        if (size := chunk_size(line)) == 0:
             upstream.write(line)
             sent += len(line)
             while (trailer := await client.readuntil(b"\r\n")) != b"\r\n":
+                field_line(trailer[:-2])
                 upstream.write(trailer)
                 sent += len(trailer)
             upstream.write(b"\r\n")
             return sent + 2
-        chunk = (await client.readexactly(size + 2))[:-2]
+        chunk = await client.readexactly(size + 2)
+        if not chunk.endswith(b"\r\n"):
+            raise BadRequest("a chunk's data not followed by CRLF")
+        chunk = chunk[:-2]
         if injection.body:
             chunk = replace_body(chunk, injection, used)
         framed = b"%x\r\n" % len(chunk) + chunk + b"\r\n"

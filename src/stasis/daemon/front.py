@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from ..errors import SandboxNotFound, StateError
 from ..models import CreateSandboxRequest, SandboxInfo
-from ..secretnames import referenced_secrets
 from .pools import PoolManager
 from .remote import RemoteService
 from .service import SandboxService
@@ -25,15 +24,15 @@ class Front:
         core: SandboxService,
         pools: PoolManager,
         remote: RemoteService | None,
-        secrets_exist: Callable[[list[str]], None] = lambda names: None,
+        check_secrets: Callable[[list[str], dict[str, dict[str, str]]], None] = lambda names, rules: None,
     ) -> None:
         self.core = core
         self.pools = pools
         self.remote = remote
-        self.secrets_exist = secrets_exist  # refuses a create naming a secret this daemon lacks
+        self.check_secrets = check_secrets  # refuses a create naming a secret it lacks, or one a rule cannot send
 
     async def create(self, request: CreateSandboxRequest) -> SandboxInfo:
-        self.secrets_exist([*request.secrets, *referenced_secrets(request.egress_headers)])
+        self.check_secrets(list(request.secrets), request.egress_headers)
         if (claimed := await self.pools.claim(request)) is not None:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)

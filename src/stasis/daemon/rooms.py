@@ -69,7 +69,7 @@ class Rooms:
         ports = Ports(core)
         core.teardown_hooks.append(ports.forget)  # an exposed port's listener goes with its sandbox
         secrets = SecretsRoom(core)
-        front, ops = Front(core, pools, remote, secrets.check_exist), GuestOperations(core)
+        front, ops = Front(core, pools, remote, secrets.check), GuestOperations(core)
         e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets)
         rooms = cls(
             paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,

@@ -14,9 +14,11 @@ from ..credentials.authority import Authorities
 from ..credentials.broker import SecretBroker
 from ..credentials.models import SecretInfo, SecretRequest
 from ..credentials.store import SecretStore
-from ..errors import NotFound
+from ..errors import InvalidRequest, NotFound
 from ..guest.client import GuestChannel
 from ..models import SandboxInfo, SandboxSpec
+from ..netpolicy import name_matches
+from ..secretnames import referenced_secrets
 from .service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -53,15 +55,25 @@ class SecretsRoom:
     def remove(self, name: str) -> SecretInfo:
         return self.store.remove(name)
 
-    def check_exist(self, names: list[str]) -> None:
-        """A create that names secrets this daemon lacks is refused before anything starts."""
-        missing = [name for name in names if self.store.get(name) is None]
+    def check(self, names: list[str], rules: dict[str, dict[str, str]]) -> None:
+        """A create that names secrets this daemon lacks, or whose header rule for a host names a secret bound to
+        other hosts, is refused before anything starts (the proxy would not send it there either)."""
+        missing = [name for name in [*names, *referenced_secrets(rules)] if self.store.get(name) is None]
         if missing:
             known = ", ".join(s.name for s in self.store.list()) or "none yet"
             raise NotFound(
                 f"no secret named {', '.join(missing)} on this daemon (secrets: {known}); add it first with "
                 "`stasis secret add NAME --host HOST`"
             )
+        for host, headers in rules.items():
+            for name in referenced_secrets({host: headers}):
+                hosts = self.store.info(name).hosts  # none: E2B's kind, sent only where its rules say
+                if hosts and not any(name_matches(rule, host) for rule in hosts):
+                    raise InvalidRequest(
+                        f"the header rule for {host} names secret {name}, which is bound to {', '.join(hosts)}: a rule "
+                        "may send a secret only to a host it is bound to; use a rule for one of those hosts, or bind "
+                        f"the secret to {host} too (`stasis secret add {name} --host ...`, every host it may go to)"
+                    )
 
     # ------------------------------------------------------------ the sandbox's side
 
