@@ -55,6 +55,11 @@ def clip(text: str) -> str:
     return text
 
 
+def echo(value: str) -> str:
+    """A value a client sent, quoted for a message: at most ``ECHO_KEEP`` characters of it."""
+    return repr(value) if len(value) <= ECHO_KEEP else f"{value[:ECHO_KEEP]!r}…"
+
+
 class StasisError(Exception):
     status_code: ClassVar[int] = 500
 

@@ -35,6 +35,7 @@ from .validation import (
 )  # fmt: skip
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+MAX_SECONDS = 365 * 24 * 3600  # the longest time a request may name (a timeout, a TTL): a year; longer is never (None)
 
 
 def build(model: type[ModelT], **fields: Any) -> ModelT:
@@ -151,6 +152,7 @@ TEMPLATE_PREFIX = "template-"  # a template NAME is the MEMORY checkpoint named 
 
 
 class CreateSandboxRequest(SandboxSpec):
+    timeout_secs: int | None = Field(600, ge=1, le=MAX_SECONDS)  # the spec's, bounded here: a stored spec still reads
     name: str | None = None
     snapshot_id: str | None = Field(None, description="create from this checkpoint (id or name)")
     template: str | None = Field(None, description="create from this template: its start command already running")
@@ -191,7 +193,7 @@ class RunRequest(Strict):
     cmd: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
-    timeout: float | None = Field(None, gt=0)
+    timeout: float | None = Field(None, gt=0, le=MAX_SECONDS, description="seconds; None: no limit")
     max_output: int = Field(1 << 20, ge=1, le=64 << 20)
     exec_id: str | None = Field(None, description="idempotency key: a known id reattaches to that run")
     stdin_b64: str | None = None
@@ -302,7 +304,7 @@ class CreateCheckpointRequest(Strict):
     type: CheckpointType = CheckpointType.MEMORY
     name: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
-    ttl_secs: int | None = Field(None, ge=1, description="delete after this long; None: keep forever")
+    ttl_secs: int | None = Field(None, ge=1, le=MAX_SECONDS, description="delete after this long; None: keep forever")
 
     @field_validator("name")
     @classmethod
@@ -436,7 +438,7 @@ class CodeRequest(Strict):
     language: str | None = Field(None, max_length=32, description="python (the default) or bash; not with context_id")
     context_id: str | None = Field(None, max_length=64)
     env_vars: dict[str, str] | None = None
-    timeout: float | None = Field(None, gt=0, description="seconds; then the kernel is interrupted (it stays usable)")
+    timeout: float | None = Field(None, gt=0, le=MAX_SECONDS, description="seconds; then the kernel is interrupted")
 
     _valid_env = field_validator("env_vars")(classmethod(lambda cls, v: v if v is None else validate_env(v)))
 

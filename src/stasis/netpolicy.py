@@ -71,6 +71,10 @@ class NetworkPolicy(BaseModel):
 
     allow_out: list[str] = Field(default_factory=list, description="only these (default deny) when not empty")
     deny_out: list[str] = Field(default_factory=list, description="never these; deny wins over allow")
+    note: str | None = Field(
+        None, max_length=500, description="said wherever the policy is shown: why it is what it is (E2B's allowOut "
+        "without denyOut, which narrows nothing)",
+    )  # fmt: skip
 
     @field_validator("allow_out", "deny_out")
     @classmethod
@@ -90,6 +94,8 @@ class NetworkPolicy(BaseModel):
             parts.append("public internet")
         if self.deny_out:
             parts.append("deny " + ", ".join(self.deny_out))
+        if self.note:
+            parts.append(f"note: {self.note}")
         return "; ".join(parts)
 
     # ------------------------------------------------------------ judging

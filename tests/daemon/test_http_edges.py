@@ -214,3 +214,35 @@ def test_an_upload_cut_off_midway_leaves_no_temp_file() -> None:
         target.parent.rmdir()
 
     with_app(scenario)
+
+
+HUGE_NUMBERS = [
+    ("/v1/sandboxes/n/exec", {"cmd": ["true"], "timeout": 1e300}, "timeout"),
+    ("/v1/sandboxes/n/exec", {"cmd": ["true"], "timeout": 1e10}, "timeout"),  # past what the agent's clock holds
+    ("/v1/sandboxes/n/exec/stream", {"cmd": ["true"], "timeout": 1e300}, "timeout"),
+    ("/v1/sandboxes/n/checkpoints", {"type": "filesystem", "ttl_secs": 10**400}, "ttl_secs"),
+    ("/v1/sandboxes", {"backend": "fake", "timeout_secs": 10**400}, "timeout_secs"),
+    ("/v1/sandboxes/n/code/execute", {"code": "1", "timeout": 1e300}, "timeout"),
+    ("/v1/sandboxes/n/ports", {"port": 10**30}, "port"),
+    ("/v1/sandboxes/n/fork", {"times": 10**30}, "times"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "field"), HUGE_NUMBERS)
+def test_every_number_in_a_request_is_bounded_with_a_400(route: str, body: dict, field: str) -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        await http.post("/v1/sandboxes", json={"name": "n", "backend": "fake"})
+        assert_error(await http.post(route, json=body), 400, "InvalidRequest", field)
+        assert (await http.get("/v1/sandboxes")).status_code == 200  # nothing stored that breaks the listing
+
+    with_app(scenario)
+
+
+def test_numbers_in_a_query_or_a_path_are_bounded_with_a_400() -> None:
+    async def scenario(http: httpx.AsyncClient) -> None:
+        await http.post("/v1/sandboxes", json={"name": "q", "backend": "fake"})
+        answer = await http.get("/v1/sandboxes/q/processes/none/output", params={"offset": 10**30})
+        assert_error(answer, 400, "InvalidRequest", "offset")
+        assert_error(await http.delete(f"/v1/sandboxes/q/ports/{10**30}"), 400, "InvalidRequest", "port")
+
+    with_app(scenario)

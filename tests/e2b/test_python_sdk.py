@@ -265,6 +265,8 @@ def test_a_sandbox_port_is_reached_by_headers_or_by_host_and_needs_its_token(e2b
     assert page({"Host": host, **token}).text == "served from the sandbox"
     assert page(by_headers).status_code == 401  # no token: never the sandbox's answer
     assert page({**by_headers, "e2b-traffic-access-token": "wrong"}).status_code == 401
+    envd = {"E2b-Sandbox-Id": shared.sandbox_id, **token}  # the traffic token never opens envd
+    assert httpx.get(f"{url}/files", params={"path": "/etc/shadow"}, headers=envd, timeout=60).status_code == 401
     shared.pause()
     assert page({**by_headers, **token}).text == "served from the sandbox"  # a request wakes it, the server lives
     assert shared.get_info().state.value == "running"

@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..models import SandboxInfo
 from ..sdk import Client
 from .quick import ago as ago  # shared with the quick path
+from .quick import printable as printable
 
 app = typer.Typer(
     help="Stateful sandboxes for AI agents: suspend one with its processes, resume it where it was.",
@@ -35,6 +37,12 @@ DenyOut = Annotated[list[str] | None, typer.Option("--deny-out", help=f"Never th
 
 def client() -> Client:
     return Client()
+
+
+def shown(value: object, *, lines: bool = False) -> str:
+    """Text a sandbox (or anyone but this user) chose, for Rich: control characters escaped (:func:`printable`),
+    and never read as markup."""
+    return escape(printable(str(value), lines=lines))
 
 
 def in_(ts: float) -> str:

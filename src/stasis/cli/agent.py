@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..errors import InvalidRequest
 from ..paths import Paths
-from ._common import Json, ago, app, client, err, out
+from ._common import Json, ago, app, client, err, out, shown
 
 TOOL_RESULT_LINES = 8  # of a tool's result shown as a run streams (the log shows them all)
 agent_app = typer.Typer(help="The agent harness: a tool-calling loop that runs inside a sandbox.", no_args_is_help=True)
@@ -47,19 +47,22 @@ def _show_agent_event(kind: str, data: dict[str, Any], full: bool = False) -> No
     if kind == "model":
         message = data["message"]
         if message.get("content"):
-            out.print(f"[bold]assistant[/bold] ({data['seconds']:.1f}s): {message['content']}", highlight=False)
+            out.print(
+                f"[bold]assistant[/bold] ({data['seconds']:.1f}s): {shown(message['content'], lines=True)}",
+                highlight=False,
+            )
     elif kind == "tool_call":
-        out.print(f"[cyan]→ {data['name']}[/cyan] {str(data['arguments'])[:200]}", highlight=False)
+        out.print(f"[cyan]→ {shown(data['name'])}[/cyan] {shown(str(data['arguments'])[:200])}", highlight=False)
     elif kind == "tool_result":
         lines = data["content"].splitlines() or [""]
-        shown = lines if full else lines[:TOOL_RESULT_LINES]
-        more = len(lines) - len(shown)
+        kept = lines if full else lines[:TOOL_RESULT_LINES]
+        more = len(lines) - len(kept)
         rest = f"\n  [dim](+{more} more lines; `stasis agent log` has them all)[/dim]" if more else ""
-        body = "\n  ".join(line[:200] for line in shown)
+        body = "\n  ".join(shown(line[:200]) for line in kept)
         out.print(f"[green]← {body}[/green] [dim]({data['seconds']:.2f}s)[/dim]{rest}", highlight=False)
     elif kind == "final":
         style = "green" if data["status"] == "completed" else "red"
-        out.print(f"[{style}]■ {data['status']}[/{style}]: {data['text']}", highlight=False)
+        out.print(f"[{style}]■ {data['status']}[/{style}]: {shown(data['text'], lines=True)}", highlight=False)
 
 
 def _show_run(record: Any) -> None:
@@ -120,7 +123,7 @@ def agent_log(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     journal = Journal(Paths.from_env().agent_journal)
     record = journal.run(run_id)
     out.print(f"[bold]{record.id}[/bold] on {record.sandbox} ({record.model}): {record.status}")
-    out.print(f"[bold]task[/bold]: {record.task}", highlight=False)
+    out.print(f"[bold]task[/bold]: {shown(record.task, lines=True)}", highlight=False)
     for event in journal.events(run_id):
         if event.kind == "model_response":
             _show_agent_event("model", {"message": event.payload["message"], "seconds": event.seconds or 0})

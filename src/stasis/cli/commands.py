@@ -12,7 +12,7 @@ from . import sandboxes, code, desktop, network, ssh, checkpoints, pools, secret
 from . import agent, host, console, remote, e2b, verbs  # noqa: F401
 
 # isort: on
-from ._common import app, err
+from ._common import app, err, shown
 from .overview import apply
 
 apply(app)
@@ -24,7 +24,7 @@ def main() -> None:
     try:
         app()
     except StasisError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False)
+        err.print(f"[red]error:[/red] {shown(exc.message, lines=True)}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -8,10 +8,9 @@ import socket
 import sys
 import threading
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from websockets.exceptions import ConnectionClosed
 
 from ..errors import InvalidRequest
@@ -20,7 +19,7 @@ from ..netpolicy import NetworkPolicy
 from ..paths import Paths
 from ..sdk import Sandbox
 from ..wsclient import open_websocket
-from ._common import AllowOut, DenyOut, Json, Name, app, client, err, out
+from ._common import AllowOut, DenyOut, Json, Name, app, client, err, out, shown
 
 
 @app.command()
@@ -41,7 +40,7 @@ def network(
     if as_json:
         sys.stdout.write((policy.model_dump_json(indent=2) if policy else "null") + "\n")
     else:
-        out.print(policy.describe() if policy else "no network device (created without --network)")
+        out.print(shown(policy.describe()) if policy else "no network device (created without --network)")
 
 
 @app.command()
@@ -56,23 +55,29 @@ def egress(
     lines = sbx.follow_egress() if follow else iter(sbx.egress_log())
     if not follow and not as_json:
         lines = iter(list(lines))
-    shown = False
+    any_shown = False
     for line in lines:
-        shown = True
+        any_shown = True
         if as_json:
             print(json.dumps(line), flush=True)
             continue
-        when = datetime.fromtimestamp(line["time"]).strftime("%H:%M:%S")
-        moved = f"{line.get('bytes_out', 0)}/{line.get('bytes_in', 0)} B" if line["verdict"] == "allowed" else "-"
-        colour = "green" if line["verdict"] == "allowed" else "red"
-        claimed = escape(str(line.get("name") or "-"))  # a sandbox's claim: shown as text, never as markup
-        where = f"{line['destination']}:{line['port']}"
-        extra = f"  secrets: {', '.join(line['secrets'])}" if line.get("secrets") else ""
-        extra += f"  ({escape(str(line['error']))})" if line.get("error") else ""
-        out.print(f"{when}  [{colour}]{line['verdict']:7}[/{colour}]  {where}  {claimed}  {moved}  "
-                  f"{escape(str(line.get('rule', '')))}{extra}", highlight=False)  # fmt: skip
-    if not shown and not follow and not as_json:
+        out.print(egress_line(line), highlight=False)
+    if not any_shown and not follow and not as_json:
         out.print("no connections recorded (`stasis network NAME` shows its policy)")
+
+
+def egress_line(line: dict[str, Any]) -> str:
+    """One audit line as Rich markup. What the sandbox chose (the name it claimed, what it sent that failed)
+    is shown as text: never markup, never a control sequence for the terminal."""
+    when = datetime.fromtimestamp(line["time"]).strftime("%H:%M:%S")
+    allowed = line["verdict"] == "allowed"
+    moved = f"{line.get('bytes_out', 0)}/{line.get('bytes_in', 0)} B" if allowed else "-"
+    colour = "green" if allowed else "red"
+    where = shown(f"{line['destination']}:{line['port']}")
+    extra = f"  secrets: {shown(', '.join(line['secrets']))}" if line.get("secrets") else ""
+    extra += f"  ({shown(line['error'])})" if line.get("error") else ""
+    return (f"{when}  [{colour}]{shown(line['verdict']):7}[/{colour}]  {where}  {shown(line.get('name') or '-')}  "
+            f"{moved}  {shown(line.get('rule', ''))}{extra}")  # fmt: skip
 
 
 @app.command()

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from ..sdk import Pool
-from ._common import Json, app, client, err, out
+from ._common import Json, app, client, err, out, shown
 
 pool_app = typer.Typer(help="Warm pools: sandboxes started ahead, handed out by a matching `stasis create`.",
                        no_args_is_help=True)  # fmt: skip
@@ -55,7 +55,7 @@ def pool_ls(as_json: Json = False) -> None:
         s = p.spec
         source = f"template {s.template}" if s.template else s.image
         counts = (str(s.size), str(p.ready), str(p.starting), str(p.claimed))
-        table.add_row(p.name, source, s.backend, *counts, f"{s.memory_mb} MiB", p.last_error or "-")
+        table.add_row(p.name, source, s.backend, *counts, f"{s.memory_mb} MiB", shown(p.last_error or "-"))
     out.print(table if pools else "no pools; make one with `stasis pool create NAME --image I --size N`")
 
 

@@ -14,6 +14,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -31,6 +32,7 @@ EXIT_CODE_TRUNCATED = 141  # as a shell reports a command whose output pipe brok
 CONNECT_TIMEOUT = 5.0
 COLUMNS = ("NAME", "ID", "STATUS", "BACKEND", "IMAGE", "CPUS", "MEMORY", "CREATED", "LAST ACTIVITY")
 STATUS_COLOUR = {"running": "32", "suspended": "36", "failed": "31", "terminated": "2"}  # ANSI: as the Rich styles
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 class DaemonAnswer(Exception):
@@ -134,7 +136,7 @@ def _reachable() -> http.client.HTTPConnection | None:
 
 
 def _report(exc: DaemonAnswer) -> int:
-    sys.stderr.write(f"{_paint('error:', '31', sys.stderr)} {exc.message}\n")
+    sys.stderr.write(f"{_paint('error:', '31', sys.stderr)} {printable(exc.message, lines=True)}\n")
     return 1
 
 
@@ -191,6 +193,18 @@ def ago(ts: float | None) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit} ago"
     return f"{int(seconds)}s ago"
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` as a terminal should show text a sandbox or a client chose: every control character (C0, DEL,
+    C1, Unicode's line separators and direction overrides) written out as an escape (``\\x1b``), so none can
+    move the cursor, retitle the window or reorder what is shown. ``lines``: newlines and tabs stay."""
+    return CONTROL.sub(lambda m: m.group() if lines and m.group() in "\n\t" else _escape(m.group()), text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _paint(text: str, code: str, stream: Any) -> str:
@@ -314,7 +328,7 @@ def _kill(path: str, exec_id: str) -> None:
 def exit_code(event: dict[str, Any], timeout: float | None) -> int:
     """The exit event as a shell's exit code; a limit, a timeout or lost output is said on stderr, never silent."""
     if event.get("limit"):
-        _warn(f"stasis: {event['limit']}", "33")
+        _warn(f"stasis: {printable(str(event['limit']))}", "33")  # the agent's words
     if event.get("timed_out"):
         after = f" after {timeout:g}s" if timeout else ""
         _warn(f"stasis: command timed out{after} and was killed", "33")

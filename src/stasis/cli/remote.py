@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..models import TransferResult
 from ..sdk._host import remote_call, remote_listing_call
-from ._common import Json, ago, app, client, err, out
+from ._common import Json, ago, app, client, err, out, shown
 
 Kind = Annotated[str | None, typer.Option("--kind", help="sandbox | checkpoint, when a name could be either.")]
 
@@ -62,6 +62,7 @@ def remote_listing(as_json: Json = False) -> None:
     for column in ("KIND", "NAME", "ID", "BACKEND", "IMAGE", "OWNER", "PUSHED"):
         table.add_column(column)
     for e in entries:
-        owner = (e.owner or "[green]the store[/green]") if e.kind == "sandbox" else ""
-        table.add_row(e.kind, e.name or "", e.id, e.backend, e.image, owner, f"{ago(e.pushed_at)} by {e.pushed_by}")
+        owner = (shown(e.owner) if e.owner else "[green]the store[/green]") if e.kind == "sandbox" else ""
+        table.add_row(e.kind, shown(e.name or ""), shown(e.id), shown(e.backend), shown(e.image), owner,
+                      f"{ago(e.pushed_at)} by {shown(e.pushed_by)}")  # fmt: skip
     out.print(table)

@@ -9,21 +9,21 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from ..backends import BACKENDS, DEFAULT_BACKEND
 from ..errors import InvalidRequest
-from ..models import SandboxInfo, SandboxSpec, build
+from ..models import ProcessInfo, SandboxInfo, SandboxSpec, build
 from ..netpolicy import NetworkPolicy
 from ..paths import Paths
 from ..sdk import Sandbox
 from ..sdk._base import resume_call
 from ..sdk._host import disk_usage_call
 from . import quick
-from ._common import AllowOut, DenyOut, Json, Name, ago, app, client, err, in_, out, status
+from ._common import AllowOut, DenyOut, Json, Name, ago, app, client, err, in_, out, shown, status
 
 SPEC = SandboxSpec.model_fields
 
@@ -188,13 +188,19 @@ def ps(
     if as_json:
         print(json.dumps([p.model_dump() for p in processes], indent=2))
         return
+    out.print(process_table(processes) if processes else "no processes running"
+              + ("" if show_all else " (--all shows finished ones)"))  # fmt: skip
+
+
+def process_table(processes: list[ProcessInfo]) -> Table:
     table = Table(box=None, header_style="bold")
     for column in ("ID", "PID", "NAME", "STATUS", "EXIT", "STARTED", "COMMAND"):
         table.add_column(column, no_wrap=column != "COMMAND")
     for p in processes:
         exit_code = "" if p.exit_code is None else str(p.exit_code)
-        table.add_row(p.id, str(p.pid), p.name or "", p.status, exit_code, ago(p.started_at), " ".join(p.cmd))
-    out.print(table if processes else "no processes running" + ("" if show_all else " (--all shows finished ones)"))
+        cells = (p.id, str(p.pid), p.name or "", p.status, exit_code, ago(p.started_at), " ".join(p.cmd))
+        table.add_row(*(shown(cell) for cell in cells))  # the agent in the sandbox reports them
+    return table
 
 
 def _process_id(sbx: Sandbox, ref: str) -> str:
@@ -274,18 +280,23 @@ def info(name: Name, as_json: Json = False) -> None:
     if as_json:
         print(data.model_dump_json(indent=2))
         return
+    out.print(info_table(data))
+
+
+def info_table(data: SandboxInfo) -> Table:
     table = Table(box=None, show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    rows: list[tuple[str, Any]] = [
-        ("name", data.name or "-"),
+    network = data.spec.network.describe() if data.spec.network else "none (no network device)"
+    rows: list[tuple[str, str]] = [  # Rich markup: what a client or a sandbox chose goes through shown()
+        ("name", shown(data.name or "-")),
         ("id", data.id),
         ("status", status(data)),
-        ("image", data.spec.image),
+        ("image", shown(data.spec.image)),
         ("backend", data.spec.backend),
         ("cpus / memory / disk", f"{data.spec.cpus:g} / {data.spec.memory_mb} MiB / {data.spec.disk_mb} MiB"),
         ("storage", data.spec.storage),
-        ("network", data.spec.network.describe() if data.spec.network else "none (no network device)"),
+        ("network", shown(network)),
         ("created", datetime.fromtimestamp(data.created_at).isoformat(sep=" ", timespec="seconds")),
         ("last activity", ago(data.last_activity)),
         ("idle timeout", f"{data.spec.timeout_secs}s" if data.spec.timeout_secs else "never"),
@@ -293,16 +304,16 @@ def info(name: Name, as_json: Json = False) -> None:
     if data.idle_action_at:
         rows.append((f"idle {data.idle_action}", in_(data.idle_action_at)))
     for key, value in sorted(data.runtime.items()):
-        rows.append((key.replace("_", " "), value))
+        rows.append((shown(key.replace("_", " ")), shown(value)))
     if data.last_suspend_seconds is not None:
         rows.append(("last suspend", f"{data.last_suspend_seconds:.3f}s"))
     if data.last_resume_seconds is not None:
         rows.append(("last resume", f"{data.last_resume_seconds:.3f}s"))
     if data.error:
-        rows.append(("error", f"[red]{data.error}[/red]"))
+        rows.append(("error", f"[red]{shown(data.error, lines=True)}[/red]"))
     for key, value in rows:
-        table.add_row(key, str(value))
-    out.print(table)
+        table.add_row(key, value)
+    return table
 
 
 @app.command("rm")

@@ -100,11 +100,34 @@ def _die_with_parent() -> None:
 
 
 FREE_RESERVE = 1 << 30  # bytes an unpack leaves free on its file system
+# Without STASIS_IMAGE_MAX_MB, an image may unpack to UNPACK_RATIO times its compressed layers (real images are
+# 2-5 times; zeros, a bomb's filling, a thousand), at least UNPACK_FLOOR and at most UNPACK_CEILING.
+UNPACK_RATIO = 20
+UNPACK_FLOOR = 256 << 20
+UNPACK_CEILING = 16 << 30
 
 
-def image_size_limit() -> int:
-    """Bytes an imported image may unpack to (``STASIS_IMAGE_MAX_MB``, default 16 GiB)."""
-    return int(os.environ.get("STASIS_IMAGE_MAX_MB") or 16384) << 20
+def image_size_limit(packed_bytes: int) -> int:
+    """Bytes an image whose layers weigh ``packed_bytes`` may unpack to: ``STASIS_IMAGE_MAX_MB`` if set, else
+    ``UNPACK_RATIO`` times its layers (at least ``UNPACK_FLOOR``, at most ``UNPACK_CEILING``)."""
+    if configured := os.environ.get("STASIS_IMAGE_MAX_MB"):
+        return int(configured) << 20
+    return min(UNPACK_CEILING, max(UNPACK_FLOOR, UNPACK_RATIO * packed_bytes))
+
+
+def _too_large(taken: int, packed: int, limit: int) -> str:
+    if os.environ.get("STASIS_IMAGE_MAX_MB"):
+        allowed = f"images may take {limit >> 20} MB here (STASIS_IMAGE_MAX_MB)"
+    else:
+        allowed = (
+            f"an image may take {UNPACK_RATIO} times its layers, at least {UNPACK_FLOOR >> 20} and at most "
+            f"{UNPACK_CEILING >> 20} MB: {limit >> 20} MB for this one"
+        )
+    return (
+        f"the image unpacked to over {taken >> 20} MB from {packed / 1e6:.1f} MB of layers and was stopped (a layer "
+        f"may be a decompression bomb): {allowed}, leaving {FREE_RESERVE >> 20} MB free; if the image is that "
+        "large, set STASIS_IMAGE_MAX_MB (in MB) for the daemon, or free disk space"
+    )
 
 
 def _free_bytes(path: Path) -> int:
@@ -144,17 +167,26 @@ class OciLayout:
     def config(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return self._blob(manifest["config"]["digest"])
 
-    def _blob(self, digest: str) -> dict[str, Any]:
+    def _blob_path(self, digest: str) -> Path:
         algorithm, _, value = digest.partition(":")
-        return json.loads((self.directory / "blobs" / algorithm / value).read_text())
+        return self.directory / "blobs" / algorithm / value
 
-    def unpack(self, tag: str, bundle: Path, limit_bytes: int | None = None) -> Path:
+    def _blob(self, digest: str) -> dict[str, Any]:
+        return json.loads(self._blob_path(digest).read_text())
+
+    def layer_bytes(self, tag: str) -> int:
+        """What the layers of ``tag`` weigh compressed, as stored (not as its manifest says)."""
+        _, manifest = self.manifest(tag)
+        return sum(self._blob_path(layer["digest"]).stat().st_size for layer in manifest.get("layers") or [])
+
+    def unpack(self, tag: str, bundle: Path) -> Path:
         """The image's root filesystem, layers applied (whiteouts honoured), at ``bundle/rootfs``.
 
         Layers are untrusted: a few MB can unpack to many GB. The unpack is stopped as soon as it has
-        taken more than ``limit_bytes`` (default ``STASIS_IMAGE_MAX_MB``) of its file system, or would leave
-        less than ``FREE_RESERVE`` free there."""
-        limit = limit_bytes if limit_bytes is not None else image_size_limit()
+        taken more than :func:`image_size_limit` (in proportion to its layers) of its file system, or would
+        leave less than ``FREE_RESERVE`` free there."""
+        packed = self.layer_bytes(tag)
+        limit = image_size_limit(packed)
         bundle.parent.mkdir(parents=True, exist_ok=True)
         argv = [_tool("umoci"), "unpack", "--image", f"{self.directory}:{tag}", str(bundle)]
         started = procs.start_blocking(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -172,11 +204,7 @@ class OciLayout:
                 if free_at_start - free > limit or free < FREE_RESERVE:
                     started.kill()
                     started.wait()
-                    raise InvalidRequest(
-                        f"the image unpacked to over {(free_at_start - free) >> 20} MB and was stopped (a layer may be "
-                        f"a decompression bomb): images may take {limit >> 20} MB (STASIS_IMAGE_MAX_MB) and must "
-                        f"leave {FREE_RESERVE >> 20} MB free; raise the limit or free disk space if it is that large"
-                    )
+                    raise InvalidRequest(_too_large(free_at_start - free, packed, limit))
         except BaseException:
             started.kill()
             raise

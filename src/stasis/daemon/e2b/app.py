@@ -3,9 +3,11 @@ to the control plane.
 
 A request names a sandbox as the SDKs do: with ``E2B_SANDBOX_URL`` set, in the ``E2b-Sandbox-Id`` and
 ``E2b-Sandbox-Port`` headers; without it, in the Host, ``PORT-ID.DOMAIN`` (a wildcard DNS name and
-certificate of the user's, see the README). Every sandbox request needs that sandbox's envd access token
-(``X-Access-Token``, or for a port ``e2b-traffic-access-token``: the SDK's ``traffic_access_token``) or the
-API key; a port of a sandbox made with ``allowPublicTraffic`` needs none.
+certificate of the user's, see the README). Every sandbox request needs a credential, checked before the sandbox
+is looked up (an unknown id and a known name are refused alike): the API key, or that sandbox's envd access token
+(``X-Access-Token``: envd and every port), or for a port other than envd's its traffic access token
+(``e2b-traffic-access-token``: the SDK's ``traffic_access_token``, for preview URLs; it never opens envd). A port
+of a sandbox made with ``allowPublicTraffic`` needs none.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from ...errors import StasisError
+from ...errors import InvalidRequest, StasisError, clip
 from ..operations import GuestOperations
 from ..ports import Ports
 from ..service import SandboxService
@@ -36,6 +38,10 @@ log = logging.getLogger(__name__)
 
 ENVD_PORT = 49983
 HOST_FORM = re.compile(r"^(\d{1,5})-([A-Za-z0-9][A-Za-z0-9_.-]{0,127}?)\.")
+UNAUTHORIZED = (
+    "a sandbox request needs the sandbox's envd access token (X-Access-Token), for a port other than envd's "
+    "its traffic access token (e2b-traffic-access-token), or the API key (X-API-Key)"
+)
 
 
 class E2bApp:
@@ -64,17 +70,13 @@ class E2bApp:
         if not 0 < port < 65536:
             await self.refuse(scope, receive, send, 400, "E2b-Sandbox-Port must be a port number (1-65535)")
             return
+        if not self.admitted(headers, ref, port):
+            await self.refuse(scope, receive, send, 401, UNAUTHORIZED)
+            return
         try:
             info = self.room.sandbox(ref)
         except StasisError as exc:
-            await self.refuse(scope, receive, send, 502, f"The sandbox {ref} was not found: {exc}")
-            return
-        record = self.room.records.get(info.id)
-        public = port != ENVD_PORT and record is not None and record.public_traffic
-        keys = self.room.keys
-        token = headers.get(TOKEN_HEADER) or headers.get(TRAFFIC_TOKEN_HEADER)
-        if not (public or keys.valid_envd_token(info.id, token) or keys.valid_api_key(headers.get("x-api-key"))):
-            await self.refuse(scope, receive, send, 401, f"sandbox {info.id} needs its envd access token")
+            await self.refuse(scope, receive, send, 502, str(exc))
             return
         scope = with_header(scope, SANDBOX_HEADER, info.id)
         if port != ENVD_PORT:
@@ -89,11 +91,32 @@ class E2bApp:
         else:
             await self.files(scope, receive, send)
 
+    def admitted(self, headers: Headers, ref: str, port: int) -> bool:
+        """Whether a request may reach ``port`` of the sandbox ``ref``, from its credentials alone: the tokens are
+        the id's, so a name needs the API key."""
+        keys = self.room.keys
+        if keys.valid_api_key(headers.get("x-api-key")):
+            return True
+        presented = (headers.get(TOKEN_HEADER), headers.get(TRAFFIC_TOKEN_HEADER))
+        if any(keys.valid_envd_token(ref, token) for token in presented):
+            return True
+        if port == ENVD_PORT:
+            return False
+        return any(keys.valid_traffic_token(ref, token) for token in presented) or self.public(ref)
+
+    def public(self, ref: str) -> bool:
+        """Whether ``ref`` is the id of a sandbox made with ``allowPublicTraffic`` (its ports need no token)."""
+        try:
+            record = self.room.records.get(ref)
+        except InvalidRequest:  # not an id
+            return False
+        return record is not None and record.public_traffic
+
     def target(self, headers: Headers) -> tuple[str, int] | None:
         """(sandbox ref, port) a request names, or None for the control plane."""
         if (sandbox := headers.get(SANDBOX_HEADER)) is not None:
             port = headers.get(PORT_HEADER, str(ENVD_PORT))
-            return sandbox, int(port) if port.isdigit() else -1
+            return sandbox, int(port) if port.isascii() and port.isdigit() and len(port) <= 5 else -1
         host = headers.get("host", "")
         if self.domain and host.split(":")[0].endswith("." + self.domain) and (m := HOST_FORM.match(host)):
             return m.group(2), int(m.group(1))
@@ -104,7 +127,7 @@ class E2bApp:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
             return
-        await JSONResponse({"code": status, "message": message}, status_code=status)(scope, receive, send)
+        await JSONResponse({"code": status, "message": clip(message)}, status_code=status)(scope, receive, send)
 
 
 def with_header(scope: Scope, name: str, value: str) -> dict[str, Any]:

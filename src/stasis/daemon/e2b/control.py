@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...errors import StasisError
+from ...errors import StasisError, echo
 from . import sandbox_routes, secret_routes, snapshot_routes
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
@@ -40,7 +40,7 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "not part of E2B's API as stasis serves it" if exc.status_code == 404 else str(exc.detail)
-        return error(exc.status_code, f"{request.method} {request.url.path}: {message}")
+        return error(exc.status_code, f"{request.method[:16]} {echo(request.url.path)}: {message}")
 
     app.include_router(sandbox_routes.router)
     app.include_router(snapshot_routes.router)

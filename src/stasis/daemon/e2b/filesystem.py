@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf import timestamp_pb
 
-from ...errors import InvalidRequest, StasisError
+from ...errors import InvalidRequest, StasisError, clip
 from ...guest import protocol as P
 from ..operations import GuestOperations
 from ..service import SandboxService
@@ -52,7 +52,7 @@ class FilesystemService:
         try:
             return sandbox_id, absolute(path, user), user
         except InvalidRequest as exc:
-            raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
+            raise ConnectError(Code.INVALID_ARGUMENT, clip(str(exc))) from None
 
     async def _call(self, sandbox_id: str, op: Any) -> Any:
         try:
@@ -73,7 +73,7 @@ class FilesystemService:
             if exc.code != Code.NOT_FOUND:
                 raise
         else:
-            raise ConnectError(Code.ALREADY_EXISTS, f"{path} already exists")
+            raise ConnectError(Code.ALREADY_EXISTS, clip(f"{path} already exists"))
         await self._call(sandbox_id, P.MakeDir(path=path, owner=user))
         return pb.MakeDirResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=path))))
 
@@ -84,7 +84,7 @@ class FilesystemService:
         result = await self._call(sandbox_id, P.Exec(cmd=["mv", "-T", "--", source, destination], user=user))
         if result.exit_code != 0:
             message = base64.b64decode(result.stderr).decode(errors="replace").strip()
-            raise ConnectError(Code.INVALID_ARGUMENT, f"moving {source} to {destination} failed: {message}")
+            raise ConnectError(Code.INVALID_ARGUMENT, clip(f"moving {source} to {destination} failed: {message}"))
         return pb.MoveResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=destination))))
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any]) -> pb.ListDirResponse:
@@ -184,7 +184,7 @@ def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:
 
     @app.exception_handler(StasisError)
     async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
-        return JSONResponse({"code": exc.status_code, "message": str(exc)}, status_code=exc.status_code)
+        return JSONResponse({"code": exc.status_code, "message": clip(str(exc))}, status_code=exc.status_code)
 
     @app.get("/health", status_code=204)
     async def health() -> Response:

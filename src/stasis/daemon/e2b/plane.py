@@ -11,8 +11,8 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...errors import InvalidRequest
-from ...models import CheckpointInfo, SandboxInfo
+from ...errors import InvalidRequest, clip
+from ...models import MAX_SECONDS, CheckpointInfo, SandboxInfo
 from ...netpolicy import NetworkPolicy
 from .records import Record
 from .room import PAUSED, Defaults, E2bRoom
@@ -20,6 +20,10 @@ from .room import PAUSED, Defaults, E2bRoom
 ENVD_VERSION = "0.5.6"  # the envd features served here (see e2b.envd.versions): not octet-stream uploads (0.5.7)
 CLIENT_ID = "stasis"
 ALL_TRAFFIC = "0.0.0.0/0"
+WIDE_OPEN = (
+    "allowOut ({rules}) without denyOut 0.0.0.0/0 narrows nothing (E2B's semantics): the sandbox may connect to the "
+    "whole internet; to allow only allowOut, add denyOut ['0.0.0.0/0']"
+)
 
 
 class _Body(BaseModel):
@@ -60,7 +64,7 @@ def egress_headers(network: NetworkConfig | None) -> dict[str, dict[str, str]]:
 
 class NewSandbox(_Body):
     template_id: str = Field(alias="templateID", min_length=1, max_length=200)
-    timeout: int | None = Field(None, ge=0)
+    timeout: int | None = Field(None, ge=0, le=MAX_SECONDS)
     auto_pause: bool = Field(False, alias="autoPause")
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
@@ -70,15 +74,15 @@ class NewSandbox(_Body):
 
 
 class Timeout(_Body):
-    timeout: int = Field(ge=0)
+    timeout: int = Field(ge=0, le=MAX_SECONDS)
 
 
 class Connect(_Body):
-    timeout: int | None = Field(None, ge=0)
+    timeout: int | None = Field(None, ge=0, le=MAX_SECONDS)
 
 
 class Fork(_Body):
-    timeout: int | None = Field(None, ge=0)
+    timeout: int | None = Field(None, ge=0, le=MAX_SECONDS)
     count: int = Field(1, ge=1, le=64)
 
 
@@ -88,16 +92,27 @@ class Snapshot(_Body):
 
 
 def policy(allow_internet_access: bool | None, network: NetworkConfig | None) -> NetworkPolicy | None:
-    """E2B's network options as a stasis policy. Unlike E2B, no network unless asked (stasis' default)."""
+    """E2B's network options as a stasis policy. Unlike E2B, no network unless asked (stasis' default).
+    ``allow_internet_access=False`` is E2B's ``denyOut: [0.0.0.0/0]``. An allowOut with nothing denied narrows
+    nothing (E2B's semantics): the whole internet, said in the policy's note (`stasis info`, the answers)."""
     allow = list(network.allow_out or []) if network else []
     deny = [rule for rule in (network.deny_out or []) if rule not in allow] if network else []
     if allow_internet_access is False and not allow:
         return None
-    if ALL_TRAFFIC in deny:  # E2B: deny everything, then allow these (its allow wins over its deny)
+    if ALL_TRAFFIC in deny or allow_internet_access is False:  # deny everything, then allow these (allow wins)
         return NetworkPolicy(allow_out=allow) if allow else NetworkPolicy.no_egress()
-    if allow_internet_access or allow or deny:
+    if allow:
+        shown = ", ".join(allow[:5]) + (f" and {len(allow) - 5} more" if len(allow) > 5 else "")
+        return NetworkPolicy(deny_out=deny, note=WIDE_OPEN.format(rules=shown[:200]))
+    if allow_internet_access or deny:
         return NetworkPolicy(deny_out=deny)
     return None
+
+
+def warnings(info: SandboxInfo) -> dict[str, list[str]]:
+    """What an answer about the sandbox says beside E2B's fields (the SDKs keep unknown fields): its policy's note."""
+    network = info.spec.network
+    return {"warnings": [network.note]} if network is not None and network.note else {}
 
 
 def iso(ts: float) -> str:
@@ -105,7 +120,8 @@ def iso(ts: float) -> str:
 
 
 def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status)
+    """E2B's error body; what a client sent is never echoed at length (see :func:`stasis.errors.clip`)."""
+    return JSONResponse({"code": status, "message": clip(message)}, status_code=status)
 
 
 class ControlPlane:
@@ -118,7 +134,8 @@ class ControlPlane:
         return {
             "templateID": record.template, "sandboxID": info.id, "clientID": CLIENT_ID, "envdVersion": ENVD_VERSION,
             "envdAccessToken": self.room.keys.envd_token(info.id), "alias": record.template, "domain": self.domain,
-            "trafficAccessToken": None if record.public_traffic else self.room.keys.envd_token(info.id),
+            "trafficAccessToken": None if record.public_traffic else self.room.keys.traffic_token(info.id),
+            **warnings(info),
         }  # fmt: skip
 
     def listed(self, info: SandboxInfo, record: Record) -> dict[str, Any]:
@@ -134,6 +151,7 @@ class ControlPlane:
         detail = {
             **self.listed(info, record), "envdAccessToken": self.room.keys.envd_token(info.id), "domain": self.domain,
             "allowInternetAccess": network is not None and not network.allow_out and "*" not in network.deny_out,
+            **warnings(info),
         }  # fmt: skip
         if network is not None:
             detail["network"] = {"allowOut": network.allow_out, "denyOut": network.deny_out}

@@ -19,7 +19,7 @@ from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 from protobuf import Oneof
 
-from ...errors import StasisError
+from ...errors import StasisError, echo
 from ...guest import protocol as P
 from ..operations import GuestOperations
 from ..service import SandboxService
@@ -187,7 +187,7 @@ class ProcessService:
             case Oneof("pid", pid):
                 found, what = [p for p in running if p.pid == pid], f"pid {pid}"
             case Oneof("tag", tag):
-                found, what = [p for p in running if p.name == tag], f"tag {tag!r}"
+                found, what = [p for p in running if p.name == tag], f"tag {echo(tag)}"
             case _:
                 raise ConnectError(Code.INVALID_ARGUMENT, "name the process by pid or tag")
         if not found:

@@ -12,7 +12,7 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
-from ...errors import InvalidRequest, StasisError
+from ...errors import InvalidRequest, StasisError, clip
 from ...validation import validate_user
 
 SANDBOX_HEADER = "e2b-sandbox-id"
@@ -46,7 +46,7 @@ def caller(ctx: RequestContext[Any, Any]) -> tuple[str, str | None]:
     try:
         return headers[SANDBOX_HEADER], user_of(headers)
     except InvalidRequest as exc:
-        raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
+        raise ConnectError(Code.INVALID_ARGUMENT, clip(str(exc))) from None
 
 
 def home_of(user: str | None) -> str:
@@ -66,4 +66,4 @@ def rpc_error(exc: StasisError) -> ConnectError:
         400: Code.INVALID_ARGUMENT, 404: Code.NOT_FOUND, 409: Code.FAILED_PRECONDITION, 507: Code.RESOURCE_EXHAUSTED,
         502: Code.UNAVAILABLE, 503: Code.UNAVAILABLE,
     }.get(exc.status_code, Code.INTERNAL)  # fmt: skip
-    return ConnectError(code, str(exc))
+    return ConnectError(code, clip(str(exc)))

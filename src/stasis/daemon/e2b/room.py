@@ -19,11 +19,12 @@ from typing import Any
 
 from ...desktop import GLIB_SPAWN_SHIM
 from ...desktop import IMAGE as DESKTOP_IMAGE
-from ...errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError
+from ...errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError, echo
 from ...guest import protocol as P
 from ...kernels import E2B_TEMPLATE as E2B_CODE_TEMPLATE
 from ...kernels import IMAGE as CODE_IMAGE
 from ...models import (
+    MAX_SECONDS,
     TEMPLATE_PREFIX,
     CheckpointInfo,
     CheckpointType,
@@ -49,7 +50,7 @@ BASE_TEMPLATE = "base"  # E2B's default template
 BASE_IMAGE = "e2b-base"  # what it resolves to: built by `stasis e2b serve` (stasis.images' builder)
 TEMPLATE_IMAGES = {BASE_TEMPLATE: BASE_IMAGE, E2B_CODE_TEMPLATE: CODE_IMAGE}  # E2B's names for stasis images
 DEFAULT_TIMEOUT = 300  # E2B's default lifetime, seconds
-MAX_TIMEOUT = 365 * 24 * 3600  # stasis has no cap; a year keeps the arithmetic sane
+MAX_TIMEOUT = MAX_SECONDS  # a year: the longest lifetime a request may name
 PAUSED = (S.SUSPENDED, S.SUSPENDING)
 GONE = (S.TERMINATED, S.FAILED)
 # /proc/stat's cpu line twice, 0.5 s apart, then memory and the root file system: read inside the sandbox
@@ -128,7 +129,7 @@ class E2bRoom:
                 return CreateSandboxRequest(snapshot_id=checkpoint.id, **base)
         hint = " (`stasis e2b serve` builds it)" if template == BASE_TEMPLATE else ""
         raise NotFound(
-            f"template {template!r} not found{hint}: a template is a stasis image (`stasis image ls`), "
+            f"template {echo(template)} not found{hint}: a template is a stasis image (`stasis image ls`), "
             "a stasis template (`stasis template ls`) or a snapshot id"
         )
 
@@ -153,9 +154,9 @@ class E2bRoom:
         try:
             info = self.core.lookup(ref)
         except (SandboxNotFound, InvalidRequest):
-            raise SandboxNotFound(f"sandbox {ref!r} not found") from None
+            raise SandboxNotFound(f"sandbox {echo(ref)} not found") from None
         if info.status in GONE:
-            raise SandboxNotFound(f"sandbox {ref!r} not found (it is {info.status.value})")
+            raise SandboxNotFound(f"sandbox {echo(ref)} not found (it is {info.status.value})")
         return info
 
     def listing(self) -> list[tuple[SandboxInfo, Record]]:
@@ -205,8 +206,12 @@ class E2bRoom:
         made = []
         for child in children:
             record = parent_record.model_copy(
-                update={"sandbox_id": child.id, "started_at": time.time(), "end_at": time.time() + _timeout(timeout),
-                        "e2b": True}  # made through this face: an E2B lifetime
+                update={
+                    "sandbox_id": child.id,
+                    "started_at": time.time(),
+                    "end_at": time.time() + _timeout(timeout),
+                    "e2b": True,
+                }  # made through this face: an E2B lifetime
             )
             self.records.put(record)
             made.append((child, record))
@@ -230,7 +235,7 @@ class E2bRoom:
     def delete_snapshot(self, ref: str) -> None:
         checkpoint = self.core.store.get_checkpoint(ref)
         if (checkpoint.name or "").startswith(TEMPLATE_PREFIX):
-            raise InvalidRequest(f"{ref} is a stasis template: remove it with `stasis template rm`")
+            raise InvalidRequest(f"{echo(ref)} is a stasis template: remove it with `stasis template rm`")
         self.checkpoints.delete(checkpoint.id)
 
     async def update_network(self, ref: str, policy: NetworkPolicy) -> SandboxInfo:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
@@ -14,6 +15,7 @@ from ...netpolicy import NetworkPolicy
 from .plane import Connect, Fork, NetworkConfig, NewSandbox, PlaneDep, Timeout, egress_headers, error, iso, policy
 from .room import PAUSED
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -23,10 +25,13 @@ async def create(body: NewSandbox, plane: PlaneDep) -> dict[str, Any]:
     if body.volume_mounts:
         raise InvalidRequest("volumes are not supported by stasis: a sandbox's own disk persists across pauses")
     public = bool(body.network and body.network.allow_public_traffic)
+    network = policy(body.allow_internet_access, body.network)
     info, record = await plane.room.create(
         plane.defaults, body.template_id, body.timeout, body.auto_pause, body.metadata, body.env_vars,
-        policy(body.allow_internet_access, body.network), public, egress_headers(body.network),
+        network, public, egress_headers(body.network),
     )  # fmt: skip
+    if network is not None and network.note:
+        log.warning("E2B sandbox %s: %s", info.id, network.note)
     return plane.created(info, record)
 
 
@@ -107,7 +112,9 @@ async def fork(sandbox_id: str, body: Fork, plane: PlaneDep) -> list[dict[str, A
 
 @router.put("/sandboxes/{sandbox_id}/network", status_code=204)
 async def update_network(sandbox_id: str, body: NetworkConfig, plane: PlaneDep) -> Response:
-    await plane.room.update_network(sandbox_id, policy(True, body) or NetworkPolicy.no_egress())
+    info = await plane.room.update_network(sandbox_id, policy(True, body) or NetworkPolicy.no_egress())
+    if info.spec.network is not None and info.spec.network.note:
+        log.warning("E2B sandbox %s: %s", info.id, info.spec.network.note)
     return Response(status_code=204)
 
 

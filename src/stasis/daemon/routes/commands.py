@@ -72,7 +72,7 @@ async def process_output(
     process_id: str,
     rooms: RoomsDep,
     stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=1 << 62)] = 0,
     max_bytes: Annotated[int, Query(ge=1, le=4 << 20)] = 1 << 20,
     wait: Annotated[float, Query(ge=0, le=300)] = 0,
 ) -> ProcessOutput:

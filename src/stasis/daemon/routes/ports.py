@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Path
 from fastapi.responses import Response
 
 from ...models import ExposedPort, ExposePortRequest, SshHostKey, SshKeysRequest
@@ -23,7 +25,7 @@ async def list_ports(ref: str, rooms: RoomsDep) -> list[ExposedPort]:
 
 
 @router.delete("/v1/sandboxes/{ref}/ports/{port}", status_code=204)
-async def unexpose_port(ref: str, port: int, rooms: RoomsDep) -> Response:
+async def unexpose_port(ref: str, port: Annotated[int, Path(ge=1, le=65535)], rooms: RoomsDep) -> Response:
     await rooms.ports.unexpose(ref, port)
     return Response(status_code=204)
 

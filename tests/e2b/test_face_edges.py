@@ -1,0 +1,139 @@
+"""The E2B face's edges, in-process on the fake backend: its two tokens, authentication before any lookup,
+short echoes, bounded numbers, and an allowOut that narrows nothing said out loud."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from stasis.daemon.app import create_app
+from stasis.daemon.e2b.app import E2bApp
+from stasis.daemon.e2b.room import Defaults
+from stasis.daemon.rooms import Rooms
+from stasis.daemon.service import SandboxService
+from tests.fakes import FakeBackend
+from tests.fastkit import create, fake_home
+
+pytestmark = pytest.mark.fast
+
+Scenario = Callable[[httpx.AsyncClient, Rooms, dict[str, str]], Awaitable[None]]
+
+
+def with_face(scenario: Scenario) -> None:
+    """The daemon's rooms, started as the daemon starts them, behind one E2B listener's app (no socket)."""
+
+    async def main() -> None:
+        paths = fake_home("e2b")
+        service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
+        app = create_app(paths, service=service)
+        async with app.router.lifespan_context(app):
+            rooms: Rooms = app.state.rooms
+            face = E2bApp(rooms.e2b, rooms.core, rooms.ops, rooms.ports, Defaults(backend="fake", memory_mb=256))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=face), base_url="http://e2b") as http:
+                try:
+                    await scenario(http, rooms, {"X-API-Key": rooms.e2b.keys.api_key})
+                finally:
+                    for info in service.store.list():
+                        await service.terminate(info.id)
+
+    asyncio.run(main())
+
+
+async def new_sandbox(http: httpx.AsyncClient, key: dict[str, str], **body: Any) -> dict[str, Any]:
+    created = await http.post("/sandboxes", json={"templateID": "default", **body}, headers=key)
+    assert created.status_code == 201, created.text
+    return created.json()  # type: ignore[no-any-return]
+
+
+def envd(sandbox_id: str, **headers: str) -> dict[str, str]:
+    return {"E2b-Sandbox-Id": sandbox_id, **headers}
+
+
+def test_the_traffic_token_opens_the_sandboxs_ports_and_never_envd() -> None:
+    async def scenario(http: httpx.AsyncClient, rooms: Rooms, key: dict[str, str]) -> None:
+        sbx = await new_sandbox(http, key)
+        envd_token, traffic = sbx["envdAccessToken"], sbx["trafficAccessToken"]
+        assert traffic and traffic != envd_token
+        for header in ("e2b-traffic-access-token", "X-Access-Token"):
+            as_traffic = envd(sbx["sandboxID"], **{header: traffic})
+            assert (await http.get("/health", headers=as_traffic)).status_code == 401
+            assert (await http.get("/files", params={"path": "/etc/shadow"}, headers=as_traffic)).status_code == 401
+            start = await http.post("/process.Process/Start", json={"process": {"cmd": "id"}},
+                                    headers={**as_traffic, "content-type": "application/json"})  # fmt: skip
+            assert start.status_code == 401
+        assert (await http.get("/health", headers=envd(sbx["sandboxID"], **{"X-Access-Token": envd_token}))).is_success
+        port = envd(sbx["sandboxID"], **{"E2b-Sandbox-Port": "8000", "e2b-traffic-access-token": traffic})
+        assert (await http.get("/", headers=port)).status_code == 502  # let through: nothing listens on 8000
+        port["e2b-traffic-access-token"] = "wrong"
+        assert (await http.get("/", headers=port)).status_code == 401
+
+    with_face(scenario)
+
+
+def test_a_sandbox_request_is_authenticated_before_the_sandbox_is_looked_up() -> None:
+    async def scenario(http: httpx.AsyncClient, rooms: Rooms, key: dict[str, str]) -> None:
+        await create(rooms.core, "known")
+        known = await http.get("/health", headers=envd("known"))
+        unknown = await http.get("/health", headers=envd("sb-000000000000"))
+        assert known.status_code == unknown.status_code == 401 and known.json() == unknown.json()
+        huge = "x" * 60_000
+        refused = await http.get("/health", headers=envd(huge))
+        assert refused.status_code == 401 and len(refused.content) < 1024
+        missing = await http.get("/health", headers=envd(huge, **key))
+        assert missing.status_code == 502 and "x" * 81 not in missing.text and len(missing.content) < 1024
+        assert (await http.get("/health", headers=envd("known", **key))).status_code == 204  # a name, with the key
+        for port in (b"9" * 60_000, "²".encode("latin-1"), b"0", b"65536"):  # "²".isdigit(); int("²") fails
+            answer = await http.get("/", headers={**envd("known", **key), "E2b-Sandbox-Port": port})  # type: ignore[dict-item]
+            assert answer.status_code == 400 and "port number" in answer.text and len(answer.content) < 1024
+
+    with_face(scenario)
+
+
+def test_errors_never_echo_a_long_path() -> None:
+    async def scenario(http: httpx.AsyncClient, rooms: Rooms, key: dict[str, str]) -> None:
+        long = "/deep" * 200
+        route = await http.get(f"/v2{long}", headers=key)
+        assert route.status_code == 404 and "/deep" * 17 not in route.text and len(route.content) < 1024
+        sbx = await new_sandbox(http, key)
+        token = envd(sbx["sandboxID"], **{"X-Access-Token": sbx["envdAccessToken"]})
+        file = await http.get("/files", params={"path": f"/nowhere{long}"}, headers=token)
+        assert file.status_code == 404 and "/deep" * 25 not in file.text and len(file.content) < 1024
+
+    with_face(scenario)
+
+
+@pytest.mark.parametrize("timeout", [1e300, 10**30, -1])
+def test_every_lifetime_is_bounded_with_a_400(timeout: float) -> None:
+    async def scenario(http: httpx.AsyncClient, rooms: Rooms, key: dict[str, str]) -> None:
+        made = await http.post("/sandboxes", json={"templateID": "default", "timeout": timeout}, headers=key)
+        assert made.status_code == 400 and "timeout" in made.json()["message"], made.text
+        sbx = await new_sandbox(http, key)
+        for route in ("timeout", "connect", "refreshes"):
+            answer = await http.post(f"/sandboxes/{sbx['sandboxID']}/{route}", json={"timeout": timeout}, headers=key)
+            assert answer.status_code == 400 and "timeout" in answer.json()["message"], (route, answer.text)
+
+    with_face(scenario)
+
+
+def test_an_allow_out_without_deny_out_is_the_internet_and_the_answers_say_so() -> None:
+    async def scenario(http: httpx.AsyncClient, rooms: Rooms, key: dict[str, str]) -> None:
+        wide = await new_sandbox(http, key, network={"allowOut": ["203.0.113.7"]})
+        [warning] = wide["warnings"]
+        assert "whole internet" in warning and "denyOut" in warning
+        got = (await http.get(f"/sandboxes/{wide['sandboxID']}", headers=key)).json()
+        assert got["warnings"] == [warning]
+        policy = rooms.core.get(wide["sandboxID"]).spec.network
+        assert policy is not None and policy.allow_out == [] and warning in policy.describe()  # `stasis info`
+        narrow = await new_sandbox(http, key, network={"allowOut": ["203.0.113.7"], "denyOut": ["0.0.0.0/0"]})
+        closed = await new_sandbox(http, key, allow_internet_access=False, network={"allowOut": ["203.0.113.7"]})
+        for sbx in (narrow, closed):
+            assert "warnings" not in sbx
+            assert rooms.core.get(sbx["sandboxID"]).spec.network.allow_out == ["203.0.113.7"]  # type: ignore[union-attr]
+        await http.put(f"/sandboxes/{narrow['sandboxID']}/network", json={"allowOut": ["203.0.113.8"]}, headers=key)
+        assert "warnings" in (await http.get(f"/sandboxes/{narrow['sandboxID']}", headers=key)).json()
+
+    with_face(scenario)
