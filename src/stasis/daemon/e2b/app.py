@@ -16,6 +16,8 @@ import logging
 import re
 from typing import Any
 
+from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
+from e2b.envd.process.process_connect import ProcessASGIApplication
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
@@ -25,8 +27,6 @@ from ..operations import GuestOperations
 from ..ports import Ports
 from ..service import SandboxService
 from .control import create_control_app
-from .envd.filesystem_connect import FilesystemASGIApplication
-from .envd.process_connect import ProcessASGIApplication
 from .filesystem import FilesystemService, create_files_app
 from .port_proxy import proxy_http
 from .port_websocket import proxy_websocket

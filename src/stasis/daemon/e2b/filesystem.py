@@ -16,6 +16,7 @@ from typing import Any
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
+from e2b.envd.filesystem import filesystem_pb as pb
 from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from protobuf import Oneof
@@ -25,7 +26,6 @@ from ...errors import InvalidRequest, StasisError, clip
 from ...guest import protocol as P
 from ..operations import GuestOperations
 from ..service import SandboxService
-from .envd import filesystem_pb as pb
 from .requests import SANDBOX_HEADER, absolute, caller, rpc_error, user_of
 
 FILE_TYPES = {"file": pb.FileType.FILE, "directory": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}

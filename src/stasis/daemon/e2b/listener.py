@@ -15,7 +15,6 @@ from ...errors import InvalidRequest
 from ..operations import GuestOperations
 from ..ports import Ports
 from ..service import SandboxService
-from .app import E2bApp
 from .room import Defaults, E2bRoom
 
 log = logging.getLogger(__name__)
@@ -59,6 +58,8 @@ class E2bListeners:
             raise InvalidRequest(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --listen") from None
         sock.listen(128)
         sock.setblocking(False)
+        from .app import E2bApp  # here: envd's generated code imports all of E2B's SDK (~0.4 s)
+
         app = E2bApp(self.room, self.core, self.ops, self.ports, defaults, domain)
         config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=5)
         config.load()

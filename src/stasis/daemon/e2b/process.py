@@ -17,13 +17,13 @@ from typing import Any
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
+from e2b.envd.process import process_pb as pb
 from protobuf import Oneof
 
 from ...errors import StasisError, echo
 from ...guest import protocol as P
 from ..operations import GuestOperations
 from ..service import SandboxService
-from .envd import process_pb as pb
 from .records import Records
 from .requests import caller, home_of, rpc_error
 
