@@ -3,6 +3,7 @@ on them: the HTTP routers (:mod:`.routes`), the console (:mod:`.console`) and MC
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from fastapi import FastAPI
 from .. import __version__
 from ..paths import Paths
 from . import mcp_http
+from .accepts import quiet_accept_failures
 from .console import create_console
 from .guards import map_errors, require_token
 from .limits import BodyLimit
@@ -35,6 +37,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        quiet_accept_failures(asyncio.get_running_loop())
         await rooms.core.start()
         await rooms.ports.start()
         await Recovery(rooms.core, rooms.remote).run()

@@ -4,7 +4,9 @@ The server (:mod:`stasis.kernels.server`) speaks E2B's code-interpreter API on p
 through the E2B face's port proxy, stasis' SDK through the routes over this room. This room finds the server, or
 starts it (a background process of the sandbox, so it is suspended, checkpointed and forked with it), then
 relays one request over the connection exposed ports use (which resumes a suspended sandbox first). While an
-execution streams, the sandbox counts as in use: idle suspend waits for it.
+execution streams, the sandbox counts as in use: idle suspend waits for it. An execution's lines are passed on as
+they come; an answer read whole (a context, a listing, an error) is bounded by ``ANSWER_LIMIT``: the server is a
+process of the sandbox, and what it says is untrusted.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import h11
 
-from ..errors import InvalidRequest, NotFound, StasisError
+from ..errors import GuestError, InvalidRequest, NotFound, StasisError
 from ..kernels import IMAGE, PORT, SERVER_NAME, bootstrap
 from ..models import CodeRequest
 from .operations import GuestOperations
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT = 120.0  # seconds for the server to answer after it was started (a loaded TCG guest is slow)
 READ_SIZE = 1 << 16
+ANSWER_LIMIT = 4 << 20  # bytes of an answer the daemon reads whole (a context listing is a few hundred)
 
 
 class CodeRoom:
@@ -58,12 +61,11 @@ class CodeRoom:
 
     async def call(self, ref: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """A request whose answer is one JSON document."""
-        chunks = [chunk async for chunk in self.stream(ref, method, path, body)]
-        return json.loads(b"".join(chunks) or b"null")
+        return json.loads(await _whole(self.stream(ref, method, path, body), f"{method} {path}") or b"null")
 
     async def stream(
         self, ref: str, method: str, path: str, body: dict[str, Any] | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The answer's body as it comes; an error answer raises before the first chunk."""
         info = self.core.lookup(ref)
         with self.core.activity.busy(info.id):
@@ -77,8 +79,7 @@ class CodeRoom:
                 await writer.drain()
                 status, events = await _response(connection, reader)
                 if status >= 400:
-                    text = b"".join([chunk async for chunk in events])
-                    raise _error(status, text)
+                    raise _error(status, await _whole(events, f"{method} {path}"))
                 async for chunk in events:
                     yield chunk
             finally:
@@ -98,7 +99,9 @@ def _exited(said: str) -> str:
     )
 
 
-async def _response(connection: h11.Connection, reader: asyncio.StreamReader) -> tuple[int, AsyncIterator[bytes]]:
+async def _response(
+    connection: h11.Connection, reader: asyncio.StreamReader
+) -> tuple[int, AsyncGenerator[bytes, None]]:
     """The status, and the body as it arrives (the server ends it by closing)."""
     while True:
         event = connection.next_event()
@@ -110,7 +113,7 @@ async def _response(connection: h11.Connection, reader: asyncio.StreamReader) ->
         if isinstance(event, h11.ConnectionClosed):
             raise StasisError("the code interpreter closed the connection without an answer")
 
-    async def body() -> AsyncIterator[bytes]:
+    async def body() -> AsyncGenerator[bytes, None]:
         while True:
             event = connection.next_event()
             if event is h11.NEED_DATA:
@@ -121,6 +124,20 @@ async def _response(connection: h11.Connection, reader: asyncio.StreamReader) ->
                 return
 
     return event.status_code, body()
+
+
+async def _whole(chunks: AsyncGenerator[bytes, None], what: str) -> bytes:
+    """An answer read whole, up to ANSWER_LIMIT bytes (an answer over that is an error, read no further)."""
+    data = bytearray()
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            data += chunk
+            if len(data) > ANSWER_LIMIT:
+                raise GuestError(
+                    f"the code interpreter's answer to {what} passed {ANSWER_LIMIT >> 20} MiB and was not read "
+                    "further: its server in the sandbox misbehaves (`stasis logs` on its process shows what it said)"
+                )
+    return bytes(data)
 
 
 def _error(status: int, text: bytes) -> StasisError:

@@ -6,6 +6,12 @@ relay process instead (on the python the agent runs on). The daemon carries thos
 guest channel, as it does SSH's. To its caller it is an ordinary pair of asyncio streams (one end of a
 socketpair). While it is open the sandbox counts as in use. It is slower than a connection into a
 network namespace: every chunk is one call to the agent each way.
+
+Nothing is dropped on the way. The agent reads the sandbox's socket only as fast as the daemon pulls (its
+stdout is paced), and the daemon pulls only as fast as its caller reads (the socketpair fills, the send
+waits); while it waits it tells the agent it is still there, so the agent never gives up on it. Should bytes
+be lost all the same (an older agent, a channel that broke), the caller's reads fail with
+ConnectionResetError: a connection that ends early is never handed over as one that ended.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
-BUFFER = 8 << 20  # bytes of the relay's output the agent holds for a reader that lags
+BUFFER = 8 << 20  # bytes the agent reads ahead of the daemon (it then stops reading the sandbox's socket)
 CHUNK = 1 << 20
+KEEPALIVE = 20.0  # seconds between "still here" pulls while the caller reads slowly (the agent waits 60 s)
 REFUSED = 111
 # Writes one byte once connected (so the daemon can tell a refused port from an empty reply).
 RELAY = r"""
@@ -48,27 +55,34 @@ while data := s.recv(1 << 16):
 """
 
 
+class Lost(ConnectionResetError):
+    """Bytes of the connection went missing in the sandbox (an agent that does not pace connections, or one that
+    gave up on a reader silent for a minute): the connection is reset."""
+
+
 async def open_guest_tcp(
     service: SandboxService, sandbox_id: str, port: int
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     ours, theirs = socket.socketpair()
     for sock in (ours, theirs):
         sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=ours)
     loop = asyncio.get_running_loop()
     connected: asyncio.Future[None] = loop.create_future()
-    pump = loop.create_task(_pump(service, sandbox_id, port, theirs, connected))
+    pump = loop.create_task(_pump(service, sandbox_id, port, theirs, connected, reader))
     try:
         await connected
     except BaseException:
         pump.cancel()
-        ours.close()
+        writer.close()
         raise
-    return await asyncio.open_connection(sock=ours)
+    return reader, writer
 
 
 async def _pump(
-    service: SandboxService, sandbox_id: str, port: int, sock: socket.socket, connected: asyncio.Future[None]
-) -> None:
+    service: SandboxService, sandbox_id: str, port: int, sock: socket.socket, connected: asyncio.Future[None],
+    reader: asyncio.StreamReader,
+) -> None:  # fmt: skip
     session = f"port-{port}-{secrets.token_hex(4)}"
     loop = asyncio.get_running_loop()
     upstream: asyncio.Task[None] | None = None
@@ -83,6 +97,8 @@ async def _pump(
                 while True:
                     read = P.ReadStreams(id=session, stdout_offset=out, stderr_offset=err, max_bytes=CHUNK, wait=10)
                     reply = await channel.call(read, timeout=60)
+                    if reply.stdout.lost:
+                        raise Lost(f"the agent dropped {reply.stdout.lost} bytes of it before the daemon read them")
                     data = base64.b64decode(reply.stdout.data)
                     out, err = reply.stdout.next_offset, reply.stderr.next_offset
                     if not connected.done():
@@ -95,7 +111,7 @@ async def _pump(
                             connected.set_exception(ConnectionRefusedError(REFUSED, why or "connection refused"))
                             return
                     if data:
-                        await loop.sock_sendall(sock, data)
+                        await _deliver(channel, session, sock, data, (out, err))
                     if reply.exit_code is not None and reply.stdout.eof:
                         return
             finally:
@@ -105,11 +121,29 @@ async def _pump(
     except (StasisError, OSError) as exc:
         if not connected.done():
             connected.set_exception(exc)
-        log.debug("port %d of %s through the agent ended: %s", port, sandbox_id, exc)
+        else:  # its reader sees an error, not an early end that looks like the whole answer
+            reader.set_exception(ConnectionResetError(f"port {port} of sandbox {sandbox_id}: {exc}"))
+        level = logging.WARNING if isinstance(exc, Lost) else logging.DEBUG
+        log.log(level, "port %d of %s through the agent ended: %s", port, sandbox_id, exc)
     finally:
         if upstream is not None:
             upstream.cancel()
         sock.close()
+
+
+async def _deliver(
+    channel: GuestChannel, session: str, sock: socket.socket, data: bytes, offsets: tuple[int, int]
+) -> None:
+    """Hand ``data`` to the caller's side, as slowly as it reads. Meanwhile a pull of nothing every KEEPALIVE
+    seconds tells the agent its reader is still here: it keeps waiting instead of letting bytes go."""
+    sending = asyncio.ensure_future(asyncio.get_running_loop().sock_sendall(sock, data))
+    try:
+        while not (await asyncio.wait({sending}, timeout=KEEPALIVE))[0]:
+            alive = P.ReadStreams(id=session, stdout_offset=offsets[0], stderr_offset=offsets[1], max_bytes=0)
+            await channel.call(alive, timeout=60)
+        sending.result()
+    finally:
+        sending.cancel()
 
 
 async def _open(service: SandboxService, channel: GuestChannel, sandbox_id: str, session: str, port: int) -> bool:
@@ -124,7 +158,7 @@ async def _open(service: SandboxService, channel: GuestChannel, sandbox_id: str,
             raise ConnectionRefusedError(REFUSED, exc.message) from None
         raise
     cmd = [*service.boxes.python_argv(service.lookup(sandbox_id)), "-I", "-S", "-c", RELAY, str(port)]
-    await channel.call(P.StartProcess(cmd=cmd, id=session, stdin=True, max_output=BUFFER))
+    await channel.call(P.StartProcess(cmd=cmd, id=session, stdin=True, max_output=BUFFER, paced=True))
     return True
 
 

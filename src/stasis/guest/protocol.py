@@ -222,8 +222,8 @@ class StartProcess(Operation[ProcessState]):
 @dataclass
 class ConnectPort(Operation[ProcessState]):
     """A connection to 127.0.0.1:PORT in the sandbox, as a process: its stdout is what the socket receives, its
-    stdin (WriteStdin; close: a half-close) what it sends, SIGKILL closes it. The daemon reaches a port of a
-    sandbox without network this way, with nothing started in it."""
+    stdin (WriteStdin; close: a half-close) what it sends, SIGKILL closes it; the stdout is paced (StartProcess's).
+    The daemon reaches a port of a sandbox without network this way, with nothing started in it."""
 
     op = "port_connect"
     result = ProcessState

@@ -1,6 +1,11 @@
 """A port of the sandbox's loopback as a process entry (``P.ConnectPort``): the daemon reaches a port of a sandbox
 without network through the agent, with nothing started in the sandbox. Its stdout is what the socket receives,
-its stdin (``SocketInput``) what it sends; it exits 0 when the connection ends."""
+its stdin (``SocketInput``) what it sends; it exits 0 when the connection ends.
+
+Its stdout is always paced: the agent reads the socket only as fast as the reader takes the bytes (at most the
+buffer's limit ahead of what it has acknowledged), so a lagging reader slows the sandbox's sender down, as TCP
+would, instead of losing bytes. Only a reader silent for ``PACE_TIMEOUT`` (gone) lets the oldest bytes go, and
+its next read says how many (``lost``): never a silent gap."""
 
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ def connect(table: ProcessTable, port: int, proc_id: str, limit: int) -> Process
     sock.settimeout(None)
     proc = Process(0, proc_id, None, ["tcp", f"127.0.0.1:{port}"], limit)
     proc.socket, proc.stdin = sock, SocketInput(sock)
+    proc.stdout.paced = True
     proc.stderr.closed = True
     try:
         table.add_connection(proc)

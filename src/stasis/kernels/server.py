@@ -36,6 +36,7 @@ MIME_KEYS = {
     "image/jpeg": "jpeg", "image/svg+xml": "svg", "application/pdf": "pdf", "text/latex": "latex",
     "application/json": "json", "application/javascript": "javascript",
 }  # fmt: skip
+BODY_LIMIT = 64 << 20  # bytes of a request's body (code and its env), read whole before it runs
 INTERRUPT_GRACE = 10.0  # seconds an interrupted kernel has to become idle before it is restarted
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -279,11 +280,12 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def _raw_body(self) -> bytes:
-        """The request's body, by its length or in chunks (a proxy streaming it sends those)."""
+        """The request's body, by its length or in chunks (a proxy streaming it sends those), up to BODY_LIMIT."""
         if "chunked" not in (self.headers.get("transfer-encoding") or "").lower():
-            return self.rfile.read(int(self.headers.get("content-length") or 0))
-        parts = []
+            return self.rfile.read(_within_limit(int(self.headers.get("content-length") or 0)))
+        parts, total = [], 0
         while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+            total = _within_limit(total + size)
             parts.append(self.rfile.read(size))
             self.rfile.readline()  # the CRLF after each chunk
         while self.rfile.readline().strip():
@@ -297,6 +299,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+def _within_limit(size: int) -> int:
+    if not 0 <= size <= BODY_LIMIT:
+        raise ContextError(413, f"the request's body is over {BODY_LIMIT >> 20} MiB; send less code at a time")
+    return size
 
 
 def main() -> None:

@@ -7,6 +7,12 @@ the connection from the host and copies bytes both ways; denied, the sandbox's c
 
 HTTPS to a host one of the sandbox's secrets is bound to is not copied but served by the secrets' broker
 (:mod:`stasis.credentials.broker`), which puts the secrets in; plain HTTP to such a host is refused.
+
+A sandbox holds at most ``MAX_OPEN`` connections through its proxy at once (each costs the daemon two
+descriptors). Over that, a new connection is reset as soon as it is accepted, before anything is read or
+opened for it; the first refusal is audited and logged once, and the rest are only counted until the sandbox
+is back well under the cap (three quarters of it). A connection the sandbox resets is logged at debug level
+only, one that fails otherwise in a single line, never with a traceback.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from .resolver import ResolvedNames
 log = logging.getLogger(__name__)
 
 SO_ORIGINAL_DST = 80
+MAX_OPEN = 1024  # connections one sandbox holds through its proxy at once
 PEEK_TIMEOUT = 15.0  # seconds for a client to send its ClientHello or request head (a slow microVM under load)
 CONNECT_TIMEOUT = 10.0
 
@@ -66,6 +73,7 @@ class EgressProxy:
         on_activity: Callable[[], None],
         audit: Callable[[dict[str, Any]], None] = lambda entry: None,
         secrets: Callable[[], Interceptor | None] = lambda: None,
+        max_open: int = MAX_OPEN,
     ) -> None:
         self.label = label  # the sandbox's id
         self.policy = policy
@@ -74,13 +82,51 @@ class EgressProxy:
         self.on_activity = on_activity
         self.audit = audit  # one line per connection (network.audit)
         self.secrets = secrets
+        self.max_open = max_open
+        self.open = 0  # connections being handled now
+        self.refused: int | None = None  # refused since the cap was reached; None: under the cap
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= self.max_open:
+            self._refuse(writer)
+            return
+        self.open += 1
         try:
             await self._handle(reader, writer)
+        except ConnectionError as exc:  # the sandbox reset it or went away: its own business
+            log.debug("%s: egress connection ended by the sandbox: %s", self.label, exc)
+            abort(writer)
+        except (OSError, TimeoutError) as exc:
+            log.info("%s: egress connection failed: %s", self.label, exc)
+            abort(writer)
         except Exception:
             log.exception("%s: egress connection failed", self.label)
             abort(writer)
+        finally:
+            self.open -= 1
+            if self.refused is not None and self.open <= self.max_open * 3 // 4:
+                # well under the cap (not one below it, or a sandbox holding it would log each churn)
+                log.info("%s: back under the cap of %d open connections; %d were refused", self.label,
+                         self.max_open, self.refused)  # fmt: skip
+                self.refused = None
+
+    def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        """Over the cap: reset at once. Audited and logged for the first refusal only, until back under it."""
+        if self.refused is not None:
+            self.refused += 1
+            abort(writer)
+            return
+        self.refused = 1
+        try:
+            ip, port = original_destination(writer.get_extra_info("socket"))
+            where: dict[str, Any] = {"destination": str(ip), "port": port}
+        except OSError:
+            where = {"destination": "unknown", "port": 0}
+        abort(writer)
+        why = (f"over the cap of {self.max_open} open connections: new ones are refused until some close "
+               "(the first is recorded here, the others counted in the daemon's log)")  # fmt: skip
+        log.warning("%s: %s", self.label, why)
+        self.audit({"time": time.time(), **where, "name": None, "verdict": "denied", "rule": why})
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ip, port = original_destination(writer.get_extra_info("socket"))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import posixpath
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from ...errors import StasisError
 from .live import describe
@@ -14,7 +15,7 @@ from .sessions import COOKIE, LIFETIME_SECS
 from .tree import lineage
 
 router = APIRouter()
-VIEW_BYTES = 1 << 20  # of a file shown in the page; the download has all of it
+VIEW_BYTES = 1 << 20  # of a file shown in the page; the download streams all of it
 EGRESS_SHOWN = 50  # the newest lines of the egress audit on a sandbox's page (`stasis egress` has them all)
 
 
@@ -72,14 +73,25 @@ async def sandbox(request: Request, ref: str, rooms: RoomsDep, path: str = "/roo
 async def file(request: Request, ref: str, path: str, rooms: RoomsDep, view: bool = False) -> Response:
     if (session := session_of(request)) is None:
         return to_login()
-    data = b"".join([chunk async for chunk in await rooms.ops.read_file(ref, path)])
+    chunks = await rooms.ops.read_file(ref, path)
     if view:
+        data = await _head(chunks, VIEW_BYTES + 1)
         text = data[:VIEW_BYTES].decode(errors="replace")
         return page(request, "file.html", session, ref=ref, path=path, text=text, truncated=len(data) > VIEW_BYTES)
     name = posixpath.basename(path) or "file"
     quoted = name.replace("\\", "_").replace('"', "_")
-    return Response(data, media_type="application/octet-stream",
-                    headers={"content-disposition": f'attachment; filename="{quoted}"'})  # fmt: skip
+    return StreamingResponse(chunks, media_type="application/octet-stream",
+                             headers={"content-disposition": f'attachment; filename="{quoted}"'})  # fmt: skip
+
+
+async def _head(chunks: AsyncIterator[bytes], size: int) -> bytes:
+    """The first ``size`` bytes of a file's chunks; the rest is never read."""
+    data = bytearray()
+    async for chunk in chunks:
+        data += chunk
+        if len(data) >= size:
+            break
+    return bytes(data[:size])
 
 
 @router.get("/checkpoints", response_class=HTMLResponse, response_model=None)

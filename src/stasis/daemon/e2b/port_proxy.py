@@ -1,8 +1,10 @@
 """A request for another port of a sandbox (``get_host(port)``, E2B's code interpreter on 49999), carried to that
 port inside it as HTTP/1.1 over the connection stasis' exposed ports use (which resumes a paused sandbox first).
 
-One upstream connection per request (``Connection: close``), the body streamed both ways. E2B's own headers and
-credentials are not passed on. WebSockets: :mod:`.port_websocket`.
+One upstream connection per request (``Connection: close``), the body streamed both ways, each way at the pace of
+its reader. An answer that breaks off (the connection reset, bytes lost in the sandbox) is left unfinished, so the
+client sees an error, never a short body that looks whole. E2B's own headers and credentials are not passed on.
+WebSockets: :mod:`.port_websocket`.
 """
 
 from __future__ import annotations
@@ -65,22 +67,28 @@ async def _exchange(
     writer.write(connection.send(h11.EndOfMessage()) or b"")
     await writer.drain()
     started = False
-    while True:
-        event = connection.next_event()
-        if event is h11.NEED_DATA:
-            data = await reader.read(READ_SIZE)
-            connection.receive_data(data)
-            continue
-        if isinstance(event, h11.Response):
-            kept = [(k, v) for k, v in event.headers if k.lower() not in HOP_BY_HOP - {b"content-length"}]
-            await send({"type": "http.response.start", "status": event.status_code, "headers": kept})
-            started = True
-        elif isinstance(event, h11.Data):
-            await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
-        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-            if started:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            else:
-                answer = PlainTextResponse(f"port {port} closed the connection without an answer", 502)
-                await answer(scope, receive, send)
-            return
+    try:
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                connection.receive_data(await reader.read(READ_SIZE))
+                continue
+            if isinstance(event, h11.Response):
+                kept = [(k, v) for k, v in event.headers if k.lower() not in HOP_BY_HOP - {b"content-length"}]
+                await send({"type": "http.response.start", "status": event.status_code, "headers": kept})
+                started = True
+            elif isinstance(event, h11.Data):
+                await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                break
+    except (ConnectionError, h11.RemoteProtocolError) as exc:
+        if not started:
+            await PlainTextResponse(f"port {port} answered no complete HTTP/1 head: {exc}", 502)(scope, receive, send)
+        else:  # the response stays unfinished: the server closes the connection and the client sees it cut off
+            log.warning("the answer of port %d broke off: %s; the client's response is left unfinished", port, exc)
+        return
+    if started:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    else:
+        answer = PlainTextResponse(f"port {port} closed the connection without an answer", 502)
+        await answer(scope, receive, send)
