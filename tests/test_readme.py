@@ -1,5 +1,5 @@
-"""The README's tour does not drift from the code: every SDK call it shows exists, and every `stasis` command
-and option in its console blocks is a real one (the commands' own parser says so)."""
+"""The README's tour, and the docs' pages, do not drift from the code: every SDK call they show exists, and every
+`stasis` command and option in their console blocks is a real one (the commands' own parser says so)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from stasis.cli import app
 
 pytestmark = pytest.mark.fast
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
+ROOT = Path(__file__).parents[1]
+README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 BLOCK = re.compile(r"```(python|console)\n(.*?)```", re.DOTALL)
 SDK_CLASSES = {
     name: getattr(stasis, name) for name in ("Sandbox", "Image", "Template", "Pool", "AsyncSandbox", "Secret")
