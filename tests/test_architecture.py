@@ -119,3 +119,26 @@ def test_the_backend_protocol_is_the_operations_every_backend_must_have() -> Non
 
     methods = sorted(n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_"))
     assert len(methods) <= 14, methods
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_README_LINES = 450, 80, 250
+
+
+def test_no_hand_written_module_or_function_outgrows_its_room() -> None:
+    """Split by responsibility long before this: a size no test holds regrows within a day."""
+    too_big = []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if (lines := text.count("\n")) > MAX_MODULE_LINES:
+            too_big.append(f"{path.relative_to(SRC)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_big.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}(): {length} lines")
+    assert too_big == []
+
+
+def test_the_readme_is_a_front_door_not_a_manual() -> None:
+    lines = (SRC.parent / "README.md").read_text().count("\n")
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines: move the manual's parts to docs/"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
-from ..models import SandboxInfo
+from ..models import SandboxInfo, SandboxStatus
 from .store import Store
 
 
@@ -54,6 +55,19 @@ class Activity:
         if info.spec.timeout_secs is None or self.in_use(info.id):
             return False
         return self.clock() - self.last(info) >= info.spec.timeout_secs
+
+    def present(self, info: SandboxInfo, describe: Callable[[dict[str, Any]], dict[str, Any]] | None) -> SandboxInfo:
+        """``info`` with its last use and idle deadline (none while in use: a session or a view holds it), and
+        its backend's view of its state (``describe``)."""
+        last = self.last(info)
+        update: dict[str, Any] = {"last_activity": last}
+        if info.status == SandboxStatus.RUNNING and info.spec.timeout_secs is not None:
+            update["idle_action"] = idle_action(info)
+            update["idle_action_at"] = None if self.in_use(info.id) else last + info.spec.timeout_secs
+        if describe is not None:
+            with contextlib.suppress(ValueError):
+                update["runtime"] = describe(info.runtime)
+        return info.model_copy(update=update)
 
     def forget(self, sandbox_id: str) -> None:
         self._last.pop(sandbox_id, None)

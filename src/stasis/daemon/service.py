@@ -32,7 +32,7 @@ from ..models import CheckpointType, SandboxInfo, SandboxStatus
 from ..network.audit import EgressAudit
 from ..network.engine import NetworkEngine
 from ..paths import Paths
-from .activity import Activity, Clock, idle_action
+from .activity import Activity, Clock
 from .boxes import Boxes
 from .checkpoints import CheckpointFiles
 from .metrics import Metrics
@@ -131,17 +131,8 @@ class SandboxService:
 
     def present(self, info: SandboxInfo) -> SandboxInfo:
         """The stored record with what only memory knows: last use, the idle deadline, the backend's view."""
-        last = self.activity.last(info)
-        update: dict[str, Any] = {"last_activity": last}
-        if info.status == S.RUNNING and info.spec.timeout_secs is not None:
-            update["idle_action"] = idle_action(info)
-            in_use = self.activity.in_use(info.id)  # a session or a view holds it: no deadline runs
-            update["idle_action_at"] = None if in_use else last + info.spec.timeout_secs
         backend = self.backends.get(info.spec.backend)
-        if backend is not None:
-            with contextlib.suppress(ValueError):
-                update["runtime"] = backend.describe(info.runtime)
-        return info.model_copy(update=update)
+        return self.activity.present(info, backend.describe if backend is not None else None)
 
     # ------------------------------------------------------------ helpers
 

@@ -71,3 +71,8 @@ class Operation(Generic[R]):
 
     op: ClassVar[str]
     result: ClassVar[type]
+
+
+@dataclasses.dataclass
+class Empty:
+    """The result of an operation that answers nothing but "done"."""

@@ -42,7 +42,7 @@ from ...guest import protocol as P
 from ...guest.client import GuestChannel
 from ...images.runtime import agent_runtime
 from ...network import namespaces
-from ...network.namespaces import GATEWAY_ADDRESS, Device
+from ...network.namespaces import Device
 from ...paths import Paths
 from ..base import BackendState, BoxRef, External, Fetch, FromCheckpoint, HostState
 from ..suspend_image import SuspendImage
@@ -51,6 +51,7 @@ from .agentdir import agent_dir
 from .bundle import oci_config
 from .cgroups import memory_usage, stop_reason
 from .runsc import Runsc, choose_platform, find_runsc, runsc_version, supported_flags, unsaveable
+from .trees import copy_tree, remove_tree, resolv_conf
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +119,16 @@ class GvisorBackend:
     # ------------------------------------------------------------ layout
 
     @staticmethod
-    def _disk_mb(box: BoxRef) -> int:
-        """Its disk's size; a sandbox not started yet gets the one its spec asks for."""
-        return GvisorState.model_validate(box.state).disk_mb if box.state else box.spec.disk_mb
+    def _state(box: BoxRef) -> GvisorState:
+        """What this backend stored of the sandbox, typed: the one place its state is read."""
+        return GvisorState.model_validate(box.state)
 
-    @staticmethod
-    def _storage(box: BoxRef) -> str:
-        return GvisorState.model_validate(box.state).storage if box.state else box.spec.storage
+    def _disk_mb(self, box: BoxRef) -> int:
+        """Its disk's size; a sandbox not started yet gets the one its spec asks for."""
+        return self._state(box).disk_mb if box.state else box.spec.disk_mb
+
+    def _storage(self, box: BoxRef) -> str:
+        return self._state(box).storage if box.state else box.spec.storage
 
     def _paths(self, box: BoxRef) -> dict[str, Path]:
         d = box.directory
@@ -292,7 +296,7 @@ class GvisorBackend:
         self._prepare(box, saved.agent)
         args = ("restore", "--detach", "--bundle", str(p["bundle"]), "--image-path", str(source / "memory"), box.id)
         channel = await self._boot(box, runsc, args, None, "gvisor.start_from.after_restore")
-        return channel, GvisorState.model_validate(box.state).model_copy(update={"runsc_version": self.version})
+        return channel, self._state(box).model_copy(update={"runsc_version": self.version})
 
     async def connect(self, box: BoxRef) -> GuestChannel:
         state = await self.runsc.state(box.id)
@@ -307,7 +311,7 @@ class GvisorBackend:
         The sandbox is paused while its files are copied and its memory saved, so both
         are the same instant; then it continues, none the wiser.
         """
-        runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}", box.network is not None)
+        runsc = self._runsc_for(self._state(box), f"sandbox {box.id}", box.network is not None)
         await channel.call(P.Sync(), timeout=60)
         fast = self._storage(box) == "fast"
         if fast and not memory:  # its layer is in its kernel: read through the sandbox, which keeps running
@@ -342,7 +346,7 @@ class GvisorBackend:
         """Pause, write the image with the sandbox left in place, seal it, then remove the container.
 
         Until the seal the sandbox only sleeps: any failure (a full disk) resumes it as it was."""
-        runsc = self._runsc_for(GvisorState.model_validate(box.state), f"sandbox {box.id}", box.network is not None)
+        runsc = self._runsc_for(self._state(box), f"sandbox {box.id}", box.network is not None)
         image = self._image(box)
         check_free_space(box.directory, memory_usage(box.id), f"suspending sandbox {box.id}")
         await channel.call(P.Sync(), timeout=60)
@@ -380,7 +384,7 @@ class GvisorBackend:
         salvaging = image.seal_unsealed()  # a suspend cut off after runsc wrote its image: it may be whole
         if not image.sealed:
             raise BackendError(f"sandbox {box.id} has no suspend image to resume from")
-        state = GvisorState.model_validate(box.state)
+        state = self._state(box)
         try:
             runsc = self._runsc_for(state, f"sandbox {box.id}", box.network is not None)
             await runsc.delete(box.id)  # a stale record from an interrupted resume
@@ -434,38 +438,3 @@ class GvisorBackend:
             log.warning("reaping runsc container %s that no live sandbox owns", sandbox_id)
             await self.runsc.delete(sandbox_id)
         return reaped
-
-
-def resolv_conf(home: Path) -> Path:
-    """The /etc/resolv.conf of every networked sandbox: the daemon's resolver at its gateway."""
-    path = home / "net" / "resolv.conf"
-    text = f"nameserver {GATEWAY_ADDRESS}\noptions timeout:2 attempts:2\n".encode()
-    if not path.exists() or path.read_bytes() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, text)
-    return path
-
-
-async def copy_tree(source: Path, dest: Path, skip_prefix: str | None = None) -> None:
-    """Copy a sandbox's writable layer (whiteouts and xattrs included); reflinks where the fs allows; its top-level
-    entries named ``skip_prefix``... left out.
-
-    `cp -a` never follows a link and copies FIFOs and devices as such, without opening them."""
-    dest.mkdir(parents=True, exist_ok=True)
-    if skip_prefix is None:
-        sources = [f"{source}/."]
-    else:
-        sources = [str(source / name) for name in sorted(os.listdir(source)) if not name.startswith(skip_prefix)]
-        if not sources:
-            return
-    result = await procs.run(["cp", "-a", "--reflink=auto", *sources, str(dest)], timeout=3600)
-    if result.returncode != 0:
-        raise no_space(BackendError(f"copying {source} to {dest} failed: {result.output}"), dest)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a sandbox's directory; never follows a link inside it (shutil.rmtree does not)."""
-    import shutil
-
-    if path.exists():
-        shutil.rmtree(path)
