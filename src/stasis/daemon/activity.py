@@ -44,8 +44,9 @@ class Activity:
         try:
             yield
         finally:
-            self._inflight[sandbox_id] -= 1
-            self.touch(sandbox_id)
+            if sandbox_id in self._inflight:  # else it was forgotten meanwhile: the sandbox is gone
+                self._inflight[sandbox_id] -= 1
+                self.touch(sandbox_id)
 
     def in_use(self, sandbox_id: str) -> bool:
         """Whether an operation, a session or a view holds it (see :meth:`busy`)."""
