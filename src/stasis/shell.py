@@ -61,7 +61,8 @@ def attach(paths: Paths, ref: str, cmd: list[str] | None = None) -> str:
     threading.Thread(target=screen, daemon=True).start()
     try:
         if saved is not None:
-            tty.setraw(stdin)
+            # TCSADRAIN, not setraw's default TCSAFLUSH: what was typed while the session opened is kept (as by ssh)
+            tty.setraw(stdin, termios.TCSADRAIN)
         while not ended.is_set():
             if not select.select([stdin], [], [], 0.1)[0]:
                 continue

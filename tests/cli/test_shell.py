@@ -20,8 +20,8 @@ def test_repl_in_tmux_survives_detach_suspend_resume(daemon: Daemon) -> None:
     with daemon.client() as client:
         sbx = Sandbox.create("shelly", memory_mb=512, client=client)
         term = attach(daemon, "shelly")
-        term.expect("shelly")  # tmux's status line names the session
-        term.send("python3 -q\r")
+        term.expect("shelly")  # "attached to shelly": typed at once, before tmux is up, as a person may
+        term.send("python3 -q\r")  # (it was lost whenever the terminal took longer than pexpect's 50 ms to open)
         term.expect(">>> ")
         term.send("x = 6 * 7; history = 'typed before the suspend'\r")
         term.expect(">>> ")

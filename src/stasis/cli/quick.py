@@ -30,17 +30,19 @@ RUN_OPTIONS = {"--timeout", "--env", "-e", "--cwd", "--no-stdin", "-n", "--detac
 EXIT_CODE_TIMEOUT = 124  # what `timeout(1)` returns
 EXIT_CODE_TRUNCATED = 141  # as a shell reports a command whose output pipe broke (128 + SIGPIPE)
 CONNECT_TIMEOUT = 5.0
+KILL_WAIT = 10.0  # seconds Ctrl-C waits for the daemon to confirm the kill; then the daemon goes on alone
 COLUMNS = ("NAME", "ID", "STATUS", "BACKEND", "IMAGE", "CPUS", "MEMORY", "CREATED", "LAST ACTIVITY")
 STATUS_COLOUR = {"running": "32", "suspended": "36", "failed": "31", "terminated": "2"}  # ANSI: as the Rich styles
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 class DaemonAnswer(Exception):
-    """The daemon refused a request: its message, as the full CLI prints a StasisError."""
+    """The daemon refused a request: its message, as the full CLI prints a StasisError, and its details."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.details = details or {}
 
 
 class Terminated(Exception):
@@ -86,8 +88,9 @@ def socket_path() -> Path:
     return Paths.from_env().socket
 
 
-def connection() -> http.client.HTTPConnection:
-    """A connected connection to the daemon. OSError when nothing answers."""
+def connection(timeout: float | None = None) -> http.client.HTTPConnection:
+    """A connected connection to the daemon whose reads wait ``timeout`` seconds (None: as long as the answer
+    takes). OSError when nothing answers."""
     url = os.environ.get("STASIS_URL")
     if url is None:
         conn: http.client.HTTPConnection = _UnixConnection(str(socket_path()))
@@ -97,7 +100,7 @@ def connection() -> http.client.HTTPConnection:
         conn = kind(parts.hostname or "localhost", parts.port, timeout=CONNECT_TIMEOUT)
     conn.connect()
     if conn.sock is not None:
-        conn.sock.settimeout(None)
+        conn.sock.settimeout(timeout)
     return conn
 
 
@@ -122,10 +125,11 @@ def request(conn: http.client.HTTPConnection, method: str, path: str, body: Any 
         return response
     text = response.read().decode(errors="replace")
     try:
-        message = json.loads(text)["message"]
-    except (ValueError, KeyError, TypeError):
-        message = text or f"daemon answered HTTP {response.status} {response.reason}"
-    raise DaemonAnswer(str(message))
+        payload = json.loads(text)
+        message, details = payload["message"], payload.get("details")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, details = text or f"daemon answered HTTP {response.status} {response.reason}", None
+    raise DaemonAnswer(str(message), details if isinstance(details, dict) else None)
 
 
 def _reachable() -> http.client.HTTPConnection | None:
@@ -288,7 +292,8 @@ def run_command(
     path = f"/v1/sandboxes/{quote(name, safe='')}"
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        response = request(conn, "POST", f"{path}/exec/stream", body)
+        # However this process ends (Ctrl-C, a closed terminal, kill -9), the command ends with it: as under ssh
+        response = request(conn, "POST", f"{path}/exec/stream?kill_on_disconnect=true", body)
         for event in _events(response):
             if "exit_code" in event:
                 return exit_code(event, options.get("timeout"))
@@ -300,8 +305,11 @@ def run_command(
     except DaemonAnswer as exc:
         return _report(exc)
     except (KeyboardInterrupt, Terminated) as stop:
-        _kill(path, exec_id)
-        sys.stderr.write(f"stasis: interrupted; the command ({exec_id}) and its children were killed\n")
+        try:
+            unconfirmed = _kill(path, exec_id)
+        except (KeyboardInterrupt, Terminated):
+            unconfirmed = "interrupted again"
+        _say_interrupted(name, exec_id, unconfirmed)
         return 143 if isinstance(stop, Terminated) else 130
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -317,12 +325,32 @@ def _events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
         yield event
 
 
-def _kill(path: str, exec_id: str) -> None:
-    with (
-        contextlib.suppress(OSError, DaemonAnswer, http.client.HTTPException),
-        contextlib.closing(connection()) as conn,
-    ):
-        request(conn, "POST", f"{path}/processes/{exec_id}/signal", {"signal": "SIGKILL"}).read()
+def _kill(path: str, exec_id: str) -> str | None:
+    """Ask the daemon to kill the command's tree, waiting at most KILL_WAIT for its word. None once it is gone
+    (killed, or it had ended); else why that is not known, for the person who pressed Ctrl-C."""
+    from ..guest.wire import ErrorKind  # standard library only, as this module
+
+    try:
+        with contextlib.closing(connection(timeout=KILL_WAIT)) as conn:
+            request(conn, "POST", f"{path}/processes/{exec_id}/signal", {"signal": "SIGKILL"}).read()
+    except DaemonAnswer as exc:
+        return None if exc.details.get("guest_error") == ErrorKind.PROCESS_EXITED else exc.message
+    except TimeoutError:
+        return f"no answer from the daemon within {KILL_WAIT:g}s"
+    except (OSError, http.client.HTTPException) as exc:
+        return f"the daemon could not be asked: {exc}"
+    return None
+
+
+def _say_interrupted(name: str, exec_id: str, unconfirmed: str | None) -> None:
+    if unconfirmed is None:
+        sys.stderr.write(f"stasis: interrupted; the command ({exec_id}) and its children were killed\n")
+        return
+    _warn(
+        f"stasis: interrupted; the end of the command ({exec_id}) is not confirmed ({printable(unconfirmed)}): the "
+        f"daemon kills it once it sees this client gone; `stasis ps {printable(name)}` shows whether it still runs",
+        "33",
+    )
 
 
 def exit_code(event: dict[str, Any], timeout: float | None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..credentials import trust
-from ..errors import GuestDisconnected, StateError
+from ..errors import GuestDisconnected, GuestTimeout, StasisError, StateError
 from ..guest import protocol as P
 from ..models import (
     FileEntry,
@@ -28,6 +29,8 @@ from ..models import (
     StartProcessRequest,
 )
 from .service import SandboxService
+
+log = logging.getLogger(__name__)
 
 S = SandboxStatus
 FILE_CHUNK = 1 << 20  # bytes per write request to the agent (1.4 MB of base64 on the wire)
@@ -56,11 +59,13 @@ DIR_TRANSFERS = "/var/lib/stasis/transfers"  # tar files of upload_dir/download_
 
 STREAMED_ENV = {"PYTHONUNBUFFERED": "1"}  # `python3 -m http.server`'s log reaches `stasis logs -f` as it is written
 EXEC_REPLY_GRACE = 15.0  # seconds past a command's timeout for its reply (killing it, its output)
+KILL_TRIES = 10  # a left streamed run's kill is tried again while the agent does not answer (a loaded host)
 
 
 class GuestOperations:
     def __init__(self, service: SandboxService) -> None:
         self.service = service
+        self._kills: set[asyncio.Task[None]] = set()
 
     def command_defaults(
         self, ref: str, env: dict[str, str], cwd: str | None, user: str | None, streamed: bool = False
@@ -110,7 +115,8 @@ class GuestOperations:
     async def run_stream(self, ref: str, request: RunRequest) -> AsyncIterator[dict[str, Any]]:
         """Run a command and yield its output as it comes: {"stdout": b64} / {"stderr": b64}, then
         {"exit_code", "timed_out", "exec_id", "stdout_truncated", "stderr_truncated", "limit"}. The command is
-        a background process under ``exec_id``, so a client that goes away can still collect it. The
+        a background process under ``exec_id``, so a client that goes away can still collect it (unless it
+        asked the route for ``kill_on_disconnect``: see :meth:`kill_left_behind`). The
         agent keeps at least 8 MiB (or ``max_output``) of each stream; a reader that falls further behind
         loses the oldest bytes, and the exit event says so. Keeping only the last ``max_output`` bytes
         of what was streamed is the client's part."""
@@ -150,6 +156,24 @@ class GuestOperations:
                 if deadline is not None and time.monotonic() > deadline and not timed_out:
                     timed_out = True
                     await channel.call(P.SignalProcess(id=exec_id, signal="SIGKILL"))
+
+    def kill_left_behind(self, ref: str, exec_id: str) -> None:
+        """Kill the tree of a streamed run whose client went away before its exit, as sshd does a dropped session's,
+        in the background (nobody waits for the answer), asking again while the agent does not answer."""
+        task = asyncio.get_running_loop().create_task(self._kill_left(ref, exec_id))
+        self._kills.add(task)
+        task.add_done_callback(self._kills.discard)
+
+    async def _kill_left(self, ref: str, exec_id: str) -> None:
+        for _ in range(KILL_TRIES):
+            try:
+                await self.signal_process(ref, exec_id, "SIGKILL")
+                return
+            except GuestTimeout:  # a starved agent: the request expired unrun
+                continue
+            except StasisError:  # it exited meanwhile, or its sandbox went: nothing left to kill
+                return
+        log.warning("%s in %s: its client went away and the kill went unanswered %d times", exec_id, ref, KILL_TRIES)
 
     async def exec_status(self, ref: str, exec_id: str) -> dict[str, Any]:
         async with self.service.guest(ref) as channel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -30,18 +31,28 @@ async def run(ref: str, request: RunRequest, rooms: RoomsDep) -> RunResult:
 
 
 @router.post("/v1/sandboxes/{ref}/exec/stream")
-async def run_stream(ref: str, request: RunRequest, rooms: RoomsDep) -> StreamingResponse:
+async def run_stream(
+    ref: str,
+    request: RunRequest,
+    rooms: RoomsDep,
+    kill_on_disconnect: Annotated[bool, Query(description="a client gone before the exit takes the command "
+                                              "and its children with it, as ssh does; else it runs on")] = False,
+) -> StreamingResponse:  # fmt: skip
     """The command's output as JSON lines while it runs; the last line has its exit code."""
     events = rooms.ops.run_stream(ref, request)
     first = await anext(events)  # errors (unknown sandbox, bad cwd) become a proper HTTP error
 
     async def lines() -> AsyncIterator[bytes]:
-        yield json.dumps(first).encode() + b"\n"
         try:
+            yield json.dumps(first).encode() + b"\n"
             async for event in events:
                 yield json.dumps(event).encode() + b"\n"
         except StasisError as exc:
             yield json.dumps({"error": exc.to_payload()}).encode() + b"\n"
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away before the exit
+            if kill_on_disconnect:
+                rooms.ops.kill_left_behind(ref, first["exec_id"])
+            raise
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
