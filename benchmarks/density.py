@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stasis import Client, Sandbox
-from stasis.daemon.host_usage import host_usage
+from stasis.daemon.rooms.host_usage import host_usage
 from stasis.paths import Paths, default_home
 
 GIB20_MB = 20 * 1024

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import Comparison, report_ratios, serving_daemon, timed, write_results
 
 from stasis import Client, Sandbox
-from stasis.daemon.host_usage import host_usage
+from stasis.daemon.rooms.host_usage import host_usage
 
 
 def main() -> None:

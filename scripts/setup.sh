@@ -84,7 +84,7 @@ elif [ -z "$harbor_python" ]; then
 fi
 
 # The console's terminal: xterm.js and its fit addon, pinned, from the npm registry into the package.
-vendor=src/stasis/daemon/console/static/vendor
+vendor=src/stasis/daemon/faces/console/static/vendor
 if [ ! -f "$vendor/.xterm-6.0.0" ]; then
   say "fetching the console's front-end files (xterm.js) with npm"
   scratch=$(mktemp -d)

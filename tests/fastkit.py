@@ -8,9 +8,9 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from stasis.daemon.recovery import Recovery
-from stasis.daemon.service import SandboxService
-from stasis.daemon.sources import source_of
+from stasis.daemon.core.service import SandboxService
+from stasis.daemon.core.sources import source_of
+from stasis.daemon.rooms.recovery import Recovery
 from stasis.images import ImageInfo, ImageStore
 from stasis.models import CreateSandboxRequest, SandboxInfo
 from stasis.paths import Paths

@@ -12,9 +12,11 @@ pytestmark = pytest.mark.fast
 
 SRC = Path(__file__).parents[1] / "src"
 PACKAGE = SRC / "stasis"
-# The lifecycle core: it knows nothing of the rooms that stand on it.
-CORE = {"service", "store", "states", "activity", "boxes", "checkpoints", "metrics", "sources", "watchdog", "limits"}
-FACES = ("stasis.daemon.routes", "stasis.daemon.console", "stasis.daemon.mcp_http", "stasis.daemon.app")
+# The floors of the daemon, top down: the wiring (app, wiring, server), the faces (HTTP routes, the console, MCP,
+# E2B), the rooms (features standing on the core), the lifecycle core. A floor imports only floors below it.
+DAEMON = "stasis.daemon"
+FLOORS = [f"{DAEMON}.faces", f"{DAEMON}.rooms", f"{DAEMON}.core"]
+WIRING = (f"{DAEMON}.app", f"{DAEMON}.wiring", f"{DAEMON}.server")
 
 
 def module_name(path: Path) -> str:
@@ -60,19 +62,33 @@ def test_nothing_in_the_daemon_imports_a_backends_own_modules() -> None:
     assert {m: d for m, d in broken.items() if d} == {}
 
 
-def test_the_core_imports_no_room_that_stands_on_it() -> None:
-    core = {f"stasis.daemon.{name}" for name in CORE}
-    daemon = set(under("stasis.daemon"))
-    broken = {m: sorted(d for d in GRAPH[m] if d in daemon and d not in core) for m in core}
+def floor_of(module: str) -> int | None:
+    """0 for the wiring, then 1, 2, 3 down the floors; None outside the daemon."""
+    if module.startswith(WIRING) or module == DAEMON:
+        return 0
+    return next((n + 1 for n, floor in enumerate(FLOORS) if module == floor or module.startswith(floor + ".")), None)
+
+
+def test_every_daemon_module_stands_on_a_floor() -> None:
+    assert sorted(m for m in under(DAEMON) if floor_of(m) is None) == []
+
+
+def test_a_floor_imports_only_the_floors_below_it() -> None:
+    """The core knows nothing of the rooms that stand on it; the rooms nothing of the faces; nothing but the
+    wiring imports the wiring."""
+    broken = {
+        m: sorted(d for d in deps if (f := floor_of(d)) is not None and f < (floor_of(m) or 0))
+        for m, deps in under(DAEMON).items()
+    }
     assert {m: d for m, d in broken.items() if d} == {}
 
 
-def test_only_the_app_wires_the_faces() -> None:
-    """Routes, the console and MCP are doors onto the rooms: nothing below them imports one."""
+def test_nothing_outside_the_daemon_imports_its_floors() -> None:
+    """Clients reach the daemon over HTTP; the CLI only starts it (``stasis serve``)."""
     broken = {
-        m: sorted(d for d in deps if d.startswith(FACES) and not d.startswith(m.rsplit(".", 1)[0]))
+        m: sorted(d for d in deps if d.startswith(DAEMON + ".") and d != f"{DAEMON}.server")
         for m, deps in GRAPH.items()
-        if not m.startswith(FACES)
+        if not m.startswith(DAEMON)
     }
     assert {m: d for m, d in broken.items() if d} == {}
 

@@ -3,7 +3,7 @@
 ``ssh stasis-NAME`` runs ``stasis ssh-proxy stasis-NAME`` as the connection: it authorises your
 public keys in the sandbox, writes the sandbox's host key (as stasis reports it) into stasis's own
 known_hosts file, then carries the SSH byte stream over a WebSocket to the daemon, which hands it
-to ``sshd -i`` inside (see :mod:`stasis.daemon.ssh`). So a host key is never trusted on first use,
+to ``sshd -i`` inside (see :mod:`stasis.daemon.rooms.ssh`). So a host key is never trusted on first use,
 and a fork (a new key) is never a "host key changed" alarm. No network in the sandbox needed.
 (The key is written by the proxy rather than given by a KnownHostsCommand: that would be a second
 Python process per connection, ~0.6 s.)

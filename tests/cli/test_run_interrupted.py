@@ -20,7 +20,7 @@ import uvicorn
 
 from stasis.cli.quick import KILL_WAIT
 from stasis.daemon.app import create_app
-from stasis.daemon.service import SandboxService
+from stasis.daemon.core.service import SandboxService
 from stasis.paths import Paths
 from tests.conftest import wait_until
 from tests.fakes import FakeBackend

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from stasis.daemon.app import create_app
-from stasis.daemon.service import SandboxService
+from stasis.daemon.core.service import SandboxService
 from tests.fakes import FakeBackend
 from tests.fastkit import fake_home
 

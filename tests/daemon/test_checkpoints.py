@@ -170,7 +170,7 @@ def test_a_hundred_suspend_resume_cycles_keep_memory_and_files(client: Client, b
 
 def test_a_files_digest_ignores_holes_but_not_a_changed_byte(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A microVM's RAM file is mostly holes: its digest must cost what is written, and mean its content."""
-    from stasis.daemon.checkpoints import _file_sha256
+    from stasis.daemon.core.checkpoints import _file_sha256
 
     sparse, dense, changed = tmp_path / "sparse", tmp_path / "dense", tmp_path / "changed"
     with open(sparse, "wb") as f:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from stasis import hostpath
-from stasis.daemon.checkpoints import CheckpointFiles
-from stasis.daemon.e2b.records import Records
-from stasis.daemon.ssh import HostKeys
+from stasis.daemon.core.checkpoints import CheckpointFiles
+from stasis.daemon.faces.e2b.records import Records
+from stasis.daemon.rooms.ssh import HostKeys
 from stasis.errors import ImageNotFound, InvalidRequest
 from stasis.images.store import ImageStore
 from stasis.remote.cache import ChunkCache
@@ -24,13 +24,13 @@ SRC = Path(__file__).parents[2] / "src" / "stasis"
 # Each module that turns an untrusted string into a host path, with what it validates there.
 CALLERS = {
     "images/store.py": "image keys (a client's image name, image.json, a remote manifest's image)",
-    "daemon/checkpoints.py": "checkpoint ids (a client's ref resolved by the store, a remote manifest's)",
-    "daemon/boxes.py": "a sandbox's directory (its id: from the store, or a remote manifest)",
-    "daemon/remote.py": "a pulled sandbox's directory, a base disk's UUID from a manifest",
-    "daemon/ssh.py": "a sandbox's host key folder",
+    "daemon/core/checkpoints.py": "checkpoint ids (a client's ref resolved by the store, a remote manifest's)",
+    "daemon/core/boxes.py": "a sandbox's directory (its id: from the store, or a remote manifest)",
+    "daemon/rooms/remote.py": "a pulled sandbox's directory, a base disk's UUID from a manifest",
+    "daemon/rooms/ssh.py": "a sandbox's host key folder",
     "remote/cache.py": "piece hashes from a manifest",
     "backends/microvm/boot_snapshots.py": "a boot snapshot's key",
-    "daemon/e2b/records.py": "an E2B record (a sandbox id)",
+    "daemon/faces/e2b/records.py": "an E2B record (a sandbox id)",
 }
 TRAVERSALS = ["..", "../x", "a/../../b", "/etc", "x/y", ".hidden", "", "a\0b", "default-0123/../../home", "é" * 3]
 

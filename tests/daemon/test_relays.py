@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from stasis.daemon.e2b.port_proxy import proxy_http
-from stasis.daemon.guest_tcp import open_guest_tcp
-from stasis.daemon.ports import Ports
-from stasis.daemon.service import SandboxService
+from stasis.daemon.core.service import SandboxService
+from stasis.daemon.faces.e2b.port_proxy import proxy_http
+from stasis.daemon.rooms.guest_tcp import open_guest_tcp
+from stasis.daemon.rooms.ports import Ports
 from stasis.models import ExposePortRequest
 from tests.fastkit import create, fake_home, running_service
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stasis.daemon.sources import spec_from_checkpoint
+from stasis.daemon.core.sources import spec_from_checkpoint
 from stasis.errors import InvalidRequest
 from stasis.models import CheckpointInfo, CheckpointType, CreateSandboxRequest, SandboxSpec
 

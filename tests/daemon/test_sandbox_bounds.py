@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from websockets.server import ServerProtocol
 
-from stasis.daemon.code import ANSWER_LIMIT, CodeRoom
-from stasis.daemon.e2b.port_websocket import MESSAGE_LIMIT, proxy_websocket
-from stasis.daemon.operations import GuestOperations
-from stasis.daemon.ports import Ports
-from stasis.daemon.service import SandboxService
+from stasis.daemon.core.service import SandboxService
+from stasis.daemon.faces.e2b.port_websocket import MESSAGE_LIMIT, proxy_websocket
+from stasis.daemon.rooms.code import ANSWER_LIMIT, CodeRoom
+from stasis.daemon.rooms.operations import GuestOperations
+from stasis.daemon.rooms.ports import Ports
 from stasis.errors import GuestError
 from tests.fastkit import create, fake_home, running_service
 

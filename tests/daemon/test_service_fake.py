@@ -12,12 +12,12 @@ import pytest
 
 from stasis import procs
 from stasis.backends.base import HostState
-from stasis.daemon.checkpointing import Checkpoints
-from stasis.daemon.idle import IdleReaper
-from stasis.daemon.networking import update_network
-from stasis.daemon.operations import GuestOperations
-from stasis.daemon.service import SandboxService
-from stasis.daemon.states import require
+from stasis.daemon.core.service import SandboxService
+from stasis.daemon.core.states import require
+from stasis.daemon.rooms.checkpointing import Checkpoints
+from stasis.daemon.rooms.idle import IdleReaper
+from stasis.daemon.rooms.networking import update_network
+from stasis.daemon.rooms.operations import GuestOperations
 from stasis.errors import BackendError, StateError, Unsupported
 from stasis.models import RunRequest
 from stasis.models import SandboxStatus as S
@@ -233,7 +233,7 @@ def test_a_sandbox_that_dies_on_the_host_is_failed_at_once_and_its_waiters_told_
 
 
 def test_removal_goes_ahead_when_another_operation_is_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stasis.daemon import service as service_module
+    from stasis.daemon.core import service as service_module
 
     monkeypatch.setattr(service_module, "FORCE_AFTER", 0.2)
 

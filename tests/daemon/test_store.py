@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stasis.daemon.store import Store
+from stasis.daemon.core.store import Store
 from stasis.errors import NameTaken, SandboxNotFound, StateError
 from stasis.models import CheckpointInfo, CheckpointType, CreateSandboxRequest, SandboxSpec
 from stasis.models import SandboxStatus as S

@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from stasis.daemon.app import create_app
-from stasis.daemon.e2b.app import E2bApp
-from stasis.daemon.e2b.room import Defaults
-from stasis.daemon.rooms import Rooms
-from stasis.daemon.service import SandboxService
+from stasis.daemon.core.service import SandboxService
+from stasis.daemon.faces.deps import Rooms
+from stasis.daemon.faces.e2b.app import E2bApp
+from stasis.daemon.faces.e2b.room import Defaults
 from tests.fakes import FakeBackend
 from tests.fastkit import create, fake_home
 

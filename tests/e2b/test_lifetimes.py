@@ -9,7 +9,7 @@ import time
 import pytest
 
 from stasis.daemon import app as _app  # noqa: F401 (the daemon package is imported through its app)
-from stasis.daemon.rooms import Rooms
+from stasis.daemon import wiring
 from stasis.errors import InvalidRequest
 from stasis.models import SandboxStatus
 from tests.fastkit import create, fake_home, running_service
@@ -21,7 +21,7 @@ def test_a_stasis_sandbox_seen_through_e2b_outlives_any_e2b_lifetime() -> None:
     async def main() -> None:
         paths = fake_home("e2b-lifetimes")
         async with running_service(paths) as service:
-            e2b = Rooms.build(paths, service).e2b
+            e2b = wiring.build(paths, service).e2b
             keep = await create(service, "keep", timeout_secs=3600)
             listed = {info.id: record for info, record in e2b.listing()}  # GET /v2/sandboxes
             assert not listed[keep.id].e2b

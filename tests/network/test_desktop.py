@@ -109,7 +109,7 @@ def test_a_logged_in_page_is_clicked_typed_into_and_survives_suspend_and_two_for
 @pytest.mark.fast
 def test_actions_are_checked_and_become_argvs_never_a_shell_line() -> None:
     from stasis import InvalidRequest
-    from stasis.daemon.desktop import commands
+    from stasis.daemon.rooms.desktop import commands
     from stasis.desktop.actions import DesktopAction
     from stasis.models import build
 

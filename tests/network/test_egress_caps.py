@@ -87,7 +87,7 @@ def test_over_the_cap_connections_are_refused_and_audited_once_per_episode(
 
 HOLDER = """
 import asyncio, logging, resource, sys, time
-from stasis.daemon.accepts import quiet_accept_failures
+from stasis.daemon.faces.accepts import quiet_accept_failures
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 async def main():

@@ -9,7 +9,7 @@ import ssl
 import pytest
 
 from stasis import InvalidRequest, NetworkPolicy
-from stasis.daemon.ports import PortGate, _strip_token
+from stasis.daemon.rooms.ports import PortGate, _strip_token
 from stasis.models import SandboxSpec, build
 from stasis.network import firewall, sniff
 

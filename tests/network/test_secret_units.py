@@ -21,10 +21,10 @@ from stasis.credentials.models import SecretRequest
 from stasis.credentials.store import SecretStore
 from stasis.credentials.trust import BEGIN, END, without_block
 from stasis.daemon.app import create_app
-from stasis.daemon.e2b.control import create_control_app
-from stasis.daemon.e2b.room import Defaults
-from stasis.daemon.rooms import Rooms
-from stasis.daemon.service import SandboxService
+from stasis.daemon.core.service import SandboxService
+from stasis.daemon.faces.deps import Rooms
+from stasis.daemon.faces.e2b.control import create_control_app
+from stasis.daemon.faces.e2b.room import Defaults
 from stasis.models import SandboxSpec, build
 from tests.fakes import FakeBackend
 from tests.fastkit import fake_home

@@ -10,7 +10,7 @@ import pytest
 
 from stasis import AsyncClient, AsyncSandbox, InvalidRequest, Sandbox
 from stasis.daemon.app import create_app
-from stasis.daemon.service import SandboxService
+from stasis.daemon.core.service import SandboxService
 from stasis.sdk import _base as b
 from stasis.sdk._base import Collector, OutputEvent
 from tests.fakes import FakeBackend

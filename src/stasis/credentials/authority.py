@@ -3,7 +3,7 @@
 One CA per lineage (a sandbox and its forks share it: a fork's processes trust what the parent's did). Its key
 stays on the host (0600, in the daemon's home), never in a sandbox or a checkpoint; only its certificate goes
 into the sandbox's trust stores. A host that lacks a lineage's CA (a sandbox moved here) makes a new one, and
-the sandbox is given that one when it next starts here (:mod:`stasis.daemon.secrets`).
+the sandbox is given that one when it next starts here (:mod:`stasis.daemon.rooms.secrets`).
 """
 
 from __future__ import annotations

@@ -12,15 +12,15 @@ from fastapi import FastAPI
 
 from .. import __version__
 from ..paths import Paths
-from . import mcp_http
-from .accepts import quiet_accept_failures
-from .console import create_console
-from .guards import map_errors, require_token
-from .limits import BodyLimit
-from .recovery import Recovery
-from .rooms import Rooms
-from .routes import ROUTERS
-from .service import SandboxService
+from .core.service import SandboxService
+from .faces import mcp_http
+from .faces.accepts import quiet_accept_failures
+from .faces.console import create_console
+from .faces.guards import map_errors, require_token
+from .faces.limits import BodyLimit
+from .faces.routes import ROUTERS
+from .rooms.recovery import Recovery
+from .wiring import build
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def create_app(
     service: SandboxService | None = None,
 ) -> FastAPI:
     """The daemon's app; ``service`` may be given (one with a test's fake backend, or its own clock)."""
-    rooms = Rooms.build(paths, service or SandboxService(paths), token)
+    rooms = build(paths, service or SandboxService(paths), token)
     mcp_app: mcp_http.LazyMcpApp | None = None
 
     @asynccontextmanager

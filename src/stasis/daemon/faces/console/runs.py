@@ -1,0 +1,68 @@
+"""The console's agent runs: each run of the harness step by step, from its journal."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from ....agent.journal import Journal
+from ....errors import RunNotFound
+from ....paths import Paths
+from .render import RoomsDep, page, session_of, to_login
+
+router = APIRouter()
+
+
+@router.get("/runs", response_class=HTMLResponse, response_model=None)
+async def runs(request: Request, rooms: RoomsDep) -> Response:
+    if (session := session_of(request)) is None:
+        return to_login()
+    with _journal(rooms.paths) as journal:
+        found = sorted(journal.runs(), key=lambda r: -r.created_at)
+    return page(request, "runs.html", session, runs=found)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse, response_model=None)
+async def run(request: Request, run_id: str, rooms: RoomsDep) -> Response:
+    if (session := session_of(request)) is None:
+        return to_login()
+    with _journal(rooms.paths) as journal:
+        try:
+            record = journal.run(run_id)
+        except RunNotFound:
+            return page(request, "runs.html", session, runs=[], error=f"no agent run {run_id[:80]!r}")
+        steps, notes = steps_of(journal.events(run_id)), journal.run_notes(run_id)
+    return page(request, "run.html", session, run=record, steps=steps, notes=notes)
+
+
+@contextlib.contextmanager
+def _journal(paths: Paths) -> Iterator[Journal]:
+    """The harness's journal (written by `stasis agent`), open only while a page reads it."""
+    journal = Journal(paths.agent_journal)
+    try:
+        yield journal
+    finally:
+        journal.close()
+
+
+def steps_of(events: list[Any]) -> list[dict[str, Any]]:
+    """The journal as steps: each model message with the tool calls it made and their results."""
+    steps: list[dict[str, Any]] = []
+    results = {e.key: e.payload.get("content") for e in events if e.kind == "tool_result"}
+    for event in events:
+        if event.kind == "model_response":
+            message = event.payload.get("message") or {}
+            calls = []
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                calls.append({"name": function.get("name"), "arguments": function.get("arguments"),
+                              "result": results.get(call.get("id"))})  # fmt: skip
+            steps.append({"kind": "model", "step": event.key, "content": message.get("content"), "calls": calls,
+                          "seconds": event.seconds})  # fmt: skip
+        elif event.kind == "resume":
+            steps.append({"kind": "resume", "at": event.at})
+    return steps

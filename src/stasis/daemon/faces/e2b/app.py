@@ -1,0 +1,136 @@
+"""One E2B listener's ASGI app: a request that names a sandbox goes to its envd or one of its ports; any other
+to the control plane.
+
+A request names a sandbox as the SDKs do: with ``E2B_SANDBOX_URL`` set, in the ``E2b-Sandbox-Id`` and
+``E2b-Sandbox-Port`` headers; without it, in the Host, ``PORT-ID.DOMAIN`` (a wildcard DNS name and
+certificate of the user's, see the README). Every sandbox request needs a credential, checked before the sandbox
+is looked up (an unknown id and a known name are refused alike): the API key, or that sandbox's envd access token
+(``X-Access-Token``: envd and every port), or for a port other than envd's its traffic access token
+(``e2b-traffic-access-token``: the SDK's ``traffic_access_token``, for preview URLs; it never opens envd). A port
+of a sandbox made with ``allowPublicTraffic`` needs none.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
+from e2b.envd.process.process_connect import ProcessASGIApplication
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from ....errors import InvalidRequest, StasisError, clip
+from ...core.service import SandboxService
+from ...rooms.operations import GuestOperations
+from ...rooms.ports import Ports
+from .control import create_control_app
+from .filesystem import FilesystemService, create_files_app
+from .port_proxy import proxy_http
+from .port_websocket import proxy_websocket
+from .process import ProcessService
+from .requests import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
+from .room import Defaults, E2bRoom
+
+log = logging.getLogger(__name__)
+
+ENVD_PORT = 49983
+HOST_FORM = re.compile(r"^(\d{1,5})-([A-Za-z0-9][A-Za-z0-9_.-]{0,127}?)\.")
+UNAUTHORIZED = (
+    "a sandbox request needs the sandbox's envd access token (X-Access-Token), for a port other than envd's "
+    "its traffic access token (e2b-traffic-access-token), or the API key (X-API-Key)"
+)
+
+
+class E2bApp:
+    def __init__(
+        self, room: E2bRoom, core: SandboxService, ops: GuestOperations, ports: Ports, defaults: Defaults,
+        domain: str | None = None,
+    ) -> None:  # fmt: skip
+        self.room = room
+        self.ports = ports
+        self.domain = domain
+        self.control = create_control_app(room, defaults, domain)
+        files = FilesystemService(core, ops)
+        self.process = ProcessASGIApplication(ProcessService(core, ops, room.records))
+        self.filesystem = FilesystemASGIApplication(files)
+        self.files = create_files_app(ops, files)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return
+        headers = Headers(scope=scope)
+        target = self.target(headers)
+        if target is None:
+            await self.control(scope, receive, send)
+            return
+        ref, port = target
+        if not 0 < port < 65536:
+            await self.refuse(scope, receive, send, 400, "E2b-Sandbox-Port must be a port number (1-65535)")
+            return
+        if not self.admitted(headers, ref, port):
+            await self.refuse(scope, receive, send, 401, UNAUTHORIZED)
+            return
+        try:
+            info = self.room.sandbox(ref)
+        except StasisError as exc:
+            await self.refuse(scope, receive, send, 502, str(exc))
+            return
+        scope = with_header(scope, SANDBOX_HEADER, info.id)
+        if port != ENVD_PORT:
+            proxy = proxy_websocket if scope["type"] == "websocket" else proxy_http
+            await proxy(self.ports, info.id, port, scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path.startswith("/process.Process/"):
+            await self.process(scope, receive, send)
+        elif path.startswith("/filesystem.Filesystem/"):
+            await self.filesystem(scope, receive, send)
+        else:
+            await self.files(scope, receive, send)
+
+    def admitted(self, headers: Headers, ref: str, port: int) -> bool:
+        """Whether a request may reach ``port`` of the sandbox ``ref``, from its credentials alone: the tokens are
+        the id's, so a name needs the API key."""
+        keys = self.room.keys
+        if keys.valid_api_key(headers.get("x-api-key")):
+            return True
+        presented = (headers.get(TOKEN_HEADER), headers.get(TRAFFIC_TOKEN_HEADER))
+        if any(keys.valid_envd_token(ref, token) for token in presented):
+            return True
+        if port == ENVD_PORT:
+            return False
+        return any(keys.valid_traffic_token(ref, token) for token in presented) or self.public(ref)
+
+    def public(self, ref: str) -> bool:
+        """Whether ``ref`` is the id of a sandbox made with ``allowPublicTraffic`` (its ports need no token)."""
+        try:
+            record = self.room.records.get(ref)
+        except InvalidRequest:  # not an id
+            return False
+        return record is not None and record.public_traffic
+
+    def target(self, headers: Headers) -> tuple[str, int] | None:
+        """(sandbox ref, port) a request names, or None for the control plane."""
+        if (sandbox := headers.get(SANDBOX_HEADER)) is not None:
+            port = headers.get(PORT_HEADER, str(ENVD_PORT))
+            return sandbox, int(port) if port.isascii() and port.isdigit() and len(port) <= 5 else -1
+        host = headers.get("host", "")
+        if self.domain and host.split(":")[0].endswith("." + self.domain) and (m := HOST_FORM.match(host)):
+            return m.group(2), int(m.group(1))
+        return None
+
+    @staticmethod
+    async def refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+            return
+        await JSONResponse({"code": status, "message": clip(message)}, status_code=status)(scope, receive, send)
+
+
+def with_header(scope: Scope, name: str, value: str) -> dict[str, Any]:
+    key = name.encode()
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != key]
+    return {**scope, "headers": [*headers, (key, value.encode())]}

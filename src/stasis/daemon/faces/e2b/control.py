@@ -1,0 +1,48 @@
+"""E2B's control plane (its OpenAPI spec, as the SDKs call it) over the E2B room: the app, its key check and
+its errors; the routes are :mod:`.sandbox_routes` and :mod:`.snapshot_routes`.
+
+Errors are E2B's: ``{"code": status, "message": ...}`` with the same status, which the SDKs turn into their own
+exceptions (404 NotFoundException, 401 AuthenticationException, 400 InvalidArgumentException...).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ....errors import StasisError, echo
+from . import sandbox_routes, secret_routes, snapshot_routes
+from .plane import ControlPlane, error
+from .room import Defaults, E2bRoom
+
+
+def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = None) -> FastAPI:
+    app = FastAPI(title="stasis: E2B's API", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.plane = ControlPlane(room, defaults, domain)
+
+    @app.middleware("http")
+    async def api_key(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if not room.keys.valid_api_key(request.headers.get("x-api-key")):
+            return error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed")
+        return await call_next(request)
+
+    @app.exception_handler(StasisError)
+    async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
+        return error(exc.status_code, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors()[:5])
+        return error(400, f"invalid request: {problems}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = "not part of E2B's API as stasis serves it" if exc.status_code == 404 else str(exc.detail)
+        return error(exc.status_code, f"{request.method[:16]} {echo(request.url.path)}: {message}")
+
+    app.include_router(sandbox_routes.router)
+    app.include_router(snapshot_routes.router)
+    app.include_router(secret_routes.router)
+    return app

@@ -1,0 +1,223 @@
+"""envd's files: the ``filesystem.Filesystem`` service and the HTTP ``/files`` (download, multipart upload).
+
+Paths that are not absolute start at the user's home, as in envd; what is written or made belongs to the user the
+request names (the image's default user when it names none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import stat
+from collections.abc import AsyncIterator
+from typing import Any
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+from e2b.envd.filesystem import filesystem_pb as pb
+from fastapi import FastAPI, Request, UploadFile
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from protobuf import Oneof
+from protobuf.wkt.google.protobuf import timestamp_pb
+
+from ....errors import InvalidRequest, StasisError, clip
+from ....guest import protocol as P
+from ...core.service import SandboxService
+from ...rooms.operations import GuestOperations
+from .requests import SANDBOX_HEADER, absolute, caller, rpc_error, user_of
+
+FILE_TYPES = {"file": pb.FileType.FILE, "directory": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
+EVENT_TYPES = {
+    "create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove": pb.EventType.REMOVE,
+    "rename": pb.EventType.RENAME, "chmod": pb.EventType.CHMOD,
+}  # fmt: skip
+WATCH_WAIT = 10.0  # seconds a watch read waits before a keepalive goes out
+MAX_DEPTH = 32
+
+
+class FilesystemService:
+    def __init__(self, core: SandboxService, ops: GuestOperations) -> None:
+        self.core = core
+        self.ops = ops
+
+    def _user(self, sandbox_id: str, user: str | None) -> str | None:
+        """The user a request acts as: the one it names, else the image's default (None: root)."""
+        return user or self.ops.command_defaults(sandbox_id, {}, None, None)["user"]
+
+    def _target(self, ctx: RequestContext[Any, Any], path: str) -> tuple[str, str, str | None]:
+        sandbox_id, user = caller(ctx)
+        user = self._user(sandbox_id, user)
+        try:
+            return sandbox_id, absolute(path, user), user
+        except InvalidRequest as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, clip(str(exc))) from None
+
+    async def _call(self, sandbox_id: str, op: Any) -> Any:
+        try:
+            async with self.core.guest(sandbox_id) as channel:
+                return await channel.call(op)
+        except StasisError as exc:
+            raise rpc_error(exc) from exc
+
+    async def stat(self, request: pb.StatRequest, ctx: RequestContext[Any, Any]) -> pb.StatResponse:
+        sandbox_id, path, _ = self._target(ctx, request.path)
+        return pb.StatResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=path))))
+
+    async def make_dir(self, request: pb.MakeDirRequest, ctx: RequestContext[Any, Any]) -> pb.MakeDirResponse:
+        sandbox_id, path, user = self._target(ctx, request.path)
+        try:
+            await self._call(sandbox_id, P.StatFile(path=path))
+        except ConnectError as exc:
+            if exc.code != Code.NOT_FOUND:
+                raise
+        else:
+            raise ConnectError(Code.ALREADY_EXISTS, clip(f"{path} already exists"))
+        await self._call(sandbox_id, P.MakeDir(path=path, owner=user))
+        return pb.MakeDirResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=path))))
+
+    async def move(self, request: pb.MoveRequest, ctx: RequestContext[Any, Any]) -> pb.MoveResponse:
+        sandbox_id, source, user = self._target(ctx, request.source)
+        _, destination, _ = self._target(ctx, request.destination)
+        await self._call(sandbox_id, P.StatFile(path=source))  # NOT_FOUND names the source
+        result = await self._call(sandbox_id, P.Exec(cmd=["mv", "-T", "--", source, destination], user=user))
+        if result.exit_code != 0:
+            message = base64.b64decode(result.stderr).decode(errors="replace").strip()
+            raise ConnectError(Code.INVALID_ARGUMENT, clip(f"moving {source} to {destination} failed: {message}"))
+        return pb.MoveResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=destination))))
+
+    async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any]) -> pb.ListDirResponse:
+        sandbox_id, path, _ = self._target(ctx, request.path)
+        depth = request.depth or 1
+        if depth > MAX_DEPTH:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"depth {depth} is more than {MAX_DEPTH}")
+        found: list[pb.EntryInfo] = []
+        directories = [path]
+        for _ in range(depth):
+            below = []
+            for directory in directories:
+                listing = await self._call(sandbox_id, P.ListDir(path=directory))
+                for item in sorted(listing.entries, key=lambda e: e.name):
+                    found.append(entry(item))
+                    if item.type == "directory":
+                        below.append(item.path)
+            directories = below
+        return pb.ListDirResponse(entries=found)
+
+    async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any]) -> pb.RemoveResponse:
+        sandbox_id, path, _ = self._target(ctx, request.path)
+        await self._call(sandbox_id, P.DeleteFile(path=path, recursive=True))
+        return pb.RemoveResponse()
+
+    async def create_watcher(
+        self, request: pb.CreateWatcherRequest, ctx: RequestContext[Any, Any]
+    ) -> pb.CreateWatcherResponse:
+        sandbox_id, path, _ = self._target(ctx, request.path)
+        watch = await self._call(sandbox_id, P.StartWatch(path=path, recursive=bool(request.recursive)))
+        return pb.CreateWatcherResponse(watcher_id=watch.id)
+
+    async def get_watcher_events(
+        self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[Any, Any]
+    ) -> pb.GetWatcherEventsResponse:
+        sandbox_id, _ = caller(ctx)
+        batch = await self._call(sandbox_id, P.ReadWatch(id=request.watcher_id, wait=0))
+        return pb.GetWatcherEventsResponse(events=[fs_event(e) for e in batch.events])
+
+    async def remove_watcher(
+        self, request: pb.RemoveWatcherRequest, ctx: RequestContext[Any, Any]
+    ) -> pb.RemoveWatcherResponse:
+        sandbox_id, _ = caller(ctx)
+        await self._call(sandbox_id, P.StopWatch(id=request.watcher_id))
+        return pb.RemoveWatcherResponse()
+
+    async def watch_dir(
+        self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[pb.WatchDirResponse]:
+        """A stream of the directory's events (a keepalive when quiet), for as long as the client reads it."""
+        sandbox_id, path, _ = self._target(ctx, request.path)
+        async with self.core.guest(sandbox_id) as channel:
+            try:
+                watch = await channel.call(P.StartWatch(path=path, recursive=bool(request.recursive)))
+            except StasisError as exc:
+                raise rpc_error(exc) from exc
+            try:
+                yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
+                while True:
+                    batch = await channel.call(P.ReadWatch(id=watch.id, wait=WATCH_WAIT), timeout=WATCH_WAIT + 60)
+                    for item in batch.events:
+                        yield pb.WatchDirResponse(event=Oneof("filesystem", fs_event(item)))
+                    if batch.closed:
+                        return
+                    if not batch.events:
+                        yield pb.WatchDirResponse(event=Oneof("keepalive", pb.WatchDirResponse.KeepAlive()))
+            finally:
+                with contextlib.suppress(Exception):  # the watch goes with the stream, even a cut one
+                    await asyncio.shield(channel.call(P.StopWatch(id=watch.id)))
+
+
+def fs_event(item: P.WatchEvent) -> pb.FilesystemEvent:
+    return pb.FilesystemEvent(name=item.name, type=EVENT_TYPES.get(item.type, pb.EventType.UNSPECIFIED))
+
+
+def entry(item: P.FileStat) -> pb.EntryInfo:
+    seconds = int(item.mtime)
+    modified = timestamp_pb.Timestamp(seconds=seconds, nanos=int((item.mtime - seconds) * 1e9))
+    kind = "l" if item.type == "symlink" else "d" if item.type == "directory" else "-"
+    return pb.EntryInfo(
+        name=item.name, type=FILE_TYPES.get(item.type, pb.FileType.UNSPECIFIED), path=item.path, size=item.size,
+        mode=item.mode, permissions=kind + stat.filemode(item.mode)[1:], owner=item.owner, group=item.group,
+        modified_time=modified, symlink_target=item.target, is_symlink=item.type == "symlink",
+    )  # fmt: skip
+
+
+def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:
+    """envd's HTTP side: GET/POST /files and GET /health. Errors are envd's ``{"code", "message"}``."""
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    def target(request: Request, path: str | None) -> tuple[str, str, str | None]:
+        sandbox_id = request.headers[SANDBOX_HEADER]
+        user = files._user(sandbox_id, user_of(request.headers) or request.query_params.get("username"))
+        if path is None:
+            raise InvalidRequest("name the file: ?path=")
+        return sandbox_id, absolute(path, user), user
+
+    @app.exception_handler(StasisError)
+    async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
+        return JSONResponse({"code": exc.status_code, "message": clip(str(exc))}, status_code=exc.status_code)
+
+    @app.get("/health", status_code=204)
+    async def health() -> Response:
+        return Response(status_code=204)
+
+    @app.get("/files")
+    async def download(request: Request, path: str | None = None) -> StreamingResponse:
+        sandbox_id, path, _ = target(request, path)
+        chunks = await ops.read_file(sandbox_id, path)
+        return StreamingResponse(chunks, media_type="application/octet-stream")
+
+    @app.post("/files")
+    async def upload(request: Request, path: str | None = None) -> list[dict[str, Any]]:
+        sandbox_id = request.headers[SANDBOX_HEADER]
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise InvalidRequest("upload files as multipart/form-data (envd 0.5.6 as stasis serves it)")
+        written = []
+        async with request.form(max_files=1000, max_part_size=1 << 30) as form:
+            parts = form.getlist("file")
+            if not parts:
+                raise InvalidRequest("the upload has no 'file' part")
+            for part in parts:
+                if isinstance(part, str):
+                    raise InvalidRequest("each 'file' part must be a file")
+                name = path if path is not None and len(parts) == 1 else part.filename
+                _, destination, user = target(request, name)
+                await ops.write_file(sandbox_id, destination, _pieces(part), owner=user)
+                written.append({"name": destination.rsplit("/", 1)[-1], "type": "file", "path": destination})
+        return written
+
+    return app
+
+
+async def _pieces(part: UploadFile) -> AsyncIterator[bytes]:
+    while piece := await part.read(1 << 20):
+        yield piece

@@ -1,0 +1,321 @@
+"""The E2B room: E2B's sandbox lifecycle over stasis' rooms (the front desk, the core, checkpoints, forks).
+
+What E2B adds to a stasis sandbox (its template name, metadata, envs and lifetime) is a :class:`Record`.
+A lifetime that ends kills the sandbox, or with ``auto_pause`` suspends it (its memory and processes kept);
+``connect`` resumes a paused one and extends its lifetime. E2B's "paused" is stasis' suspended: a sandbox
+stasis suspended when idle is paused to E2B too, and any envd call resumes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ....desktop import GLIB_SPAWN_SHIM
+from ....desktop import IMAGE as DESKTOP_IMAGE
+from ....errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError, echo
+from ....guest import protocol as P
+from ....kernels import E2B_TEMPLATE as E2B_CODE_TEMPLATE
+from ....kernels import IMAGE as CODE_IMAGE
+from ....models import (
+    MAX_SECONDS,
+    TEMPLATE_PREFIX,
+    CheckpointInfo,
+    CheckpointType,
+    CreateCheckpointRequest,
+    CreateSandboxRequest,
+    SandboxInfo,
+    SandboxStatus,
+)
+from ....netpolicy import NetworkPolicy
+from ...core.service import SandboxService
+from ...rooms.checkpointing import Checkpoints
+from ...rooms.forks import fork
+from ...rooms.front import Front
+from ...rooms.networking import update_network
+from ...rooms.secrets import SecretsRoom
+from .keys import E2bKeys
+from .records import Record, Records
+
+log = logging.getLogger(__name__)
+
+S = SandboxStatus
+BASE_TEMPLATE = "base"  # E2B's default template
+BASE_IMAGE = "e2b-base"  # what it resolves to: built by `stasis e2b serve` (stasis.images' builder)
+TEMPLATE_IMAGES = {BASE_TEMPLATE: BASE_IMAGE, E2B_CODE_TEMPLATE: CODE_IMAGE}  # E2B's names for stasis images
+DEFAULT_TIMEOUT = 300  # E2B's default lifetime, seconds
+MAX_TIMEOUT = MAX_SECONDS  # a year: the longest lifetime a request may name
+PAUSED = (S.SUSPENDED, S.SUSPENDING)
+GONE = (S.TERMINATED, S.FAILED)
+# /proc/stat's cpu line twice, 0.5 s apart, then memory and the root file system: read inside the sandbox
+METRICS_SCRIPT = (
+    "head -1 /proc/stat; sleep 0.5; head -1 /proc/stat; grep -E '^(MemTotal|MemAvailable|Cached):' /proc/meminfo; "
+    "df -P -k / | tail -1; nproc"
+)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a listener creates when E2B does not say (E2B has no backend, and templates carry the size)."""
+
+    backend: str
+    memory_mb: int = 1024
+    cpus: float = 1.0
+
+
+class E2bRoom:
+    def __init__(
+        self, core: SandboxService, front: Front, checkpoints: Checkpoints, keys: E2bKeys, secrets: SecretsRoom
+    ) -> None:
+        self.core = core
+        self.front = front
+        self.secrets = secrets  # E2B's secrets API is stasis' secret store
+        self.checkpoints = checkpoints
+        self.keys = keys
+        self.records = Records(core.paths.home / "e2b")
+        self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle
+
+    async def create(
+        self, defaults: Defaults, template: str, timeout: int | None, auto_pause: bool, metadata: dict[str, str],
+        envs: dict[str, str], network: NetworkPolicy | None, public_traffic: bool = False,
+        egress_headers: dict[str, dict[str, str]] | None = None,
+    ) -> tuple[SandboxInfo, Record]:  # fmt: skip
+        request = self._request(defaults, template, network, egress_headers or {})
+        if request.image == DESKTOP_IMAGE:  # XFCE's and gtk-launch's GLib spawns need it under gVisor
+            envs = {"LD_PRELOAD": GLIB_SPAWN_SHIM, **envs}
+        info = await self.front.create(request)
+        if request.image == CODE_IMAGE and self.code_interpreter is not None:
+            await self.code_interpreter(info.id)  # E2B's code-interpreter SDK calls port 49999 at once
+        now = time.time()
+        record = Record(
+            sandbox_id=info.id, template=template, started_at=now, end_at=now + _timeout(timeout),
+            auto_pause=auto_pause, metadata=metadata, envs=envs, public_traffic=public_traffic,
+        )  # fmt: skip
+        self.records.put(record)
+        log.info("E2B sandbox %s from template %r, lifetime %ss", info.id, template, _timeout(timeout))
+        return info, record
+
+    def _request(
+        self, defaults: Defaults, template: str, network: NetworkPolicy | None, egress_headers: dict[str, Any]
+    ) -> CreateSandboxRequest:
+        """A template is a stasis image, a stasis template, or a snapshot (a MEMORY checkpoint's id or name)."""
+        base: dict[str, Any] = {"backend": defaults.backend, "memory_mb": defaults.memory_mb, "cpus": defaults.cpus,
+                                "network": network}  # fmt: skip
+        if egress_headers:
+            base["egress_headers"] = egress_headers
+        if template == E2B_CODE_TEMPLATE and self._warm_code_template(defaults.backend):
+            return CreateSandboxRequest(template=CODE_IMAGE, **base)  # its kernel already running and warm
+        name = TEMPLATE_IMAGES.get(template, template)
+        with contextlib.suppress(ImageNotFound, InvalidRequest):
+            self.core.images.get(name)
+            if name == DESKTOP_IMAGE:  # E2B Desktop's SDK starts its own X server and XFCE in it
+                base["desktop_session"] = False
+            return CreateSandboxRequest(image=name, **base)
+        if template != BASE_TEMPLATE:
+            with contextlib.suppress(NotFound, InvalidRequest):
+                self.core.store.get_checkpoint(TEMPLATE_PREFIX + template)
+                return CreateSandboxRequest(template=template, **base)
+            with contextlib.suppress(NotFound, InvalidRequest):
+                checkpoint = self.core.store.get_checkpoint(template)
+                return CreateSandboxRequest(snapshot_id=checkpoint.id, **base)
+        hint = " (`stasis e2b serve` builds it)" if template == BASE_TEMPLATE else ""
+        raise NotFound(
+            f"template {echo(template)} not found{hint}: a template is a stasis image (`stasis image ls`), "
+            "a stasis template (`stasis template ls`) or a snapshot id"
+        )
+
+    def _warm_code_template(self, backend: str) -> bool:
+        """Whether the stasis template `code-interpreter` (`stasis template code-interpreter`) is there for this
+        backend: E2B's code-interpreter-v1 then starts warm instead of from the image."""
+        try:
+            return self.core.store.get_checkpoint(TEMPLATE_PREFIX + CODE_IMAGE).backend == backend
+        except (NotFound, InvalidRequest):
+            return False
+
+    def record(self, info: SandboxInfo) -> Record:
+        """Its E2B record. A sandbox made by stasis, not through this face, has none and gets none: it keeps
+        stasis' own idle policy, and E2B is shown its idle deadline as the end of its lifetime."""
+        if (record := self.records.get(info.id)) is not None:
+            return record
+        end = info.idle_action_at or time.time() + (info.spec.timeout_secs or MAX_TIMEOUT)
+        return Record(sandbox_id=info.id, template=info.spec.image, started_at=info.created_at, end_at=end, e2b=False)
+
+    def sandbox(self, ref: str) -> SandboxInfo:
+        """A live sandbox by E2B id (a stasis id or name); E2B's 404 otherwise."""
+        try:
+            info = self.core.lookup(ref)
+        except (SandboxNotFound, InvalidRequest):
+            raise SandboxNotFound(f"sandbox {echo(ref)} not found") from None
+        if info.status in GONE:
+            raise SandboxNotFound(f"sandbox {echo(ref)} not found (it is {info.status.value})")
+        return info
+
+    def listing(self) -> list[tuple[SandboxInfo, Record]]:
+        return [
+            (info, self.record(info))
+            for info in self.core.list(include_terminated=False)
+            if info.status not in GONE and info.pool is None
+        ]
+
+    async def kill(self, ref: str) -> None:
+        info = self.sandbox(ref)
+        await self.core.terminate(info.id)
+        self.records.remove(info.id)
+
+    def set_timeout(self, ref: str, timeout: int) -> Record:
+        info = self.sandbox(ref)
+        record = self.record(info)
+        if not record.e2b:
+            raise InvalidRequest(
+                f"sandbox {info.name or info.id} was made by stasis, not through E2B: it has no E2B lifetime and "
+                f"keeps stasis' idle policy ({_idle_policy(info)}); `stasis rm` ends it"
+            )
+        record = record.model_copy(update={"end_at": time.time() + _timeout(timeout)})
+        self.records.put(record)
+        return record
+
+    async def pause(self, ref: str) -> SandboxInfo:
+        return await self.core.suspend(self.sandbox(ref).id)
+
+    async def connect(self, ref: str, timeout: int | None) -> tuple[SandboxInfo, Record, bool]:
+        """Resume it if paused; its lifetime runs at least ``timeout`` from now. True if it was resumed."""
+        info = self.sandbox(ref)
+        resumed = info.status in PAUSED
+        if resumed:
+            info = await self.front.resume(info.id)
+        record = self.record(info)
+        if record.e2b:  # a stasis-made sandbox keeps its own idle policy
+            end_at = max(record.end_at, time.time() + _timeout(timeout))
+            record = record.model_copy(update={"end_at": end_at})
+            self.records.put(record)
+        return info, record, resumed
+
+    async def fork(self, ref: str, count: int, timeout: int | None) -> list[tuple[SandboxInfo, Record]]:
+        parent = self.sandbox(ref)
+        parent_record = self.record(parent)
+        children = await fork(self.core, self.checkpoints, parent.id, count)
+        made = []
+        for child in children:
+            record = parent_record.model_copy(
+                update={
+                    "sandbox_id": child.id,
+                    "started_at": time.time(),
+                    "end_at": time.time() + _timeout(timeout),
+                    "e2b": True,
+                }  # made through this face: an E2B lifetime
+            )
+            self.records.put(record)
+            made.append((child, record))
+        return made
+
+    async def snapshot(self, ref: str, name: str | None, memory: bool = True) -> CheckpointInfo:
+        """A checkpoint: MEMORY (E2B's full snapshot: restores with its processes) or FILESYSTEM (cold boots)."""
+        info = self.sandbox(ref)
+        kind = CheckpointType.MEMORY if memory else CheckpointType.FILESYSTEM
+        request = CreateCheckpointRequest(type=kind, name=name, metadata={"e2b_template": self.record(info).template})
+        return await self.checkpoints.take(info.id, request)
+
+    def snapshots(self, sandbox_id: str | None) -> list[CheckpointInfo]:
+        """Checkpoints a sandbox can be created from (a template's own are stasis' business)."""
+        return [
+            c
+            for c in self.core.store.list_checkpoints()
+            if not (c.name or "").startswith(TEMPLATE_PREFIX) and (sandbox_id is None or c.sandbox_id == sandbox_id)
+        ]
+
+    def delete_snapshot(self, ref: str) -> None:
+        checkpoint = self.core.store.get_checkpoint(ref)
+        if (checkpoint.name or "").startswith(TEMPLATE_PREFIX):
+            raise InvalidRequest(f"{echo(ref)} is a stasis template: remove it with `stasis template rm`")
+        self.checkpoints.delete(checkpoint.id)
+
+    async def update_network(self, ref: str, policy: NetworkPolicy) -> SandboxInfo:
+        return await update_network(self.core, self.sandbox(ref).id, policy)
+
+    async def metrics(self, ref: str) -> dict[str, float] | None:
+        """One sample, taken now inside a running sandbox (a paused one has none and is not woken for it)."""
+        info = self.sandbox(ref)
+        if info.status != S.RUNNING:
+            return None
+        async with self.core.guest(info.id) as channel:
+            result = await channel.call(P.Exec(cmd=["sh", "-c", METRICS_SCRIPT], timeout=30), timeout=60)
+        return parse_metrics(base64.b64decode(result.stdout).decode(errors="replace"))
+
+    # -- lifetimes
+
+    def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.reap(time.time())
+            except Exception:
+                log.exception("ending E2B sandboxes whose lifetime ran out failed; trying again")
+
+    async def reap(self, now: float) -> None:
+        """Kill (or, with auto_pause, suspend) every sandbox whose lifetime ended; forget records of gone ones."""
+        for record in self.records.all():
+            try:
+                info = self.core.get(record.sandbox_id)
+            except SandboxNotFound:
+                self.records.remove(record.sandbox_id)
+                continue
+            if info.status in GONE:
+                self.records.remove(record.sandbox_id)
+            elif record.end_at <= now and info.status == S.RUNNING:
+                try:
+                    if record.auto_pause:
+                        log.info("E2B lifetime of %s ended: pausing it", info.id)
+                        await self.core.suspend(info.id)
+                    else:
+                        log.info("E2B lifetime of %s ended: killing it", info.id)
+                        await self.core.terminate(info.id)
+                        self.records.remove(info.id)
+                except StasisError as exc:
+                    log.warning("ending %s at the end of its E2B lifetime failed: %s", info.id, exc)
+
+
+def _idle_policy(info: SandboxInfo) -> str:
+    if info.spec.timeout_secs is None:
+        return "it never idles out"
+    return f"{info.idle_action or 'suspend'} after {info.spec.timeout_secs} s idle"
+
+
+def _timeout(timeout: int | None) -> int:
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if timeout < 0:
+        raise InvalidRequest(f"timeout must be a number of seconds >= 0, got {timeout}")
+    return min(timeout, MAX_TIMEOUT)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    lines = text.splitlines()
+    first, second = ([int(v) for v in line.split()[1:]] for line in lines[:2])
+    busy = lambda t: sum(t) - t[3] - (t[4] if len(t) > 4 else 0)  # noqa: E731 (all but idle and iowait)
+    total = sum(second) - sum(first)
+    memory = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines[2:5]}
+    disk = lines[5].split()
+    return {
+        "cpu_used_pct": round(100.0 * (busy(second) - busy(first)) / total, 2) if total > 0 else 0.0,
+        "mem_total": memory.get("MemTotal", 0), "mem_used": memory.get("MemTotal", 0) - memory.get("MemAvailable", 0),
+        "mem_cache": memory.get("Cached", 0), "disk_total": int(disk[1]) * 1024, "disk_used": int(disk[2]) * 1024,
+        "cpu_count": int(lines[6]),
+    }  # fmt: skip

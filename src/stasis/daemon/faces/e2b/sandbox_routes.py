@@ -1,0 +1,144 @@
+"""E2B's sandbox routes: create, list, get, kill, lifetimes, pause and connect, fork, network, metrics, logs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from ....errors import InvalidRequest
+from ....netpolicy import NetworkPolicy
+from .plane import Connect, Fork, NetworkConfig, NewSandbox, PlaneDep, Timeout, egress_headers, error, iso, policy
+from .room import PAUSED
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+@router.post("/sandboxes", status_code=201)
+@router.post("/v2/sandboxes", status_code=201)
+async def create(body: NewSandbox, plane: PlaneDep) -> dict[str, Any]:
+    if body.volume_mounts:
+        raise InvalidRequest("volumes are not supported by stasis: a sandbox's own disk persists across pauses")
+    public = bool(body.network and body.network.allow_public_traffic)
+    network = policy(body.allow_internet_access, body.network)
+    info, record = await plane.room.create(
+        plane.defaults, body.template_id, body.timeout, body.auto_pause, body.metadata, body.env_vars,
+        network, public, egress_headers(body.network),
+    )  # fmt: skip
+    if network is not None and network.note:
+        log.warning("E2B sandbox %s: %s", info.id, network.note)
+    return plane.created(info, record)
+
+
+@router.get("/v2/sandboxes")
+async def list_v2(
+    plane: PlaneDep,
+    response: Response,
+    metadata: str | None = None,
+    state: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    next_token: Annotated[str | None, Query(alias="nextToken")] = None,
+) -> list[dict[str, Any]]:
+    wanted = dict(parse_qsl(metadata)) if metadata else {}
+    states = set(state.split(",")) if state else {"running", "paused"}
+    rows = [plane.listed(info, record) for info, record in plane.room.listing()]
+    rows = [r for r in rows if r["state"] in states and wanted.items() <= r["metadata"].items()]
+    rows.sort(key=lambda r: (r["startedAt"], r["sandboxID"]))
+    if next_token:
+        rows = [r for r in rows if (r["startedAt"], r["sandboxID"]) > tuple(next_token.split("|", 1))]
+    page = rows[:limit]
+    if len(rows) > limit:
+        response.headers["x-next-token"] = f"{page[-1]['startedAt']}|{page[-1]['sandboxID']}"
+    return page
+
+
+@router.get("/sandboxes")
+async def list_v1(plane: PlaneDep, metadata: str | None = None) -> list[dict[str, Any]]:
+    wanted = dict(parse_qsl(metadata)) if metadata else {}
+    rows = [plane.listed(info, record) for info, record in plane.room.listing()]
+    return [r for r in rows if r["state"] == "running" and wanted.items() <= r["metadata"].items()]
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def get(sandbox_id: str, plane: PlaneDep) -> dict[str, Any]:
+    info = plane.room.sandbox(sandbox_id)
+    return plane.detail(info, plane.room.record(info))
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204)
+async def kill(sandbox_id: str, plane: PlaneDep) -> Response:
+    await plane.room.kill(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+async def set_timeout(sandbox_id: str, body: Timeout, plane: PlaneDep) -> Response:
+    plane.room.set_timeout(sandbox_id, body.timeout)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
+async def refresh(sandbox_id: str, plane: PlaneDep, body: Connect | None = None) -> Response:
+    plane.room.set_timeout(sandbox_id, body.timeout if body and body.timeout is not None else 300)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+async def pause(sandbox_id: str, plane: PlaneDep) -> Response:
+    if plane.room.sandbox(sandbox_id).status in PAUSED:
+        return error(409, f"sandbox {sandbox_id} is already paused")
+    await plane.room.pause(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+@router.post("/sandboxes/{sandbox_id}/connect")
+@router.post("/v2/sandboxes/{sandbox_id}/connect")
+async def connect(sandbox_id: str, plane: PlaneDep, body: Connect | None = None) -> JSONResponse:
+    info, record, resumed = await plane.room.connect(sandbox_id, body.timeout if body else None)
+    return JSONResponse(plane.created(info, record), status_code=201 if resumed else 200)
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+async def fork(sandbox_id: str, body: Fork, plane: PlaneDep) -> list[dict[str, Any]]:
+    children = await plane.room.fork(sandbox_id, body.count, body.timeout)
+    return [{"sandbox": plane.created(info, record)} for info, record in children]
+
+
+@router.put("/sandboxes/{sandbox_id}/network", status_code=204)
+async def update_network(sandbox_id: str, body: NetworkConfig, plane: PlaneDep) -> Response:
+    info = await plane.room.update_network(sandbox_id, policy(True, body) or NetworkPolicy.no_egress())
+    if info.spec.network is not None and info.spec.network.note:
+        log.warning("E2B sandbox %s: %s", info.id, info.spec.network.note)
+    return Response(status_code=204)
+
+
+@router.get("/sandboxes/{sandbox_id}/logs")
+async def logs(sandbox_id: str, plane: PlaneDep) -> dict[str, Any]:
+    """The sandbox's lifecycle journal (stasis' transitions: created, suspended, resumed...) as E2B's logs."""
+    entries = plane.log_entries(plane.room.sandbox(sandbox_id).id)
+    return {"logs": [{"timestamp": e["timestamp"], "line": e["message"]} for e in entries], "logEntries": entries}
+
+
+@router.get("/v2/sandboxes/{sandbox_id}/logs")
+async def logs_v2(sandbox_id: str, plane: PlaneDep) -> dict[str, Any]:
+    return {"logs": plane.log_entries(plane.room.sandbox(sandbox_id).id)}
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def metrics(sandbox_id: str, plane: PlaneDep) -> list[dict[str, Any]]:
+    """One sample, taken now (stasis keeps no history of them); none for a paused sandbox."""
+    sample = await plane.room.metrics(sandbox_id)
+    if sample is None:
+        return []
+    now = time.time()
+    return [{
+        "timestamp": iso(now), "timestampUnix": int(now), "cpuCount": sample["cpu_count"],
+        "cpuUsedPct": sample["cpu_used_pct"], "memUsed": sample["mem_used"], "memTotal": sample["mem_total"],
+        "memCache": sample["mem_cache"], "diskUsed": sample["disk_used"], "diskTotal": sample["disk_total"],
+    }]  # fmt: skip

@@ -1,0 +1,30 @@
+"""Checkpoints: take one of a sandbox, list, read, delete."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from ....models import CheckpointInfo, CreateCheckpointRequest
+from ..deps import RoomsDep
+
+router = APIRouter()
+
+
+@router.post("/v1/sandboxes/{ref}/checkpoints", status_code=201)
+async def checkpoint(ref: str, request: CreateCheckpointRequest, rooms: RoomsDep) -> CheckpointInfo:
+    return await rooms.checkpoints.take(ref, request)
+
+
+@router.get("/v1/checkpoints")
+async def list_checkpoints(rooms: RoomsDep) -> list[CheckpointInfo]:
+    return rooms.core.store.list_checkpoints()
+
+
+@router.get("/v1/checkpoints/{ref}")
+async def get_checkpoint(ref: str, rooms: RoomsDep) -> CheckpointInfo:
+    return rooms.core.store.get_checkpoint(ref)
+
+
+@router.delete("/v1/checkpoints/{ref}")
+async def delete_checkpoint(ref: str, rooms: RoomsDep) -> CheckpointInfo:
+    return rooms.checkpoints.delete(ref)

@@ -1,0 +1,69 @@
+"""Sandboxes: create (through the front desk), list, read, suspend, resume, fork, remove, their network."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from ....models import CreateSandboxRequest, ForkRequest, SandboxInfo
+from ....netpolicy import NetworkPolicy
+from ...rooms.forks import fork as fork_sandbox
+from ...rooms.networking import update_network
+from ..deps import RoomsDep
+
+router = APIRouter()
+
+
+@router.post("/v1/sandboxes", status_code=201)
+async def create(request: CreateSandboxRequest, rooms: RoomsDep) -> SandboxInfo:
+    return await rooms.front.create(request)
+
+
+@router.get("/v1/sandboxes")
+async def list_sandboxes(
+    rooms: RoomsDep,
+    all: bool = False,
+    limit: Annotated[int | None, Query(ge=1, le=1000, description="at most this many (a page)")] = None,
+    after: Annotated[str | None, Query(description="the id of the last sandbox of the previous page")] = None,
+) -> list[SandboxInfo]:
+    cursor = None
+    if after is not None:
+        last = rooms.core.store.get(after)
+        cursor = (last.created_at, last.id)
+    return rooms.core.list(include_terminated=all, limit=limit, after=cursor)
+
+
+@router.get("/v1/sandboxes/{ref}")
+async def get(ref: str, rooms: RoomsDep) -> SandboxInfo:
+    return rooms.core.get(ref)
+
+
+@router.delete("/v1/sandboxes/{ref}")
+async def terminate(ref: str, rooms: RoomsDep) -> SandboxInfo:
+    return await rooms.core.terminate(ref)
+
+
+@router.post("/v1/sandboxes/{ref}/suspend")
+async def suspend(ref: str, rooms: RoomsDep) -> SandboxInfo:
+    return await rooms.core.suspend(ref)
+
+
+@router.post("/v1/sandboxes/{ref}/resume")
+async def resume(ref: str, rooms: RoomsDep) -> SandboxInfo:
+    return await rooms.front.resume(ref)
+
+
+@router.post("/v1/sandboxes/{ref}/fork", status_code=201)
+async def fork(ref: str, request: ForkRequest, rooms: RoomsDep) -> list[SandboxInfo]:
+    return await fork_sandbox(rooms.core, rooms.checkpoints, ref, request.times)
+
+
+@router.get("/v1/sandboxes/{ref}/transitions")
+async def transitions(ref: str, rooms: RoomsDep) -> list[dict]:
+    return rooms.core.store.transitions(rooms.core.get(ref).id)
+
+
+@router.put("/v1/sandboxes/{ref}/network")
+async def network(ref: str, policy: NetworkPolicy, rooms: RoomsDep) -> SandboxInfo:
+    return await update_network(rooms.core, ref, policy)

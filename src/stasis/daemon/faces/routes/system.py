@@ -1,0 +1,48 @@
+"""The daemon itself: health, metrics, disk usage, console login tokens for `stasis ui`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+
+from fastapi import APIRouter
+from fastapi.responses import RedirectResponse, Response
+
+from .... import __version__
+from ....models import DaemonInfo, DiskUsage
+from ...rooms.usage import disk_usage
+from ..deps import RoomsDep
+
+router = APIRouter()
+
+
+@router.get("/v1/health")
+async def health(rooms: RoomsDep) -> DaemonInfo:
+    return DaemonInfo(
+        version=__version__, pid=os.getpid(), home=str(rooms.paths.home), backends=rooms.core.describe_backends()
+    )
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(rooms: RoomsDep) -> Response:
+    body = rooms.core.metrics.render(rooms.core.list(include_terminated=True))
+    return Response(body, media_type="text/plain; version=0.0.4")
+
+
+@router.get("/v1/df")
+async def df(rooms: RoomsDep) -> DiskUsage:
+    return await asyncio.to_thread(disk_usage, rooms.core, rooms.remote)
+
+
+@router.get("/ui", include_in_schema=False)
+async def console_root() -> RedirectResponse:
+    return RedirectResponse("/ui/")
+
+
+@router.post("/v1/console/tokens", include_in_schema=False)
+async def console_token(rooms: RoomsDep) -> dict[str, str]:
+    """A new console login token (for `stasis ui`); it lasts as long as this daemon runs."""
+    new = secrets.token_urlsafe(24)
+    rooms.logins.tokens.add(new)
+    return {"token": new}

@@ -1,0 +1,66 @@
+"""The front desk every face (HTTP, MCP, the console, E2B) goes through to create or resume a sandbox.
+
+It decides where the sandbox comes from, as a value for the core: a ready member of a warm pool, a
+template's or a checkpoint's restore (fetched from the remote store if this node lacks it), a boot;
+a resume of a sandbox this node does not hold takes it over from the remote store first. The core
+(:mod:`.service`) then does the one thing it knows, with its locks, journal and rollback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...errors import SandboxNotFound, StateError
+from ...models import CreateSandboxRequest, SandboxInfo
+from ..core.service import SandboxService
+from ..core.sources import Source, source_of
+from .pools import PoolManager
+from .remote import RemoteService
+
+
+class Front:
+    def __init__(
+        self,
+        core: SandboxService,
+        pools: PoolManager,
+        remote: RemoteService | None,
+        check_secrets: Callable[[list[str], dict[str, dict[str, str]]], None] = lambda names, rules: None,
+    ) -> None:
+        self.core = core
+        self.pools = pools
+        self.remote = remote
+        self.check_secrets = check_secrets  # refuses a create naming a secret it lacks, or one a rule cannot send
+
+    async def create(self, request: CreateSandboxRequest) -> SandboxInfo:
+        self.check_secrets(list(request.secrets), request.egress_headers)
+        if (claimed := await self.pools.claim(request)) is not None:
+            self.core.metrics.pool_claims.inc()
+            return self.core.present(claimed)
+        return await self.core.create(request.name, await self.source(request))
+
+    async def source(self, request: CreateSandboxRequest) -> Source:
+        pull = self.remote.pull_checkpoint if self.remote is not None else None
+        return await source_of(request, self.core.store, self.core.images, pull)
+
+    async def resume(self, ref: str) -> SandboxInfo:
+        """This node's sandbox, or one the remote store holds (taken over first); one that moved to another
+        node is refused, naming that node."""
+        core, remote = self.core, self.remote
+        try:
+            info = core.lookup(ref)
+        except SandboxNotFound:
+            if remote is None:
+                raise
+            await remote.pull_sandbox(ref)
+            info = core.lookup(ref)
+        else:
+            if info.moved_to and remote is not None:
+                await remote.pull_sandbox(info.id)  # it left this node: back only if the store has it
+                info = core.store.get(info.id)
+            elif remote is not None and remote.unsettled(info.id):
+                raise StateError(
+                    f"sandbox {info.name or info.id} was being pushed when the daemon stopped, and the remote store "
+                    "could not be reached since to learn whether it took it; `stasis push` it again once the store "
+                    "is reachable"
+                )
+        return await core.resume(info.id)

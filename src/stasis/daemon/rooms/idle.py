@@ -1,0 +1,72 @@
+"""The idle reaper: suspends (or terminates) sandboxes nobody used for their ``timeout_secs``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from ...models import SandboxInfo, SandboxStatus
+from ..core.activity import idle_action
+from ..core.service import SandboxService
+from .checkpointing import Checkpoints
+
+log = logging.getLogger(__name__)
+
+S = SandboxStatus
+IDLE_TICK = 0.5  # seconds between looks for idle sandboxes
+
+
+class IdleReaper:
+    def __init__(self, service: SandboxService, checkpoints: Checkpoints) -> None:
+        self.service = service
+        self.checkpoints = checkpoints
+        self._task: asyncio.Task[None] | None = None
+        self._busy: set[str] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(IDLE_TICK)
+            ticks += 1
+            try:
+                self.tick(persist=ticks % 30 == 0, expire=ticks % 10 == 0)
+            except Exception:  # the reaper must outlive any one bad tick
+                log.exception("idle reaper tick failed")
+
+    def tick(self, persist: bool = False, expire: bool = False) -> list[asyncio.Task[None]]:
+        """Act on every idle sandbox; the actions run on as tasks (returned: a test awaits them)."""
+        service, started = self.service, []
+        if persist:
+            service.activity.persist(service.store)
+        if expire:
+            self.checkpoints.expire()
+        for info in service.store.list(status=S.RUNNING):  # not every suspended one, twice a second
+            if info.id not in self._busy and service.activity.is_idle(info):
+                self._busy.add(info.id)
+                task = asyncio.get_running_loop().create_task(self._act(info))
+                task.add_done_callback(lambda _t, sid=info.id: self._busy.discard(sid))
+                started.append(task)
+        return started
+
+    async def _act(self, info: SandboxInfo) -> None:
+        action, service = idle_action(info), self.service
+        try:
+            if action == "terminate":
+                acted = (await service.terminate(info.id, only_if_idle=True)).status == S.TERMINATED
+            else:
+                acted = (await service.suspend(info.id, only_if_idle=True)).status == S.SUSPENDED
+            if acted:
+                service.metrics.idle_actions.labels(action).inc()
+        except Exception as exc:  # a failed idle suspend leaves the sandbox running, with the error on record
+            log.warning("idle %s of %s failed: %s", action, info.id, exc)
+            service.metrics.idle_failures.inc()

@@ -1,0 +1,57 @@
+"""The daemon's rooms, wired together in one place: the lifecycle core, and what stands on it.
+
+    faces       routes/ (HTTP), console/, mcp_http, e2b/    translate a protocol onto the rooms below
+    code        CodeRoom: run_code, relayed to the kernel server in the sandbox (E2B's SDKs reach it directly)
+    desktop     DesktopRoom: a desktop session's screen, mouse, keyboard and browser
+    front       Front: create and resume get their source   pools, templates, the remote store
+    features    Checkpoints, forks, PoolManager, Ports, RemoteService, GuestOperations, ssh, idle reaper,
+                SecretsRoom (the secret store, its CAs, the broker the egress proxy asks)
+    core        SandboxService: locks, store transitions, channels, backends, one teardown
+
+Each room is handed only what it uses; none reaches back into a room above it. A face gets the rooms
+through :data:`.faces.deps.RoomsDep` (FastAPI's dependency), never through a module-level global.
+"""
+
+from __future__ import annotations
+
+from ..paths import Paths
+from ..remote.config import RemoteConfig
+from .core.service import SandboxService
+from .faces.deps import Rooms
+from .faces.e2b.keys import E2bKeys
+from .faces.e2b.listener import E2bListeners
+from .faces.e2b.room import E2bRoom
+from .rooms.checkpointing import Checkpoints
+from .rooms.code import CodeRoom
+from .rooms.desktop import DesktopRoom
+from .rooms.front import Front
+from .rooms.idle import IdleReaper
+from .rooms.operations import GuestOperations
+from .rooms.pools import PoolManager
+from .rooms.ports import Ports
+from .rooms.remote import RemoteService
+from .rooms.secrets import SecretsRoom
+from .rooms.ssh import HostKeys
+
+
+def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms:
+    """Every room, each handed only what it uses; the hooks between them set here and nowhere else."""
+    checkpoints = Checkpoints(core)
+    remote_config = RemoteConfig.from_env()
+    remote = RemoteService(core, remote_config) if remote_config else None
+    pools = PoolManager(core)
+    ports = Ports(core)
+    core.teardown_hooks.append(ports.forget)  # an exposed port's listener goes with its sandbox
+    secrets = SecretsRoom(core)
+    front, ops = Front(core, pools, remote, secrets.check), GuestOperations(core)
+    e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets)
+    rooms = Rooms(
+        paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
+        ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints),
+        e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
+        desktop=DesktopRoom(core, ports, ops), secrets=secrets, token=token,
+    )  # fmt: skip
+    e2b.code_interpreter = rooms.code.ensure
+    if token:
+        rooms.logins.tokens.add(token)
+    return rooms
