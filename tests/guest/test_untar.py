@@ -184,10 +184,82 @@ def test_the_host_reads_the_layer_from_its_own_descriptor(tmp_path: Path, host: 
     fd = held(member("root", tarfile.DIRTYPE), member("root/s", SYM, str(host)), member("root/h", LNK, "root/s/FILE"),
               member("root/h", data=b"owned"))  # fmt: skip
     with pytest.raises(BackendError, match="refused"):
-        unpack(fd, tmp_path / "refused")
+        unpack(fd, tmp_path / "refused", 1 << 30)
     os.close(fd)
     assert untouched(host)
     fd = held(member("etc", SYM, "/etc"), member("gone", tarfile.CHRTYPE), member("f"))
-    unpack(fd, tmp_path / "layer")
+    unpack(fd, tmp_path / "layer", 1 << 30)
     os.close(fd)
     assert os.readlink(tmp_path / "layer/etc") == "/etc" and (tmp_path / "layer/f").read_bytes() == b"x"
+
+
+def raw_tar(*members: tuple, pax: dict[str, str] | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT, pax_headers=pax) as tar:
+        for info, data in members:
+            tar.addfile(info, data)
+    return buffer.getvalue()
+
+
+def sparse_member() -> tuple:
+    """A pax 1.0 sparse file: one byte of data, a terabyte of holes before it."""
+    info, _ = member("big")
+    realsize = 1 << 40
+    sparse_map = f"1\n{realsize - 1}\n1\n".encode().ljust(512, b"\0")
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "big",
+                        "GNU.sparse.realsize": str(realsize)}  # fmt: skip
+    info.size = len(sparse_map) + 1
+    return info, io.BytesIO(sparse_map + b"x")
+
+
+def test_archives_that_cost_out_of_proportion_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """The review's findings: a sparse member (a terabyte of zeros from a few KB), an extended header tarfile would
+    read whole, paths nested past what a file system takes, times and owners that overflow."""
+    huge_header, _ = member("f")
+    huge_header.pax_headers = {"comment": "x" * (2 << 20)}
+    bad_time, _ = member("t")
+    bad_time.pax_headers = {"mtime": "nan"}
+    cases = {
+        "sparse": raw_tar(sparse_member()),
+        "extended header": raw_tar((huge_header, io.BytesIO(b"x"))),
+        "deep": raw_tar(member("/".join(["d"] * 2000) + "/f")),
+        "long link": raw_tar(member("l", SYM, "/".join(["d"] * 2000))),
+        "time": raw_tar((bad_time, io.BytesIO(b"x"))),
+        "owner": raw_tar(member("o", uid=1 << 40)),
+    }
+    for why, data in cases.items():
+        dest = tmp_path / why.replace(" ", "-")
+        dest.mkdir()
+        with pytest.raises(untar.UnsafeArchive), untar.open_archive(io.BytesIO(data)) as tar:
+            untar.extract(tar, dest, links="inside", owners=True)
+        assert list(dest.iterdir()) == [], why
+
+
+def test_on_a_client_no_fifo_and_no_case_trick(tmp_path: Path) -> None:
+    with archive(member("README.md", tarfile.FIFOTYPE)) as tar, pytest.raises(untar.UnsafeArchive, match="pipe"):
+        untar.extract(tar, tmp_path, links="inside")
+    climb = archive(member("d", SYM, "."), member("e", SYM, "D/D/D/../../../../etc"))  # D is d on a Mac
+    with climb as tar, pytest.raises(untar.UnsafeArchive, match="through the link"):
+        untar.extract(tar, tmp_path, links="inside", case_insensitive=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_merge_over_a_target_never_follows_a_link_already_there(tmp_path: Path, host: Path) -> None:
+    """Harbor's download_dir puts a sandbox's files over a directory of the client's: links a previous download
+    left there are replaced as links, never written through or descended into."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "e").symlink_to(host / "FILE")
+    (target / "d").symlink_to(host)
+    (target / "kept").write_text("the client's own")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with archive(member("e", data=b"from the sandbox"), member("d/FILE", data=b"from the sandbox")) as tar:
+        untar.extract(tar, staging, links="inside")
+    untar.merge(staging, target)
+    assert untouched(host)
+    assert (target / "e").read_bytes() == b"from the sandbox" and not (target / "e").is_symlink()
+    assert (target / "d").is_dir() and not (target / "d").is_symlink()
+    assert (target / "d/FILE").read_bytes() == b"from the sandbox" and (
+        target / "kept"
+    ).read_text() == "the client's own"

@@ -255,7 +255,7 @@ class Files:
         os.makedirs(parent, exist_ok=True)
         staging = os.path.join(parent, f".{os.path.basename(path)}.stasis-dir-{os.getpid()}-{time.monotonic_ns()}")
         try:
-            with tarfile.open(archive, "r:*") as tar:
+            with untar.open_archive(name=archive, mode="r:*") as tar:
                 os.mkdir(staging, 0o755)
                 untar.extract(tar, staging, links="any", owners=True)
             if os.path.isdir(path) and not os.path.islink(path):

@@ -17,8 +17,6 @@ import io
 import os
 import re
 import shlex
-import shutil
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -177,12 +175,12 @@ class StasisEnvironment(BaseEnvironment):
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".stasis-download-", dir=target.parent) as staging:
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-                try:
+            try:
+                with untar.open_archive(io.BytesIO(data)) as tar:
                     untar.extract(tar, staging, links="inside")
-                except untar.UnsafeArchive as exc:
-                    raise InvalidRequest(f"{source_dir} was not unpacked: {exc}") from exc
-            shutil.copytree(staging, target, symlinks=True, dirs_exist_ok=True)
+            except untar.UnsafeArchive as exc:
+                raise InvalidRequest(f"{source_dir} was not unpacked: {exc}") from exc
+            untar.merge(staging, target)  # over what is there, never through a link already in target_dir
 
 
 EXIT_CANNOT_EXECUTE = 126  # what `docker exec` returns when the command cannot start there

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -32,11 +33,11 @@ def unpack(data: bytes, local: str | Path, replace: bool = False) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.stasis-", dir=dest.parent))
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            try:  # the sandbox made it: no link may lead out of the destination, nothing written through one
-                untar.extract(tar, staging, links="inside")
-            except untar.UnsafeArchive as exc:
-                raise InvalidRequest(f"the sandbox's directory was not unpacked: {exc}") from exc
+        try:  # the sandbox made it: no link may lead out of the destination, nothing written through one
+            with untar.open_archive(io.BytesIO(data)) as tar:
+                untar.extract(tar, staging, links="inside", case_insensitive=sys.platform in ("darwin", "win32"))
+        except untar.UnsafeArchive as exc:
+            raise InvalidRequest(f"the sandbox's directory was not unpacked: {exc}") from exc
         old = None
         if os.path.lexists(dest):
             old = dest.with_name(f".{dest.name}.stasis-old")

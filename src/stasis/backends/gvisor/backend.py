@@ -315,7 +315,7 @@ class GvisorBackend:
         await channel.call(P.Sync(), timeout=60)
         fast = self._storage(box) == "fast"
         if fast and not memory:  # its layer is in its kernel: read through the sandbox, which keeps running
-            await changes.read_layer(channel, self._paths(box)["tmp"], dest / "files")
+            await changes.read_layer(channel, self._paths(box)["tmp"], dest / "files", self._disk_mb(box) << 20)
             return
         pipes = [] if memory else await fifos.listed(channel)  # a MEMORY checkpoint keeps them in its memory
         await runsc.call("pause", box.id)

@@ -28,15 +28,16 @@ SKIP = [*fifos.SKIP, IMAGE_MOUNT, "/etc/resolv.conf"]  # mounts: not the sandbox
 FILESTORE_PREFIX = ".gvisor.filestore."  # runsc's backing file of the layer, at the top of the host's layer
 
 
-async def read_layer(channel: GuestChannel, tmp: Path, dest: Path) -> None:
-    """The sandbox's writable layer as files in ``dest`` (an overlay upper layer over its image)."""
+async def read_layer(channel: GuestChannel, tmp: Path, dest: Path, limit: int) -> None:
+    """The sandbox's writable layer as files in ``dest`` (an overlay upper layer over its image); its files may
+    add up to ``limit`` bytes (its disk's size: the archive cannot hold more, unless it lies)."""
     name = f".stasis-changes-{secrets.token_hex(8)}.tar"
     fd = _create_in(tmp, name)
     try:
         await channel.call(P.PackChanges(image=IMAGE_MOUNT, archive=f"/tmp/{name}", skip=SKIP), timeout=3600)
         with contextlib.suppress(OSError):
             _unlink_in(tmp, name)  # whatever is there now: the host reads only what it holds open
-        await asyncio.to_thread(unpack, fd, dest)
+        await asyncio.to_thread(unpack, fd, dest, limit)
     except (OSError, tarfile.TarError) as exc:
         raise no_space(BackendError(f"unpacking the files of {channel.label} failed: {exc}"), dest) from exc
     finally:
@@ -45,15 +46,17 @@ async def read_layer(channel: GuestChannel, tmp: Path, dest: Path) -> None:
             _unlink_in(tmp, name)
 
 
-def unpack(fd: int, dest: Path) -> None:
+def unpack(fd: int, dest: Path, limit: int) -> None:
     """The archive behind ``fd`` (read from its start; the descriptor stays open) as the layer ``dest``."""
+    if (size := os.fstat(fd).st_size) > limit + (64 << 20):  # a sparse file, written past the sandbox's disk
+        raise BackendError(f"the sandbox's archive of its files is refused: {size} bytes, more than its disk holds")
     with os.fdopen(os.dup(fd), "rb") as archive:
         archive.seek(0)
         try:
-            with tarfile.open(fileobj=archive, mode="r:") as tar:
+            with untar.open_archive(archive) as tar:
                 dest.mkdir(parents=True, exist_ok=True)
-                untar.extract(tar, dest, links="any", whiteouts=True, owners=True)
-        except untar.UnsafeArchive as exc:
+                untar.extract(tar, dest, links="any", whiteouts=True, owners=True, max_bytes=limit)
+        except (untar.UnsafeArchive, OverflowError) as exc:
             raise BackendError(f"the sandbox's archive of its files is refused: {exc}") from exc
 
 
