@@ -70,6 +70,16 @@ def test_the_traffic_token_opens_the_sandboxs_ports_and_never_envd() -> None:
         assert (await http.get("/", headers=port)).status_code == 502  # let through: nothing listens on 8000
         port["e2b-traffic-access-token"] = "wrong"
         assert (await http.get("/", headers=port)).status_code == 401
+        # The review's door: the code interpreter's /execute and stasis' VNC servers run code or take the keyboard
+        kernel = envd(sbx["sandboxID"], **{"E2b-Sandbox-Port": "49999", "e2b-traffic-access-token": traffic})
+        for path in ("/execute", "/%65xecute", "/execute?x=1"):
+            assert (await http.post(path, json={"code": "1"}, headers=kernel)).status_code == 401, path
+        assert (await http.get("/contexts", headers=kernel)).status_code == 502  # E2B's SDK: the traffic token's
+        for vnc in ("5900", "5901"):
+            door = envd(sbx["sandboxID"], **{"E2b-Sandbox-Port": vnc, "e2b-traffic-access-token": traffic})
+            assert (await http.get("/", headers=door)).status_code == 401, vnc
+        as_envd = envd(sbx["sandboxID"], **{"E2b-Sandbox-Port": "49999", "X-Access-Token": envd_token})
+        assert (await http.post("/execute", json={"code": "1"}, headers=as_envd)).status_code == 502  # let through
 
     with_face(scenario)
 

@@ -22,7 +22,9 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from ....desktop import VNC_PORT, VNC_VIEW_PORT
 from ....errors import InvalidRequest, StasisError, clip
+from ....kernels import PORT as KERNEL_PORT
 from ...core.service import SandboxService
 from ...rooms.operations import GuestOperations
 from ...rooms.ports import Ports
@@ -42,6 +44,15 @@ UNAUTHORIZED = (
     "a sandbox request needs the sandbox's envd access token (X-Access-Token), for a port other than envd's "
     "its traffic access token (e2b-traffic-access-token), or the API key (X-API-Key)"
 )
+
+
+def envd_only(port: int, path: str) -> bool:
+    """Whether ``port`` (and ``path`` on it) runs commands or code, or takes the desktop's keyboard: the envd
+    token's. The kernel server runs code only at ``/execute`` (matched exactly, on the raw path); its contexts
+    and health are a port's like any other, as E2B's code-interpreter SDK sends only the traffic token there."""
+    if port in (ENVD_PORT, VNC_PORT, VNC_VIEW_PORT):
+        return True
+    return port == KERNEL_PORT and not (path == "/health" or path == "/contexts" or path.startswith("/contexts/"))
 
 
 class E2bApp:
@@ -70,7 +81,7 @@ class E2bApp:
         if not 0 < port < 65536:
             await self.refuse(scope, receive, send, 400, "E2b-Sandbox-Port must be a port number (1-65535)")
             return
-        if not self.admitted(headers, ref, port):
+        if not self.admitted(headers, ref, port, scope.get("path", "")):
             await self.refuse(scope, receive, send, 401, UNAUTHORIZED)
             return
         try:
@@ -91,16 +102,18 @@ class E2bApp:
         else:
             await self.files(scope, receive, send)
 
-    def admitted(self, headers: Headers, ref: str, port: int) -> bool:
+    def admitted(self, headers: Headers, ref: str, port: int, path: str) -> bool:
         """Whether a request may reach ``port`` of the sandbox ``ref``, from its credentials alone: the tokens are
-        the id's, so a name needs the API key."""
+        the id's, so a name needs the API key. What runs code or drives the desktop (envd, the kernel server's
+        ``/execute``, stasis' own VNC servers) needs the envd token even on a public sandbox; the traffic token
+        opens the rest."""
         keys = self.room.keys
         if keys.valid_api_key(headers.get("x-api-key")):
             return True
         presented = (headers.get(TOKEN_HEADER), headers.get(TRAFFIC_TOKEN_HEADER))
         if any(keys.valid_envd_token(ref, token) for token in presented):
             return True
-        if port == ENVD_PORT:
+        if envd_only(port, path):
             return False
         return any(keys.valid_traffic_token(ref, token) for token in presented) or self.public(ref)
 
