@@ -59,6 +59,7 @@ def through_the_proxy(
     scenario: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
     body: bool = False,
     egress_headers: dict[str, dict[str, str]] | None = None,
+    host: Host | None = None,
 ) -> tuple[Host, dict[str, Any]]:
     """Run ``scenario`` on a sandbox's TLS connection to api.test through the broker; what the host read, and what
     the broker adds to the connection's audit line."""
@@ -72,7 +73,7 @@ def through_the_proxy(
     broker = SecretBroker(store, authorities, lambda sandbox_id: spec)
     real_ca = Authorities(tmp_path / "real-ca").get("1" * 32)  # the host's own certificate, which the broker checks
     broker.upstream = ssl.create_default_context(cadata=real_ca.cert_pem.decode())
-    host = Host()
+    host = host or Host()
 
     async def main() -> dict[str, Any]:
         upstream = await asyncio.start_server(host.serve, "127.0.0.1", 0, ssl=real_ca.server_context("api.test"))
@@ -188,3 +189,39 @@ def test_a_body_secret_leaves_a_get_without_a_content_length(tmp_path: Path) -> 
     assert host.requests[0] == (b"GET /1 HTTP/1.1\r\nHost: api.test\r\n\r\n", b"")
     assert host.requests[1][1] == f'"{VALUE}"'.encode() and host.header(1, "content-length") == str(len(VALUE) + 2)
     assert audit["secrets"] == ["TOKEN"]
+
+
+class Counting(Host):
+    """A host that counts a body's bytes as they arrive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            while data := await reader.read(1 << 16):
+                self.received += len(data)
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_a_huge_chunk_is_passed_on_as_it_comes_never_held_whole(tmp_path: Path) -> None:
+    """The review's finding: a chunk size of 64 MiB made the broker wait for the whole chunk in the daemon's
+    memory. Without a body secret it is passed on as it arrives: the host has the first MiB before the rest."""
+    host = Counting()
+
+    async def scenario(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(requests("POST /upload HTTP/1.1|Host: api.test|Transfer-Encoding: chunked"))
+        writer.write(b"%x\r\n" % (64 << 20) + b"x" * (1 << 20))
+        await writer.drain()
+        for _ in range(80):  # the rest never comes: only a relay that streams lets the first MiB through
+            if host.received >= 1 << 20:
+                return
+            await asyncio.sleep(0.1)
+
+    through_the_proxy(tmp_path, scenario, host=host)
+    assert host.received >= 1 << 20

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..models import SandboxSpec
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 10.0
 HANDSHAKE_TIMEOUT = 30.0  # the sandbox's side, on a loaded machine
 BODY_LIMIT = 16 << 20  # a Content-Length body is read whole to put secrets in; a larger one goes as it is
+HELD_LIMIT = 64 << 20  # bodies one sandbox may have the proxy hold at once, over all its connections
 
 
 def upstream_context() -> ssl.SSLContext:
@@ -50,6 +52,20 @@ class SecretBroker:
         self._spec_of = spec_of  # the sandbox's spec as stored
         self._specs: dict[str, SandboxSpec] = {}  # what secrets a sandbox has is fixed when it is made: read once
         self.upstream = upstream_context()
+        self.held: dict[str, int] = {}  # bytes of bodies read whole, by sandbox, right now
+
+    @contextlib.contextmanager
+    def holding(self, sandbox_id: str, size: int) -> Iterator[None]:
+        """Room for a body of ``size`` read whole; a sandbox past ``HELD_LIMIT`` at once is refused (a 400)."""
+        if self.held.get(sandbox_id, 0) + size > HELD_LIMIT:
+            raise BadRequest(f"the sandbox has the proxy hold {HELD_LIMIT >> 20} MiB of bodies at once already")
+        self.held[sandbox_id] = self.held.get(sandbox_id, 0) + size
+        try:
+            yield
+        finally:
+            self.held[sandbox_id] -= size
+            if not self.held[sandbox_id]:
+                del self.held[sandbox_id]
 
     def spec_of(self, sandbox_id: str) -> SandboxSpec | None:
         if (spec := self._specs.get(sandbox_id)) is None and (spec := self._spec_of(sandbox_id)) is not None:
@@ -185,12 +201,14 @@ class SecretBroker:
                     return sent + len(head) + await pipe(client, upstream, on_data), None  # type: ignore[arg-type]
                 if body == "chunked":
                     upstream.write(head)
-                    sent += len(head) + await _copy_chunked(client, upstream, injection, used)
+                    hold = functools.partial(self.holding, sandbox_id)
+                    sent += len(head) + await _copy_chunked(client, upstream, injection, used, hold)
                 elif injection.body and 0 < int(body) <= BODY_LIMIT:  # a GET gains no Content-Length
                     head, expects = _buffered(head)
                     if expects:  # the host is not asked before the body is read: the proxy answers for it
                         client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                    data = replace_body(await client.readexactly(int(body)), injection, used)
+                    with self.holding(sandbox_id, int(body)):
+                        data = replace_body(await client.readexactly(int(body)), injection, used)
                     head = _with_length(head, len(data))
                     upstream.write(head + data)
                     sent += len(head) + len(data)
@@ -231,8 +249,9 @@ def _with_length(head: bytes, length: int) -> bytes:
 
 
 async def _copy_chunked(
-    client: TlsServerStream, upstream: asyncio.StreamWriter, injection: Injection, used: set[str]
-) -> int:
+    client: TlsServerStream, upstream: asyncio.StreamWriter, injection: Injection, used: set[str],
+    hold: Callable[[int], contextlib.AbstractContextManager[None]],
+) -> int:  # fmt: skip
     """Chunk by chunk; with a body secret, each chunk has the placeholders in it replaced (and its size redone)."""
     sent = 0
     while True:
@@ -246,12 +265,22 @@ async def _copy_chunked(
                 sent += len(trailer)
             upstream.write(b"\r\n")
             return sent + 2
-        chunk = await client.readexactly(size + 2)
+        if not injection.body:  # passed on as it comes: a sandbox's chunk size never becomes the daemon's memory
+            upstream.write(line)
+            sent += len(line) + await copy_exactly(client, upstream, size)
+            if await client.readexactly(2) != b"\r\n":
+                raise BadRequest("a chunk's data not followed by CRLF")
+            upstream.write(b"\r\n")
+            sent += 2
+            await upstream.drain()
+            continue
+        if size > BODY_LIMIT:
+            raise BadRequest(f"a chunk of {size} bytes where a secret may be in the body (at most {BODY_LIMIT})")
+        with hold(size + 2):
+            chunk = await client.readexactly(size + 2)
         if not chunk.endswith(b"\r\n"):
             raise BadRequest("a chunk's data not followed by CRLF")
-        chunk = chunk[:-2]
-        if injection.body:
-            chunk = replace_body(chunk, injection, used)
+        chunk = replace_body(chunk[:-2], injection, used)
         framed = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
         upstream.write(framed)
         sent += len(framed)
