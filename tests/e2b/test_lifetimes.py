@@ -10,6 +10,7 @@ import pytest
 
 from stasis.daemon import app as _app  # noqa: F401 (the daemon package is imported through its app)
 from stasis.daemon import wiring
+from stasis.daemon.faces.e2b.records import Record
 from stasis.errors import InvalidRequest
 from stasis.models import SandboxStatus
 from tests.fastkit import create, fake_home, running_service
@@ -33,5 +34,10 @@ def test_a_stasis_sandbox_seen_through_e2b_outlives_any_e2b_lifetime() -> None:
             await e2b.reap(time.time() + 7 * 24 * 3600)  # a week of E2B's reaper
             assert service.get(keep.id).status == SandboxStatus.RUNNING
             assert e2b.records.all() == []  # nothing written for it: a restarted daemon reaps nothing either
+            # an older daemon wrote a lifetime for every sandbox it listed: such a record has no E2B mark
+            old = Record(sandbox_id=keep.id, template="default", started_at=time.time(), end_at=time.time() - 1)
+            (e2b.records.directory / f"{keep.id}.json").write_text(old.model_dump_json(exclude={"e2b"}))
+            await e2b.reap(time.time())
+            assert service.get(keep.id).status == SandboxStatus.RUNNING
 
     asyncio.run(main())

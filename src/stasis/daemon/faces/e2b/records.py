@@ -24,7 +24,11 @@ class Record(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
     public_traffic: bool = False  # its ports answer without the envd access token
-    e2b: bool = Field(True, exclude=True, description="made through the E2B face (only those are kept and reaped)")
+    e2b: bool = Field(
+        False,
+        description="made through the E2B face: only those live by an E2B lifetime (a record written by an "
+        "older daemon, which gave one to any sandbox it listed, lacks the mark and is never reaped)",
+    )
 
 
 class Records:

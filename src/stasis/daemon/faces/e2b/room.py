@@ -98,7 +98,7 @@ class E2bRoom:
         now = time.time()
         record = Record(
             sandbox_id=info.id, template=template, started_at=now, end_at=now + _timeout(timeout),
-            auto_pause=auto_pause, metadata=metadata, envs=envs, public_traffic=public_traffic,
+            auto_pause=auto_pause, metadata=metadata, envs=envs, public_traffic=public_traffic, e2b=True,
         )  # fmt: skip
         self.records.put(record)
         log.info("E2B sandbox %s from template %r, lifetime %ss", info.id, template, _timeout(timeout))
@@ -279,6 +279,8 @@ class E2bRoom:
                 continue
             if info.status in GONE:
                 self.records.remove(record.sandbox_id)
+            elif not record.e2b:  # an older daemon's record of a sandbox it only saw: no E2B lifetime
+                continue
             elif record.end_at <= now and info.status == S.RUNNING:
                 try:
                     if record.auto_pause:
