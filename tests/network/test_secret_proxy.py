@@ -152,6 +152,9 @@ BAD_HEADS = [
     ("two hosts", b"GET /a HTTP/1.1\r\nHost: api.test\r\nHost: other.test\r\n\r\n", "more than one host"),
     ("chunk size", b"POST /a HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
      "chunk size"),
+    ("underscore length", b"POST /a HTTP/1.1\r\nHost: api.test\r\nContent_Length: 80\r\n\r\n", "read as"),
+    ("control in a value", b"POST /a HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\x0b\r\n\r\n0\r\n\r\n",
+     "control character"),
 ]  # fmt: skip
 
 

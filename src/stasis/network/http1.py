@@ -151,7 +151,7 @@ def parse_strictly(head: bytes) -> Request:
         raise BadRequest("both content-length and transfer-encoding")
     if length is not None and not length.isdigit():
         raise BadRequest("a content-length that is not a number")
-    codings = [c.strip().lower() for c in coding.split(b",")] if coding is not None else []
+    codings = [c.strip(b" \t").lower() for c in coding.split(b",")] if coding is not None else []
     if codings and (codings[-1] != b"chunked" or codings.count(b"chunked") > 1):
         raise BadRequest("a transfer-encoding that does not end with one chunked")
     hosts = {_host(value) for value in fields.get(b"host", [])}
@@ -167,15 +167,22 @@ def parse_strictly(head: bytes) -> Request:
     return Request(body, frozenset(hosts))
 
 
+FRAMING = {b"content-length", b"transfer-encoding", b"host"}
+
+
 def field_line(line: bytes) -> tuple[bytes, bytes]:
     """A header (or trailer) line without its CRLF, as (lower-cased name, value); BadRequest if it is not one."""
     if b"\r" in line or b"\n" in line or b"\0" in line:
         raise BadRequest("a bare CR or LF, or a NUL, in a header line (each line must end with CRLF)")
+    if any((byte < 0x20 and byte != 0x09) or byte == 0x7F for byte in line):
+        raise BadRequest("a control character in a header line")
     if line[:1] in (b" ", b"\t"):
         raise BadRequest("a folded header line (obs-fold)")
     name, colon, value = line.partition(b":")
     if not colon or not FIELD_NAME.fullmatch(name):
         raise BadRequest("a header line that is not NAME: VALUE")
+    if name.lower() not in FRAMING and name.lower().replace(b"_", b"-") in FRAMING:
+        raise BadRequest(f"a header {name.decode()!r} that some servers read as {name.decode().replace('_', '-')!r}")
     return name.lower(), value.strip(b" \t")
 
 
