@@ -9,7 +9,7 @@ test: setup
 
 # No runsc, QEMU or image: the real agent on a fake backend, the tables, the store, the SDK recipes.
 test-fast: .venv/.stasis-installed
-	.venv/bin/pytest -q -m fast
+	.venv/bin/pytest -q -m fast -n 2
 
 .venv/.stasis-installed: pyproject.toml
 	python3 -m venv .venv
