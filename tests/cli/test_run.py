@@ -55,15 +55,15 @@ def test_one_string_runs_through_the_shell_as_the_sdk_does_and_argv_stays_argv(d
 def test_interrupting_stasis_run_ends_the_remote_process_tree(
     daemon: Daemon, box: Sandbox, sent: signal.Signals, code: int
 ) -> None:
-    marker = f"sleep-{code}"
-    argv = [sys.executable, "-m", "stasis", "run", "-n", "run-cli", f"sh -c 'sleep 400; echo {marker}'"]
+    marker, child = f"sleep-{code}", f"sleep {400 + code}"  # its own: not an earlier test's leftover
+    argv = [sys.executable, "-m", "stasis", "run", "-n", "run-cli", f"sh -c '{child}; echo {marker}'"]
     cli = subprocess.Popen(argv, env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: "sleep 400" in box.run("ps -eo args").stdout, timeout=60)
+        wait_until(lambda: child in box.run("ps -eo args").stdout, timeout=60)
         cli.send_signal(sent)
         assert cli.wait(timeout=60) == code
         assert b"killed" in cli.stderr.read() if cli.stderr else False
-        wait_until(lambda: "sleep 400" not in box.run("ps -eo args").stdout, timeout=60)  # its child too
+        wait_until(lambda: child not in box.run("ps -eo args").stdout, timeout=60)  # its child too
     finally:
         if cli.poll() is None:
             cli.kill()

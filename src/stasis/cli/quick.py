@@ -291,6 +291,9 @@ def run_command(
         body["stdin_b64"] = base64.b64encode(data).decode()
     path = f"/v1/sandboxes/{quote(name, safe='')}"
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    # Ctrl-C, even in a process started with SIGINT ignored (a background job, a CI runner): Python then installs
+    # no handler of its own, and the command would run on unstopped.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # However this process ends (Ctrl-C, a closed terminal, kill -9), the command ends with it: as under ssh
         response = request(conn, "POST", f"{path}/exec/stream?kill_on_disconnect=true", body)
@@ -313,6 +316,7 @@ def run_command(
         return 143 if isinstance(stop, Terminated) else 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
