@@ -35,15 +35,13 @@ async def read_layer(channel: GuestChannel, tmp: Path, dest: Path, limit: int) -
     fd = _create_in(tmp, name)
     try:
         await channel.call(P.PackChanges(image=IMAGE_MOUNT, archive=f"/tmp/{name}", skip=SKIP), timeout=3600)
-        with contextlib.suppress(OSError):
-            _unlink_in(tmp, name)  # whatever is there now: the host reads only what it holds open
-        await asyncio.to_thread(unpack, fd, dest, limit)
+        await asyncio.to_thread(unpack, fd, dest, limit)  # what it holds open; whatever the name now holds
     except (OSError, tarfile.TarError) as exc:
         raise no_space(BackendError(f"unpacking the files of {channel.label} failed: {exc}"), dest) from exc
     finally:
         os.close(fd)
         with contextlib.suppress(OSError):
-            _unlink_in(tmp, name)
+            _unlink_in(tmp, name)  # never opened: removing a link or a file the sandbox put there follows nothing
 
 
 def unpack(fd: int, dest: Path, limit: int) -> None:
