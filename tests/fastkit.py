@@ -8,9 +8,10 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from stasis.daemon.core.recovery import Recovery
 from stasis.daemon.core.service import SandboxService
 from stasis.daemon.core.sources import source_of
-from stasis.daemon.rooms.recovery import Recovery
+from stasis.daemon.rooms.checkpointing import Checkpoints
 from stasis.images import ImageInfo, ImageStore
 from stasis.models import CreateSandboxRequest, SandboxInfo
 from stasis.paths import Paths
@@ -53,7 +54,7 @@ async def running_service(
     """A started service (recovery run, as in the app's lifespan); ``cleanup`` removes its sandboxes after."""
     service = SandboxService(paths, backends={"fake": FakeBackend(paths)}, clock=clock or time.time)
     await service.start()
-    await Recovery(service).run()
+    await Recovery(service, [Checkpoints(service, service.tables.checkpoints).recover]).run()
     try:
         yield service
     finally:
@@ -69,7 +70,9 @@ def fake(service: SandboxService) -> FakeBackend:
 
 async def create(service: SandboxService, name: str | None = None, **spec: object) -> SandboxInfo:
     request = CreateSandboxRequest(name=name, backend="fake", **spec)  # type: ignore[arg-type]
-    return await service.create(name, await source_of(request, service.store, service.images))
+    return await service.create(
+        name, await source_of(request, Checkpoints(service, service.tables.checkpoints), service.images)
+    )
 
 
 def statuses(service: SandboxService, sandbox_id: str) -> list[str]:

@@ -24,8 +24,8 @@ from .secretnames import sandbox_lineage, validate_egress_headers, validate_sand
 from .validation import (
     EXEC_ID_PATTERN,
     NAME_PATTERN,
+    all_utf8,
     describe_validation_errors,
-    valid_utf8,
     validate_backend,
     validate_command,
     validate_env,
@@ -64,19 +64,9 @@ class Strict(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_lone_surrogates(cls, data: Any) -> Any:
-        if not _all_utf8(data):
+        if not all_utf8(data):
             raise ValueError("a string in the request is not valid UTF-8 (it has a lone surrogate, such as \\ud800)")
         return data
-
-
-def _all_utf8(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.isascii() or valid_utf8(value)
-    if isinstance(value, dict):
-        return all(_all_utf8(k) and _all_utf8(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return all(_all_utf8(v) for v in value)
-    return True
 
 
 class SandboxSpec(Strict):
@@ -92,6 +82,11 @@ class SandboxSpec(Strict):
     )
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
     on_idle: Literal["suspend", "terminate"] | None = None
+    lifetime_secs: int | None = Field(
+        None, ge=0, le=MAX_SECONDS,
+        description="how long it runs from its start (and from each resume) before its idle action, used or not "
+        "(E2B's timeout); None: no limit",
+    )  # fmt: skip
     secrets: Annotated[dict[str, str], BeforeValidator(validate_sandbox_secrets)] = Field(
         default_factory=dict,
         description="the daemon's secrets this sandbox uses, as name -> the placeholder its environment variable "
@@ -180,13 +175,18 @@ class SandboxInfo(BaseModel):
     idle_action: Literal["suspend", "terminate"] | None = None
     idle_action_at: float | None = Field(
         None,
-        description="when the idle action runs unless it is used; None while in use (a request, a session, "
-        "a live view) or without a timeout",
+        description="when the idle action runs unless it is used (or at its deadline, used or not); None while in "
+        "use (a request, a session, a live view) or without a timeout or deadline",
     )
     from_pool: str | None = Field(None, description="the warm pool it was claimed from")
     pool: str | None = Field(None, description="the pool it waits in (a member not claimed yet)")
     forked_from: str | None = Field(None, description="the sandbox it is a live fork of")
     moved_to: str | None = Field(None, description="the remote store it was handed to (it left this node)")
+    deadline: float | None = Field(
+        None,
+        description="when its lifetime ends: its idle action runs then, used or not (E2B's timeout); each resume "
+        "starts a new lifetime_secs; None: it lives until idle or removed",
+    )
 
 
 class RunRequest(Strict):

@@ -86,3 +86,14 @@ def validate_path(path: str | None) -> str | None:
     if path is not None and "\0" in path:
         raise ValueError("the working directory must not contain NUL bytes")
     return path
+
+
+def all_utf8(value: Any) -> bool:
+    """Whether every string in ``value`` (a request's JSON: dicts, lists, strings) is valid UTF-8."""
+    if isinstance(value, str):
+        return value.isascii() or valid_utf8(value)
+    if isinstance(value, dict):
+        return all(all_utf8(k) and all_utf8(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(all_utf8(v) for v in value)
+    return True

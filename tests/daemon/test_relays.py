@@ -82,7 +82,7 @@ def test_an_exposed_port_without_network_delivers_64_mib_whole_to_a_slow_client(
     async def scenario(service: SandboxService) -> None:
         info = await create(service, "quiet")  # no network device: the agent carries the connection
         assert info.spec.network is None
-        ports = Ports(service)
+        ports = Ports(service, service.tables.ports)
         await ports.start()
         try:
             with http_server(body) as port:
@@ -134,7 +134,9 @@ def test_the_e2b_port_proxy_delivers_a_large_answer_whole_to_a_slow_client() -> 
         scope = {"type": "http", "method": "GET", "path": "/big", "raw_path": b"/big", "query_string": b"",
                  "headers": [(b"host", b"49999-sbx.e2b.test")]}  # fmt: skip
         with http_server(body) as port:
-            await asyncio.wait_for(proxy_http(Ports(service), info.id, port, scope, client.receive, client.send), 240)
+            await asyncio.wait_for(
+                proxy_http(Ports(service, service.tables.ports), info.id, port, scope, client.receive, client.send), 240
+            )
         assert (client.status, client.complete, len(client.body)) == (200, True, len(body))
         assert hashlib.sha256(client.body).digest() == hashlib.sha256(body).digest()
 
@@ -159,7 +161,9 @@ def test_a_port_whose_answer_breaks_off_leaves_the_e2b_response_unfinished() -> 
         client = Asgi(pause=0)
         scope = {"type": "http", "method": "GET", "path": "/", "raw_path": b"/", "query_string": b"", "headers": []}
         port = server.getsockname()[1]
-        await asyncio.wait_for(proxy_http(Ports(service), info.id, port, scope, client.receive, client.send), 60)
+        await asyncio.wait_for(
+            proxy_http(Ports(service, service.tables.ports), info.id, port, scope, client.receive, client.send), 60
+        )
         assert client.status == 200 and len(client.body) == 1000 and not client.complete
 
     try:

@@ -81,7 +81,9 @@ def test_a_websocket_message_that_never_ends_closes_with_1009() -> None:
 
         scope = {"type": "websocket", "path": "/", "raw_path": b"/", "query_string": b"", "headers": []}
         with endless_websocket() as port:
-            await asyncio.wait_for(proxy_websocket(Ports(service), info.id, port, scope, receive, send), 120)
+            await asyncio.wait_for(
+                proxy_websocket(Ports(service, service.tables.ports), info.id, port, scope, receive, send), 120
+            )
         assert [m["type"] for m in sent] == ["websocket.accept", "websocket.send", "websocket.close"]
         assert sent[1]["bytes"] == b"a whole message first"
         assert sent[2]["code"] == 1009 and "message too big" in sent[2]["reason"]
@@ -123,7 +125,7 @@ def test_an_answer_of_the_code_interpreter_read_whole_is_bounded() -> None:
 
     async def scenario(service: SandboxService) -> None:
         info = await create(service, "kernel-flood")
-        ports = Ports(service)
+        ports = Ports(service, service.tables.ports)
         room = CodeRoom(service, ports, GuestOperations(service))
         with endless_answers() as port:
             room.server.port = port  # the kernel server's port: this hostile one answers there

@@ -16,7 +16,6 @@ from stasis.daemon.core.service import SandboxService
 from stasis.daemon.core.states import require
 from stasis.daemon.rooms.checkpointing import Checkpoints
 from stasis.daemon.rooms.idle import IdleReaper
-from stasis.daemon.rooms.networking import update_network
 from stasis.daemon.rooms.operations import GuestOperations
 from stasis.errors import BackendError, StateError, Unsupported
 from stasis.models import RunRequest
@@ -91,7 +90,7 @@ def test_wrong_state_errors_say_what_to_do() -> None:
             require(service.store.get("sleepy"), S.RUNNING)
         assert caught.value.details == {"status": "suspended", "required": ["running"]}
         with pytest.raises(Unsupported, match="created without network"):
-            await update_network(service, "sleepy", NetworkPolicy())
+            await service.set_network("sleepy", NetworkPolicy())
 
     run(scenario)
 
@@ -190,7 +189,7 @@ def test_the_idle_reaper_suspends_named_and_removes_unnamed_sandboxes() -> None:
         named = await create(service, "keeper", timeout_secs=60)
         unnamed = await create(service, None, timeout_secs=60)
         busy = await create(service, "busy", timeout_secs=60)
-        reaper = IdleReaper(service, Checkpoints(service))
+        reaper = IdleReaper(service, Checkpoints(service, service.tables.checkpoints))
         clock.advance(59)
         assert reaper.tick() == []  # not idle yet: nothing happens
         with service.activity.busy(busy.id):  # a request under way holds the clock
@@ -233,7 +232,7 @@ def test_a_sandbox_that_dies_on_the_host_is_failed_at_once_and_its_waiters_told_
 
 
 def test_removal_goes_ahead_when_another_operation_is_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stasis.daemon.core import service as service_module
+    from stasis.daemon.core import lifecycle as service_module
 
     monkeypatch.setattr(service_module, "FORCE_AFTER", 0.2)
 

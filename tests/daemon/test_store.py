@@ -22,7 +22,7 @@ def store(tmp_path: Path) -> Store:
 
 def test_a_sandbox_is_found_by_id_and_by_name(tmp_path: Path) -> None:
     db = store(tmp_path)
-    info = db.insert("sb-000000000001", "web", SandboxSpec(), "default-abc")
+    info = db.insert_sandbox("sb-000000000001", "web", SandboxSpec(), "default-abc")
     assert db.get("web").id == db.get("sb-000000000001").id == info.id
     assert (info.status, info.image_key, info.from_checkpoint) == (S.PENDING, "default-abc", None)
     with pytest.raises(SandboxNotFound, match="stasis ls"):
@@ -31,17 +31,17 @@ def test_a_sandbox_is_found_by_id_and_by_name(tmp_path: Path) -> None:
 
 def test_names_are_unique_among_live_sandboxes_only(tmp_path: Path) -> None:
     db = store(tmp_path)
-    db.insert("sb-000000000001", "web", SandboxSpec(), "k")
+    db.insert_sandbox("sb-000000000001", "web", SandboxSpec(), "k")
     with pytest.raises(NameTaken):
-        db.insert("sb-000000000002", "web", SandboxSpec(), "k")
+        db.insert_sandbox("sb-000000000002", "web", SandboxSpec(), "k")
     db.transition("sb-000000000001", S.TERMINATING)
     db.transition("sb-000000000001", S.TERMINATED)
-    assert db.insert("sb-000000000003", "web", SandboxSpec(), "k").name == "web"
+    assert db.insert_sandbox("sb-000000000003", "web", SandboxSpec(), "k").name == "web"
 
 
 def test_each_transition_is_journalled_as_intent_or_outcome(tmp_path: Path) -> None:
     db = store(tmp_path)
-    db.insert("sb-000000000001", None, SandboxSpec(), "k")
+    db.insert_sandbox("sb-000000000001", None, SandboxSpec(), "k")
     db.transition("sb-000000000001", S.RUNNING, backend_state={"boots": 1})
     db.transition("sb-000000000001", S.SUSPENDING)
     info = db.transition("sb-000000000001", S.SUSPENDED, last_suspend_seconds=0.5)
@@ -54,7 +54,7 @@ def test_each_transition_is_journalled_as_intent_or_outcome(tmp_path: Path) -> N
 
 def test_an_illegal_transition_changes_nothing(tmp_path: Path) -> None:
     db = store(tmp_path)
-    db.insert("sb-000000000001", None, SandboxSpec(), "k")
+    db.insert_sandbox("sb-000000000001", None, SandboxSpec(), "k")
     with pytest.raises(StateError, match="pending → suspended"):
         db.transition("sb-000000000001", S.SUSPENDED)
     assert db.get("sb-000000000001").status == S.PENDING
@@ -68,12 +68,13 @@ def test_a_checkpoint_is_visible_only_once_sealed(tmp_path: Path) -> None:
         image="k", spec=SandboxSpec(), backend="gvisor", runtime={}, created_at=0, expires_at=None, sha256=None,
         size_bytes=0, metadata={},
     )  # fmt: skip
-    db.insert_checkpoint(ckpt)
-    assert db.list_checkpoints() == [] and db.unfinished_checkpoints() == ["ck-000000000001"]
-    db.seal_checkpoint(ckpt.model_copy(update={"sha256": "ab"}))
-    assert db.get_checkpoint("snap").sha256 == "ab" and db.unfinished_checkpoints() == []
+    table = db.tables.checkpoints
+    table.insert_checkpoint(ckpt)
+    assert table.list_checkpoints() == [] and table.unfinished_checkpoints() == ["ck-000000000001"]
+    table.seal_checkpoint(ckpt.model_copy(update={"sha256": "ab"}))
+    assert table.get_checkpoint("snap").sha256 == "ab" and table.unfinished_checkpoints() == []
     with pytest.raises(NameTaken):
-        db.insert_checkpoint(ckpt.model_copy(update={"id": "ck-000000000002"}))
+        table.insert_checkpoint(ckpt.model_copy(update={"id": "ck-000000000002"}))
 
 
 def test_a_checkpoint_record_from_before_the_rename_still_reads(tmp_path: Path) -> None:
@@ -101,8 +102,8 @@ def test_a_home_from_before_the_daemon_fact_columns_is_migrated(tmp_path: Path) 
 def test_the_list_pages_through_live_sandboxes_without_pool_members(tmp_path: Path) -> None:
     db = store(tmp_path)
     for n in range(7):
-        db.insert(f"sb-00000000000{n}", f"box{n}", SandboxSpec(), "default-abc")
-    db.insert("sb-0000000000pm", None, SandboxSpec(), "default-abc", pool="warm")
+        db.insert_sandbox(f"sb-00000000000{n}", f"box{n}", SandboxSpec(), "default-abc")
+    db.insert_sandbox("sb-0000000000pm", None, SandboxSpec(), "default-abc", pool="warm")
     db.transition("sb-000000000003", S.TERMINATING)
     db.transition("sb-000000000003", S.TERMINATED)
     seen, after = [], None
@@ -116,9 +117,9 @@ def test_the_list_pages_through_live_sandboxes_without_pool_members(tmp_path: Pa
 def test_a_claim_hands_out_each_member_once_with_the_callers_name(tmp_path: Path) -> None:
     db = store(tmp_path)
     for n in range(2):
-        db.insert(f"sb-00000000000{n}", None, SandboxSpec(timeout_secs=None), "default-abc", pool="warm")
+        db.insert_sandbox(f"sb-00000000000{n}", None, SandboxSpec(timeout_secs=None), "default-abc", pool="warm")
         db.transition(f"sb-00000000000{n}", S.RUNNING)
-    db.insert("sb-000000000009", None, SandboxSpec(), "default-old", pool="warm")
+    db.insert_sandbox("sb-000000000009", None, SandboxSpec(), "default-old", pool="warm")
     db.transition("sb-000000000009", S.RUNNING)
     first = db.claim_member("warm", "default-abc", CreateSandboxRequest(name="mine", timeout_secs=60))
     assert first is not None and (first.name, first.pool, first.from_pool) == ("mine", None, "warm")

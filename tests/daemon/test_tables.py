@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stasis.backends.base import HostState
+from stasis.daemon.core.recovery import RECOVERY, Plan
 from stasis.daemon.core.states import INTENTS, TRANSITIONS, WHY_NOT, check_transition
-from stasis.daemon.rooms.recovery import RECOVERY, Plan
 from stasis.errors import StateError
 from stasis.models import SandboxStatus as S
 

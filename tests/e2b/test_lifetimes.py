@@ -1,43 +1,90 @@
-"""E2B lifetimes belong to sandboxes made through the E2B face only (issue 38, repro 3): a stasis sandbox that
-E2B merely sees (listed, looked up, connected to) keeps stasis' own idle policy and is never reaped by E2B."""
+"""One lifetime per sandbox (issue 39): E2B's timeout is the sandbox's own deadline, ended by the one reaper
+(the idle reaper) with its idle action; the E2B face keeps no lifetime and runs no reaper. A stasis sandbox
+that E2B merely sees (listed, looked up, connected to) keeps stasis' own idle policy (issue 38, repro 3)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from stasis.daemon import app as _app  # noqa: F401 (the daemon package is imported through its app)
 from stasis.daemon import wiring
-from stasis.daemon.faces.e2b.records import Record
+from stasis.daemon.faces.e2b.room import Defaults
 from stasis.errors import InvalidRequest
 from stasis.models import SandboxStatus
-from tests.fastkit import create, fake_home, running_service
+from tests.fastkit import Clock, create, fake_home, running_service
 
 pytestmark = pytest.mark.fast
 
+S = SandboxStatus
+
 
 def test_a_stasis_sandbox_seen_through_e2b_outlives_any_e2b_lifetime() -> None:
+    clock = Clock()
+
     async def main() -> None:
         paths = fake_home("e2b-lifetimes")
-        async with running_service(paths) as service:
-            e2b = wiring.build(paths, service).e2b
+        async with running_service(paths, clock=clock) as service:
+            rooms = wiring.build(paths, service)
+            e2b = rooms.e2b
             keep = await create(service, "keep", timeout_secs=3600)
-            listed = {info.id: record for info, record in e2b.listing()}  # GET /v2/sandboxes
-            assert not listed[keep.id].e2b
-            assert listed[keep.id].end_at == pytest.approx(time.time() + 3600, abs=60)  # its stasis idle deadline
+            listed = {info.id: (info, record) for info, record in e2b.listing()}  # GET /v2/sandboxes
+            info, record = listed[keep.id]
+            assert not record.e2b
+            assert e2b.ends_at(info) == pytest.approx(clock.now + 3600, abs=60)  # its stasis idle deadline
             await e2b.connect("keep", timeout=1)  # the SDK's Sandbox.connect
             e2b.record(e2b.sandbox("keep"))  # GET /sandboxes/{id}
             with pytest.raises(InvalidRequest, match=r"made by stasis, not through E2B.*suspend after 3600 s idle"):
-                e2b.set_timeout("keep", 1)
-            await e2b.reap(time.time() + 7 * 24 * 3600)  # a week of E2B's reaper
-            assert service.get(keep.id).status == SandboxStatus.RUNNING
-            assert e2b.records.all() == []  # nothing written for it: a restarted daemon reaps nothing either
-            # an older daemon wrote a lifetime for every sandbox it listed: such a record has no E2B mark
-            old = Record(sandbox_id=keep.id, template="default", started_at=time.time(), end_at=time.time() - 1)
-            (e2b.records.directory / f"{keep.id}.json").write_text(old.model_dump_json(exclude={"e2b"}))
-            await e2b.reap(time.time())
-            assert service.get(keep.id).status == SandboxStatus.RUNNING
+                await e2b.set_timeout("keep", 1)
+            assert service.get("keep").deadline is None  # E2B gave it no lifetime
+            assert e2b.records.all() == []  # nothing written for it
+            clock.advance(3599)
+            await asyncio.gather(*rooms.reaper.tick())
+            assert service.get(keep.id).status == S.RUNNING
+
+    asyncio.run(main())
+
+
+def test_an_e2b_timeout_is_the_sandboxs_deadline_and_the_one_reaper_ends_it() -> None:
+    """E2B's timeout ends a sandbox used or not (killed, or paused with auto_pause); connect and set_timeout
+    move the deadline; a resume starts a new lifetime; the record goes with the sandbox."""
+    clock = Clock()
+
+    async def main() -> None:
+        paths = fake_home("e2b-deadline")
+        async with running_service(paths, clock=clock) as service:
+            rooms = wiring.build(paths, service)
+            e2b, reaper = rooms.e2b, rooms.reaper
+            defaults = Defaults(backend="fake", memory_mb=256)
+            service.images.get("default")  # the fake backend boots the default image
+            made = []
+            for auto_pause in (False, True):
+                info, _ = await e2b.create(defaults, "default", 60, auto_pause, {"k": "v"}, {}, None)
+                made.append(info)
+            killed, paused = made
+            assert killed.spec.timeout_secs is None and killed.spec.lifetime_secs == 60  # no idle window: E2B's
+            assert killed.deadline == pytest.approx(clock.now + 60)
+            assert {i.id: i.idle_action_at for i in service.list()}[killed.id] == pytest.approx(clock.now + 60)
+
+            clock.advance(30)
+            await e2b.set_timeout(killed.id, 120)  # from now: 150 s after create
+            await e2b.connect(paused.id, 10)  # never shortens: still 60 s after create
+            assert service.get(paused.id).deadline == pytest.approx(clock.now + 30)
+            with service.activity.busy(paused.id):  # a lifetime ends used or not
+                clock.advance(31)
+                await asyncio.gather(*reaper.tick())
+            assert service.get(paused.id).status == S.SUSPENDED  # auto_pause: memory and processes kept
+            assert service.get(killed.id).status == S.RUNNING  # its deadline moved
+
+            clock.advance(90)
+            await asyncio.gather(*reaper.tick())
+            assert service.get(killed.id).status == S.TERMINATED
+            assert [r.sandbox_id for r in e2b.records.all()] == [paused.id]  # the killed one's record went with it
+
+            resumed, _, was_paused = await e2b.connect(paused.id, 20)  # a new lifetime: its last timeout
+            assert was_paused and resumed.deadline == pytest.approx(clock.now + 20)
+            await e2b.kill(paused.id)
+            assert e2b.records.all() == []
 
     asyncio.run(main())

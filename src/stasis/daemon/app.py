@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from .. import __version__
 from ..paths import Paths
+from .core.recovery import Recovery
 from .core.service import SandboxService
 from .faces import mcp_http
 from .faces.accepts import quiet_accept_failures
@@ -19,7 +20,6 @@ from .faces.console import create_console
 from .faces.guards import map_errors, require_token
 from .faces.limits import BodyLimit
 from .faces.routes import ROUTERS
-from .rooms.recovery import Recovery
 from .wiring import build
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,12 @@ def create_app(
         quiet_accept_failures(asyncio.get_running_loop())
         await rooms.core.start()
         await rooms.ports.start()
-        await Recovery(rooms.core, rooms.remote).run()
+        await Recovery(rooms.core, rooms.settling).run()
         await rooms.pools.start()
         rooms.reaper.start()
-        rooms.e2b.start()
+        rooms.e2b.sweep()
         yield
         await rooms.e2b_listeners.close_all()
-        await rooms.e2b.stop()
         if mcp_app is not None:
             await mcp_app.aclose()
         await rooms.reaper.stop()

@@ -36,14 +36,14 @@ from .rooms.ssh import HostKeys
 
 def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms:
     """Every room, each handed only what it uses; the hooks between them set here and nowhere else."""
-    checkpoints = Checkpoints(core)
+    tables = core.tables  # each table to its one writer
+    checkpoints = Checkpoints(core, tables.checkpoints)
     remote_config = RemoteConfig.from_env()
-    remote = RemoteService(core, remote_config) if remote_config else None
-    pools = PoolManager(core)
-    ports = Ports(core)
-    core.teardown_hooks.append(ports.forget)  # an exposed port's listener goes with its sandbox
+    remote = RemoteService(core, remote_config, checkpoints, tables.pushes) if remote_config else None
+    pools = PoolManager(core, tables.pools, checkpoints)
+    ports = Ports(core, tables.ports)
     secrets = SecretsRoom(core)
-    front, ops = Front(core, pools, remote, secrets.check), GuestOperations(core)
+    front, ops = Front(core, checkpoints, pools, remote, secrets.check), GuestOperations(core)
     e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets)
     rooms = Rooms(
         paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
@@ -52,6 +52,15 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
         desktop=DesktopRoom(core, ports, ops), secrets=secrets, token=token,
     )  # fmt: skip
     e2b.code_interpreter = rooms.code.ensure
+    # what the core calls back: when a sandbox starts here, and when it ends (what a room holds of it goes too)
+    core.use_secrets(secrets.broker)
+    core.on_ready(secrets.install_trust)
+    core.on_ready(rooms.desktop.on_start)
+    for forget in (ports.forget, secrets.forget, rooms.code.server.forget, rooms.desktop.session.forget,
+                   rooms.desktop.forget, e2b.forget):  # fmt: skip
+        core.on_teardown(forget)
+    # settled after a restart before the sandboxes are: cut-off checkpoints, cut-off pushes
+    rooms.settling = [checkpoints.recover, *([remote.settle] if remote is not None else [])]
     if token:
         rooms.logins.tokens.add(token)
     return rooms

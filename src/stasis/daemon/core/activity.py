@@ -57,14 +57,21 @@ class Activity:
             return False
         return self.clock() - self.last(info) >= info.spec.timeout_secs
 
+    def due(self, info: SandboxInfo) -> bool:
+        """Whether its idle action is due: idle for its timeout, or past its deadline (used or not: a lifetime
+        ends, as E2B's timeout does, even mid-command)."""
+        return (info.deadline is not None and self.clock() >= info.deadline) or self.is_idle(info)
+
     def present(self, info: SandboxInfo, describe: Callable[[dict[str, Any]], dict[str, Any]] | None) -> SandboxInfo:
         """``info`` with its last use and idle deadline (none while in use: a session or a view holds it), and
         its backend's view of its state (``describe``)."""
         last = self.last(info)
         update: dict[str, Any] = {"last_activity": last}
-        if info.status == SandboxStatus.RUNNING and info.spec.timeout_secs is not None:
+        if info.status == SandboxStatus.RUNNING and (info.spec.timeout_secs is not None or info.deadline is not None):
+            idle_at = None if info.spec.timeout_secs is None or self.in_use(info.id) else last + info.spec.timeout_secs
+            ends = [at for at in (idle_at, info.deadline) if at is not None]
             update["idle_action"] = idle_action(info)
-            update["idle_action_at"] = None if self.in_use(info.id) else last + info.spec.timeout_secs
+            update["idle_action_at"] = min(ends) if ends else None
         if describe is not None:
             with contextlib.suppress(ValueError):
                 update["runtime"] = describe(info.runtime)

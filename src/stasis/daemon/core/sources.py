@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ...errors import CheckpointNotFound, InvalidRequest, NotFound
 from ...images import ImageStore
 from ...models import TEMPLATE_PREFIX, CheckpointInfo, CheckpointType, CreateSandboxRequest, SandboxSpec
-from .store import Store
 
 
 @dataclass(frozen=True)
@@ -38,34 +38,44 @@ Source = Boot | Restore
 PullCheckpoint = Callable[[str], Awaitable[None]]
 
 
+class CheckpointsRead(Protocol):
+    """What a create reads of the checkpoints (their room, :mod:`..rooms.checkpointing`, owns them)."""
+
+    def get(self, ref: str) -> CheckpointInfo: ...
+    def list(self, include_internal: bool = False) -> list[CheckpointInfo]: ...
+
+
 async def source_of(
-    request: CreateSandboxRequest, store: Store, images: ImageStore, pull: PullCheckpoint | None = None
+    request: CreateSandboxRequest,
+    checkpoints: CheckpointsRead,
+    images: ImageStore,
+    pull: PullCheckpoint | None = None,
 ) -> Source:
     """What ``request`` asks for: a template's checkpoint, a checkpoint (fetched by ``pull`` from the remote
     store if this node lacks it), or a boot of its image's current build."""
     snapshot = request.snapshot_id
     if request.template is not None and snapshot is None:
-        snapshot = template_checkpoint(store, request.template)
+        snapshot = template_checkpoint(checkpoints, request.template)
     if snapshot is None:
         spec = SandboxSpec.model_validate(request.model_dump(exclude={"name", "snapshot_id", "template"}))
         return Boot(spec, images.get(spec.image).key)
     try:
-        checkpoint = store.get_checkpoint(snapshot)
+        checkpoint = checkpoints.get(snapshot)
     except NotFound:
         if pull is None:
             raise
         await pull(snapshot)
-        checkpoint = store.get_checkpoint(snapshot)
+        checkpoint = checkpoints.get(snapshot)
     return Restore(checkpoint, spec_from_checkpoint(checkpoint, request))
 
 
-def template_checkpoint(store: Store, template: str) -> str:
+def template_checkpoint(checkpoints: CheckpointsRead, template: str) -> str:
     """The checkpoint a warm template keeps (see :class:`stasis.Template`): ``template-NAME``."""
     try:
-        return store.get_checkpoint(TEMPLATE_PREFIX + template).id
+        return checkpoints.get(TEMPLATE_PREFIX + template).id
     except CheckpointNotFound:
         prefix = TEMPLATE_PREFIX
-        names = [c.name.removeprefix(prefix) for c in store.list_checkpoints() if (c.name or "").startswith(prefix)]
+        names = [c.name.removeprefix(prefix) for c in checkpoints.list() if (c.name or "").startswith(prefix)]
         raise NotFound(
             f"no template named {template[:80]!r}"
             + (f"; templates: {', '.join(sorted(names))}" if names else "")
@@ -80,7 +90,8 @@ def spec_from_checkpoint(checkpoint: CheckpointInfo, request: CreateSandboxReque
             f"checkpoint {checkpoint.id} was made on backend {checkpoint.backend!r}, not {request.backend!r}"
         )
     overrides = {
-        k: getattr(request, k) for k in request.model_fields_set & {"timeout_secs", "on_idle", "cpus", "network"}
+        k: getattr(request, k)
+        for k in request.model_fields_set & {"timeout_secs", "on_idle", "lifetime_secs", "cpus", "network"}
     }
     overrides["backend"] = checkpoint.backend
     kept = checkpoint.spec

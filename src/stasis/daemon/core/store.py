@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import CheckpointNotFound, NameTaken, SandboxNotFound
+from ...errors import NameTaken, SandboxNotFound
 from ...fsutil import connect_sqlite
-from ...models import CheckpointInfo, CreateSandboxRequest, SandboxInfo, SandboxSpec, SandboxStatus
+from ...models import CreateSandboxRequest, SandboxInfo, SandboxSpec, SandboxStatus
 from ...validation import ID_PATTERN
 from .states import check_transition, phase
+from .tables import Tables
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -76,11 +77,14 @@ CREATE TABLE IF NOT EXISTS ports (   -- exposed ports: the daemon listens for th
 
 
 class Store:
+    """The sandbox rows and their journal: the core's own (the rooms' tables are :mod:`.tables`)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.db = connect_sqlite(path)
         self.db.executescript(SCHEMA)
         self._migrate()
+        self.tables = Tables.on(self.db)
 
     def _migrate(self) -> None:
         """Homes made before the daemon's facts had columns kept them in backend_state."""
@@ -98,6 +102,8 @@ class Store:
             for column in ("pool", "from_pool", "forked_from", "moved_to"):
                 if column not in columns:
                     self.db.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} TEXT")
+            if "deadline" not in columns:  # when its lifetime ends (E2B's timeout), used or not
+                self.db.execute("ALTER TABLE sandboxes ADD COLUMN deadline REAL")
             self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes(status, created_at, id)")
             self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_by_pool ON sandboxes(pool) WHERE pool IS NOT NULL")
 
@@ -166,7 +172,7 @@ class Store:
 
     # ------------------------------------------------------------ writes
 
-    def insert(
+    def insert_sandbox(
         self,
         sandbox_id: str,
         name: str | None,
@@ -257,23 +263,6 @@ class Store:
             self._journal(sandbox_id, current, current, detail)
         return self.get(sandbox_id)
 
-    # ------------------------------------------------------------ warm pools
-
-    def save_pool(self, name: str, spec_json: str) -> None:
-        try:
-            self.db.execute(
-                "INSERT INTO pools (name, spec, created_at) VALUES (?, ?, ?)", (name, spec_json, time.time())
-            )
-        except sqlite3.IntegrityError as exc:
-            raise NameTaken(f"a pool named {name!r} exists; remove it first with `stasis pool rm {name}`") from exc
-
-    def pools(self) -> dict[str, str]:
-        """Each pool's name and its spec (JSON), oldest first."""
-        return {row["name"]: row["spec"] for row in self.db.execute("SELECT * FROM pools ORDER BY created_at")}
-
-    def delete_pool(self, name: str) -> None:
-        self.db.execute("DELETE FROM pools WHERE name = ?", (name,))
-
     def claim_member(self, pool: str, image_key: str, request: CreateSandboxRequest) -> SandboxInfo | None:
         """Hand the oldest running member of ``pool`` on ``image_key`` to a user, with the request's name and
         idle policy, in one transaction: two claims never get the same member. None if none is ready."""
@@ -290,9 +279,19 @@ class Store:
                 now = time.time()
                 self.db.execute(
                     "UPDATE sandboxes SET pool = NULL, from_pool = ?, name = ?, "
-                    "spec = json_set(spec, '$.timeout_secs', ?, '$.on_idle', ?), "
+                    "spec = json_set(spec, '$.timeout_secs', ?, '$.on_idle', ?, '$.lifetime_secs', ?), "
                     "created_at = ?, updated_at = ?, last_activity = ? WHERE id = ?",
-                    (pool, request.name, request.timeout_secs, request.on_idle, now, now, now, row["id"]),
+                    (
+                        pool,
+                        request.name,
+                        request.timeout_secs,
+                        request.on_idle,
+                        request.lifetime_secs,
+                        now,
+                        now,
+                        now,
+                        row["id"],
+                    ),
                 )
                 self._journal(row["id"], SandboxStatus.RUNNING, SandboxStatus.RUNNING, f"claimed from pool {pool}")
         except sqlite3.IntegrityError as exc:
@@ -310,94 +309,17 @@ class Store:
             query, args = query + " AND pool = ?", (pool,)
         return [_info(row) for row in self.db.execute(query + " ORDER BY created_at", args)]
 
-    # ------------------------------------------------------------ exposed ports
-
-    def save_port(self, sandbox_id: str, port: int, public: bool, listen_port: int) -> None:
-        self.db.execute(
-            "INSERT OR REPLACE INTO ports (sandbox_id, port, public, listen_port) VALUES (?, ?, ?, ?)",
-            (sandbox_id, port, int(public), listen_port),
-        )
-
-    def list_ports(self, sandbox_id: str | None = None) -> list[tuple[str, int, bool, int]]:
-        query, args = "SELECT * FROM ports", ()
-        if sandbox_id is not None:
-            query, args = query + " WHERE sandbox_id = ?", (sandbox_id,)
-        rows = self.db.execute(query + " ORDER BY sandbox_id, port", args)
-        return [(r["sandbox_id"], r["port"], bool(r["public"]), r["listen_port"]) for r in rows]
-
-    def delete_ports(self, sandbox_id: str, port: int | None = None) -> None:
-        if port is None:
-            self.db.execute("DELETE FROM ports WHERE sandbox_id = ?", (sandbox_id,))
-        else:
-            self.db.execute("DELETE FROM ports WHERE sandbox_id = ? AND port = ?", (sandbox_id, port))
-
     def touch_at(self, sandbox_id: str, when: float) -> None:
         self.db.execute("UPDATE sandboxes SET last_activity = ? WHERE id = ?", (when, sandbox_id))
 
-    # ------------------------------------------------------------ checkpoints
-
-    def begin_push(self, sandbox_id: str, push_id: str) -> None:
+    def set_deadline(self, sandbox_id: str, deadline: float | None, detail: str) -> SandboxInfo:
+        """When its lifetime ends (its idle action runs then, used or not); None: no deadline."""
         with self.db:
-            self.db.execute("INSERT OR REPLACE INTO pushes VALUES (?, ?, ?)", (sandbox_id, push_id, time.time()))
-
-    def end_push(self, sandbox_id: str) -> None:
-        with self.db:
-            self.db.execute("DELETE FROM pushes WHERE sandbox_id = ?", (sandbox_id,))
-
-    def pushes(self) -> dict[str, str]:
-        """Pushes cut off before they settled: sandbox id → push id."""
-        return {row["sandbox_id"]: row["push_id"] for row in self.db.execute("SELECT * FROM pushes")}
-
-    def insert_ready_checkpoint(self, info: CheckpointInfo) -> None:
-        """A checkpoint whose files are whole already (pulled from the remote store)."""
-        try:
-            with self.db:
-                self.db.execute(
-                    "INSERT INTO checkpoints (id, name, status, internal, info) VALUES (?, ?, 'ready', 0, ?)",
-                    (info.id, info.name, info.model_dump_json()),
-                )
-        except sqlite3.IntegrityError as exc:
-            raise NameTaken(f"a different checkpoint named {info.name!r} is on this node already") from exc
-
-    def insert_checkpoint(self, info: CheckpointInfo, internal: bool = False) -> None:
-        try:
-            self.db.execute(
-                "INSERT INTO checkpoints (id, name, status, internal, info) VALUES (?, ?, 'writing', ?, ?)",
-                (info.id, info.name, int(internal), info.model_dump_json()),
-            )
-        except sqlite3.IntegrityError as exc:
-            raise NameTaken(f"a checkpoint named {info.name!r} already exists; pick another name") from exc
-
-    def seal_checkpoint(self, info: CheckpointInfo) -> None:
-        self.db.execute(
-            "UPDATE checkpoints SET status = 'ready', info = ? WHERE id = ?", (info.model_dump_json(), info.id)
-        )
-
-    def delete_checkpoint(self, checkpoint_id: str) -> None:
-        self.db.execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))
-
-    def get_checkpoint(self, ref: str) -> CheckpointInfo:
-        row = self.db.execute(
-            "SELECT info FROM checkpoints WHERE status = 'ready' AND (id = ? OR name = ?)", (ref, ref)
-        ).fetchone()
-        if row is None:
-            raise CheckpointNotFound(f"no checkpoint named or with id {ref[:80]!r}; `stasis checkpoints` lists them")
-        return CheckpointInfo.model_validate_json(row["info"])
-
-    def list_checkpoints(self, include_internal: bool = False) -> list[CheckpointInfo]:
-        query = "SELECT info FROM checkpoints WHERE status = 'ready'" + (
-            "" if include_internal else " AND internal = 0"
-        )
-        infos = [CheckpointInfo.model_validate_json(row["info"]) for row in self.db.execute(query)]
-        return sorted(infos, key=lambda c: c.created_at)
-
-    def unfinished_checkpoints(self) -> list[str]:
-        """Checkpoints whose writing was cut off, and internal ones (a fork's) left by a crash."""
-        rows = self.db.execute("SELECT id FROM checkpoints WHERE status != 'ready' OR internal = 1")
-        return [row["id"] for row in rows]
-
-    def all_checkpoint_ids(self) -> set[str]:
-        return {row["id"] for row in self.db.execute("SELECT id FROM checkpoints")}
+            self.db.execute("BEGIN IMMEDIATE")
+            current = SandboxStatus(self.get(sandbox_id).status)
+            self.db.execute("UPDATE sandboxes SET deadline = ? WHERE id = ?", (deadline, sandbox_id))
+            self._journal(sandbox_id, current, current, detail)
+        return self.get(sandbox_id)
 
     def _journal(
         self, sandbox_id: str, current: SandboxStatus | None, target: SandboxStatus, detail: str | None
@@ -440,4 +362,5 @@ def _info(row: sqlite3.Row) -> SandboxInfo:
         pool=row["pool"],
         forked_from=row["forked_from"],
         moved_to=row["moved_to"],
+        deadline=row["deadline"],
     )

@@ -4,6 +4,7 @@ through FastAPI's dependency (:data:`RoomsDep`), never through a module-level gl
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -47,6 +48,7 @@ class Rooms:
     secrets: SecretsRoom
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
+    settling: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # before recovery, after a restart
 
 
 async def rooms_of(connection: HTTPConnection) -> Rooms:

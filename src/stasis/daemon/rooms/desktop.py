@@ -39,12 +39,10 @@ class DesktopRoom:
                                 argv=self._argv, exited=_exited, start_timeout=START_TIMEOUT)  # fmt: skip
         self._ready: set[str] = set()  # sessions seen answering; a command that fails looks again
         self._tasks: set[asyncio.Task[None]] = set()
-        core.ready_hooks.append(self._on_start)
-        core.teardown_hooks.append(self._forget)
 
     # ------------------------------------------------------------ the session
 
-    async def _on_start(self, info: SandboxInfo, channel: GuestChannel) -> None:
+    async def on_start(self, info: SandboxInfo, channel: GuestChannel) -> None:
         """A desktop sandbox starts its session at boot: after the create or resume that holds the lock."""
         if info.spec.image != IMAGE or not info.spec.desktop_session:
             return
@@ -73,7 +71,7 @@ class DesktopRoom:
     def _argv(self, sandbox_id: str) -> list[str]:
         return bootstrap(self.core.lookup(sandbox_id).spec.screen or DEFAULT_SCREEN)
 
-    async def _forget(self, sandbox_id: str) -> None:
+    async def forget(self, sandbox_id: str) -> None:
         self._ready.discard(sandbox_id)
 
     # ------------------------------------------------------------ what an agent does

@@ -20,7 +20,8 @@ async def fork(service: SandboxService, checkpoints: Checkpoints, ref: str, time
     checkpoint = await checkpoints.take(ref, request, internal=True)
     faults.point("fork.after_checkpoint")
     # the parent's idle policy; no check of the bytes: this daemon wrote them a moment ago
-    spec = checkpoint.spec.model_copy(update={"timeout_secs": parent.spec.timeout_secs, "on_idle": parent.spec.on_idle})
+    idle = ("timeout_secs", "on_idle", "lifetime_secs")
+    spec = checkpoint.spec.model_copy(update={k: getattr(parent.spec, k) for k in idle})
     source = Restore(checkpoint, spec, verify=False)
     names = [f"{parent.name}-{secrets.token_hex(3)}" if parent.name else None for _ in range(times)]
     try:
@@ -29,8 +30,7 @@ async def fork(service: SandboxService, checkpoints: Checkpoints, ref: str, time
         )
         faults.point("fork.after_children")
     finally:
-        service.store.delete_checkpoint(checkpoint.id)
-        service.checkpoint_files.remove(checkpoint.id)
+        checkpoints.delete(checkpoint.id)
     failures = [c for c in children if isinstance(c, BaseException)]
     if failures:
         for child in children:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from ...errors import SandboxNotFound, StateError
 from ...models import CreateSandboxRequest, SandboxInfo
 from ..core.service import SandboxService
-from ..core.sources import Source, source_of
+from ..core.sources import CheckpointsRead, Source, source_of
 from .pools import PoolManager
 from .remote import RemoteService
 
@@ -22,11 +22,13 @@ class Front:
     def __init__(
         self,
         core: SandboxService,
+        checkpoints: CheckpointsRead,
         pools: PoolManager,
         remote: RemoteService | None,
         check_secrets: Callable[[list[str], dict[str, dict[str, str]]], None] = lambda names, rules: None,
     ) -> None:
         self.core = core
+        self.checkpoints = checkpoints
         self.pools = pools
         self.remote = remote
         self.check_secrets = check_secrets  # refuses a create naming a secret it lacks, or one a rule cannot send
@@ -40,7 +42,7 @@ class Front:
 
     async def source(self, request: CreateSandboxRequest) -> Source:
         pull = self.remote.pull_checkpoint if self.remote is not None else None
-        return await source_of(request, self.core.store, self.core.images, pull)
+        return await source_of(request, self.checkpoints, self.core.images, pull)
 
     async def resume(self, ref: str) -> SandboxInfo:
         """This node's sandbox, or one the remote store holds (taken over first); one that moved to another
@@ -56,7 +58,7 @@ class Front:
         else:
             if info.moved_to and remote is not None:
                 await remote.pull_sandbox(info.id)  # it left this node: back only if the store has it
-                info = core.store.get(info.id)
+                info = core.lookup(info.id)
             elif remote is not None and remote.unsettled(info.id):
                 raise StateError(
                     f"sandbox {info.name or info.id} was being pushed when the daemon stopped, and the remote store "

@@ -157,7 +157,7 @@ async def _open(service: SandboxService, channel: GuestChannel, sandbox_id: str,
         if exc.details.get("guest_error") == P.ErrorKind.REFUSED:
             raise ConnectionRefusedError(REFUSED, exc.message) from None
         raise
-    cmd = [*service.boxes.python_argv(service.lookup(sandbox_id)), "-I", "-S", "-c", RELAY, str(port)]
+    cmd = [*service.python_argv(service.lookup(sandbox_id)), "-I", "-S", "-c", RELAY, str(port)]
     await channel.call(P.StartProcess(cmd=cmd, id=session, stdin=True, max_output=BUFFER, paced=True))
     return True
 

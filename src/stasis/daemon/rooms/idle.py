@@ -1,4 +1,5 @@
-"""The idle reaper: suspends (or terminates) sandboxes nobody used for their ``timeout_secs``."""
+"""The reaper, the one end of every sandbox's life: suspends (or terminates) a sandbox nobody used for its
+``timeout_secs``, or whose lifetime (``lifetime_secs``, E2B's timeout) reached its deadline."""
 
 from __future__ import annotations
 
@@ -44,14 +45,14 @@ class IdleReaper:
                 log.exception("idle reaper tick failed")
 
     def tick(self, persist: bool = False, expire: bool = False) -> list[asyncio.Task[None]]:
-        """Act on every idle sandbox; the actions run on as tasks (returned: a test awaits them)."""
+        """Act on every sandbox idle or past its deadline; the actions run on as tasks (a test awaits them)."""
         service, started = self.service, []
         if persist:
-            service.activity.persist(service.store)
+            service.persist_activity()
         if expire:
             self.checkpoints.expire()
-        for info in service.store.list(status=S.RUNNING):  # not every suspended one, twice a second
-            if info.id not in self._busy and service.activity.is_idle(info):
+        for info in service.records(status=S.RUNNING):  # not every suspended one, twice a second
+            if info.id not in self._busy and service.activity.due(info):
                 self._busy.add(info.id)
                 task = asyncio.get_running_loop().create_task(self._act(info))
                 task.add_done_callback(lambda _t, sid=info.id: self._busy.discard(sid))
@@ -62,9 +63,9 @@ class IdleReaper:
         action, service = idle_action(info), self.service
         try:
             if action == "terminate":
-                acted = (await service.terminate(info.id, only_if_idle=True)).status == S.TERMINATED
+                acted = (await service.terminate(info.id, only_if_due=True)).status == S.TERMINATED
             else:
-                acted = (await service.suspend(info.id, only_if_idle=True)).status == S.SUSPENDED
+                acted = (await service.suspend(info.id, only_if_due=True)).status == S.SUSPENDED
             if acted:
                 service.metrics.idle_actions.labels(action).inc()
         except Exception as exc:  # a failed idle suspend leaves the sandbox running, with the error on record

@@ -73,7 +73,7 @@ class GuestOperations:
         """What the request says, over what the sandbox's image says (its Env, WorkingDir, User). A ``streamed``
         command's output is read as it comes: Python there writes it unbuffered unless told otherwise."""
         info = self.service.lookup(ref)
-        image_env, image_cwd, image_user = self.service.boxes.command_defaults(info)
+        image_env, image_cwd, image_user = self.service.command_defaults(info)
         base = STREAMED_ENV if streamed else {}
         if info.spec.ca_lineage is not None:  # a sandbox with secrets: their placeholders, and its CA trusted
             base = {**base, **trust.sandbox_env(info.spec.secrets)}
@@ -93,7 +93,7 @@ class GuestOperations:
             async with self.service.guest(ref) as channel:
                 result = await channel.call(op, timeout=wait)
         except GuestDisconnected as exc:
-            if self.service.store.get(ref).status in (S.SUSPENDING, S.SUSPENDED):
+            if self.service.record(ref).status in (S.SUSPENDING, S.SUSPENDED):
                 raise StateError(
                     f"the sandbox was suspended while the command ran; it goes on after resume: "
                     f"run again with exec_id={exec_id!r} to collect its result",

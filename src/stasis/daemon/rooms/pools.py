@@ -26,7 +26,8 @@ from ...guest import protocol as P
 from ...models import CreateSandboxRequest, SandboxInfo, SandboxStatus
 from ...pool_models import CreatePoolRequest, PoolInfo
 from ..core.service import SandboxService
-from ..core.sources import source_of, template_checkpoint
+from ..core.sources import CheckpointsRead, source_of, template_checkpoint
+from ..core.tables import PoolTable
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,10 @@ def memory_budget_mb() -> int:
 
 
 class PoolManager:
-    def __init__(self, service: SandboxService) -> None:
+    def __init__(self, service: SandboxService, table: PoolTable, checkpoints: CheckpointsRead) -> None:
         self.service = service
-        self.store = service.store
+        self.table = table  # the pools table: this room is its one writer (members are the core's rows)
+        self.checkpoints = checkpoints
         self.specs: dict[str, CreatePoolRequest] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -61,8 +63,8 @@ class PoolManager:
     async def start(self) -> None:
         """After recovery: members that no pool owns (a removal cut short by a crash) or that did not
         survive the restart are removed; every pool is refilled."""
-        self.specs = {name: CreatePoolRequest.model_validate_json(spec) for name, spec in self.store.pools().items()}
-        for member in self.store.pool_members():
+        self.specs = {name: CreatePoolRequest.model_validate_json(spec) for name, spec in self.table.pools().items()}
+        for member in self.service.pool_members():
             if member.pool not in self.specs or member.status != S.RUNNING:
                 log.warning("removing pool member %s (%s): %s", member.id, member.pool, member.status.value)
                 await self._remove(member)
@@ -86,7 +88,7 @@ class PoolManager:
         service.available(request.backend)  # refused now, not in a refill loop later
         service.images.get(request.image)
         if request.template is not None:
-            template_checkpoint(self.store, request.template)
+            template_checkpoint(self.checkpoints, request.template)
         reserved = sum(p.size * p.memory_mb for p in self.specs.values())
         budget = memory_budget_mb()
         if reserved + request.size * request.memory_mb > budget:
@@ -95,7 +97,7 @@ class PoolManager:
                 f"budget is {budget} MiB and {reserved} MiB of it is taken; make it smaller (--size, --memory), "
                 "remove another pool, or raise STASIS_POOL_MEMORY_MB"
             )
-        self.store.save_pool(request.name, request.model_dump_json(exclude_unset=True))  # a template's: see matches
+        self.table.save_pool(request.name, request.model_dump_json(exclude_unset=True))  # a template's: see matches
         self.specs[request.name] = request
         self._start_refill(request.name)
         log.info("pool %s: %d x %s on %s", request.name, request.size, request.image, request.backend)
@@ -106,7 +108,7 @@ class PoolManager:
 
     def describe(self, name: str) -> PoolInfo:
         spec = self._spec(name)
-        members = self.store.pool_members(name)
+        members = self.service.pool_members(name)
         return PoolInfo(
             name=name,
             spec=spec,
@@ -120,14 +122,14 @@ class PoolManager:
     async def remove(self, name: str) -> PoolInfo:
         """The pool first (no claim or refill after this), then every waiting member."""
         info = self.describe(name)
-        self.store.delete_pool(name)
+        self.table.delete_pool(name)
         self.specs.pop(name, None)
         task = self._tasks.pop(name, None)
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await asyncio.gather(*(self._remove(member) for member in self.store.pool_members(name)))
+        await asyncio.gather(*(self._remove(member) for member in self.service.pool_members(name)))
         self._wake.pop(name, None)
         log.info("pool %s removed", name)
         return info
@@ -150,7 +152,7 @@ class PoolManager:
                 image_key = self.service.images.get(spec.image).key
             except StasisError:
                 continue
-            while (member := self.store.claim_member(name, image_key, request)) is not None:
+            while (member := self.service.claim(name, image_key, request)) is not None:
                 self._claimed[name] = self._claimed.get(name, 0) + 1
                 self._wake_refill(name)
                 try:
@@ -192,7 +194,7 @@ class PoolManager:
         backoff = BACKOFF_SECS[0]
         while (spec := self.specs.get(name)) is not None:
             await self._drop_unusable(name, spec)
-            missing = spec.size - len(self.store.pool_members(name))
+            missing = spec.size - len(self.service.pool_members(name))
             if missing <= 0:
                 self._wake[name].clear()
                 with contextlib.suppress(TimeoutError):
@@ -214,7 +216,7 @@ class PoolManager:
             backoff = min(backoff * 2, BACKOFF_SECS[1])
 
     async def _start_member(self, name: str, spec: CreatePoolRequest) -> SandboxInfo:
-        source = await source_of(spec.member_request(), self.store, self.service.images)
+        source = await source_of(spec.member_request(), self.checkpoints, self.service.images)
         return await self.service.create(None, source, pool=name)
 
     async def _drop_unusable(self, name: str, spec: CreatePoolRequest) -> None:
@@ -223,7 +225,7 @@ class PoolManager:
             current = self.service.images.get(spec.image).key
         except StasisError:
             current = None
-        for member in self.store.pool_members(name):
+        for member in self.service.pool_members(name):
             if member.status == S.FAILED or (member.status == S.RUNNING and member.image_key != current):
                 log.info("pool %s: replacing member %s (%s)", name, member.id, member.status.value)
                 await self._remove(member)

@@ -37,6 +37,7 @@ from ...models import ExposedPort, ExposePortRequest
 from ...network.http1 import forward_requests
 from ...network.relay import pipe
 from ..core.service import SandboxService
+from ..core.tables import PortTable
 from .guest_tcp import open_guest_tcp
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,9 @@ def _response(status: str, text: str) -> bytes:
 
 
 class Ports:
-    def __init__(self, service: SandboxService) -> None:
+    def __init__(self, service: SandboxService, table: PortTable) -> None:
         self.service = service
+        self.table = table  # exposed ports: this room is its one writer
         self.host = os.environ.get("STASIS_PORTS_HOST", "127.0.0.1")
         self.gate = PortGate(b"")
         self._servers: dict[tuple[str, int], asyncio.Server] = {}
@@ -98,10 +100,10 @@ class Ports:
     async def start(self) -> None:
         """Listen again for every port exposed before the daemon restarted."""
         self.gate = PortGate(load_key(self.service.paths.home / "ports.key"))
-        live = {info.id for info in self.service.store.list()}
-        for sandbox_id, port, public, listen_port in self.service.store.list_ports():
+        live = {info.id for info in self.service.records()}
+        for sandbox_id, port, public, listen_port in self.table.list_ports():
             if sandbox_id not in live:
-                self.service.store.delete_ports(sandbox_id)
+                self.table.delete_ports(sandbox_id)
                 continue
             try:
                 await self._listen(sandbox_id, port, public, listen_port)
@@ -118,7 +120,7 @@ class Ports:
         server = await asyncio.start_server(handle, self.host, listen_port, limit=HEAD_LIMIT)
         listen_port = server.sockets[0].getsockname()[1]
         self._servers[key], self._public[key] = server, public
-        self.service.store.save_port(sandbox_id, port, public, listen_port)
+        self.table.save_port(sandbox_id, port, public, listen_port)
         return listen_port
 
     def _close(self, key: tuple[str, int]) -> None:
@@ -142,7 +144,7 @@ class Ports:
         else:  # exposed already: the same listener (and URL), public or not as asked now
             listen_port = server.sockets[0].getsockname()[1]
             self._public[key] = request.public
-            self.service.store.save_port(info.id, request.port, request.public, listen_port)
+            self.table.save_port(info.id, request.port, request.public, listen_port)
         return self._describe(info.id, request.port, request.public, listen_port, request.ttl_secs)
 
     def _describe(self, sandbox_id: str, port: int, public: bool, listen_port: int, ttl: int) -> ExposedPort:
@@ -156,18 +158,25 @@ class Ports:
     def list(self, ref: str, ttl_secs: int = 86400) -> list[ExposedPort]:
         info = self.service.lookup(ref)
         return [self._describe(info.id, port, public, listen, ttl_secs)
-                for _, port, public, listen in self.service.store.list_ports(info.id)]  # fmt: skip
+                for _, port, public, listen in self.table.list_ports(info.id)]  # fmt: skip
 
     async def unexpose(self, ref: str, port: int) -> None:
         info = self.service.lookup(ref)
         self._close((info.id, port))
-        self.service.store.delete_ports(info.id, port)
+        self.table.delete_ports(info.id, port)
+
+    def exposed(self) -> dict[str, list[int]]:
+        """Each sandbox's exposed ports (the console shows them)."""
+        ports: dict[str, list[int]] = {}
+        for sandbox_id, port, _public, _listen in self.table.list_ports():
+            ports.setdefault(sandbox_id, []).append(port)
+        return ports
 
     async def forget(self, sandbox_id: str) -> None:
         """The sandbox is gone: its listeners close, its records go."""
         for key in [k for k in self._servers if k[0] == sandbox_id]:
             self._close(key)
-        self.service.store.delete_ports(sandbox_id)
+        self.table.delete_ports(sandbox_id)
 
     # ------------------------------------------------------------ one connection
 
@@ -175,14 +184,14 @@ class Ports:
         """A connection to the port in the sandbox, resuming it first if it is suspended: into its network
         namespace, or (a sandbox without network) to its loopback through the agent."""
         service = self.service
-        info = await service.ensure_running(service.store.get(sandbox_id))  # attached: by create, resume, adopt
+        info = await service.ensure_running(service.record(sandbox_id))  # attached: by create, resume, adopt
         service.activity.touch(sandbox_id)
         deadline = time.monotonic() + CONNECT_RETRY
         while True:
             try:
                 if info.spec.network is None:
                     return await open_guest_tcp(service, sandbox_id, port)
-                return await service.network.connect(sandbox_id, port)
+                return await service.connect_port(sandbox_id, port)
             except ConnectionRefusedError:
                 if time.monotonic() > deadline:
                     raise

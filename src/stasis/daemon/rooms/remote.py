@@ -60,6 +60,8 @@ from ...remote.manifest import FORMAT, ImageRef, Manifest
 from ...remote.objects import ObjectStore
 from ...validation import ID_PATTERN, NAME_PATTERN
 from ..core.service import SandboxService
+from ..core.tables import PushTable
+from .checkpointing import Checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +72,13 @@ FOLDERS = {"sandbox": "sandboxes", "checkpoint": "checkpoints"}
 
 
 class RemoteService:
-    def __init__(self, service: SandboxService, config: RemoteConfig) -> None:
+    def __init__(
+        self, service: SandboxService, config: RemoteConfig, checkpoints: Checkpoints, table: PushTable
+    ) -> None:
         self.service = service
         self.config = config
+        self.checkpoints = checkpoints
+        self.table = table  # pushes under way: this room is its one writer
         self.node = node_name(service.paths.home)
         self.objects = ObjectStore(config)
         self.cache = ChunkCache(service.paths.home / "remote-cache", config.cache_limit_bytes)
@@ -82,9 +88,9 @@ class RemoteService:
     # ------------------------------------------------------------ checkpoints
 
     async def push_checkpoint(self, ref: str) -> TransferResult:
-        checkpoint = self.service.store.get_checkpoint(ref)
+        checkpoint = self.checkpoints.get(ref)
         key = f"checkpoints/{checkpoint.id}.json"
-        source = self.service.checkpoint_files.path(checkpoint.id)
+        source = self.checkpoints.files.path(checkpoint.id)
         section, transfer = await asyncio.to_thread(self.chunks.upload_tree, source)
         externals = await self._push_externals(checkpoint.backend, source)
         manifest = self._manifest("checkpoint", checkpoint.id, checkpoint.name, checkpoint.backend, checkpoint.image,
@@ -106,19 +112,19 @@ class RemoteService:
         checkpoint = CheckpointInfo.model_validate(manifest.record)
         _check_id(checkpoint.id, CHECKPOINT_ID, key)
         try:
-            local = self.service.store.get_checkpoint(checkpoint.id)
+            local = self.checkpoints.get(checkpoint.id)
             return self._result("checkpoint", local.id, local.name, key, Transfer())  # here already
         except NotFound:
             pass
         self._check_runnable(manifest)
-        files = self.service.checkpoint_files
+        files = self.checkpoints.files
         files.root.mkdir(parents=True, exist_ok=True)
         dest = files.path(checkpoint.id)
         shutil.rmtree(dest, ignore_errors=True)  # a pull cut off after the rename, before the record
         transfer = await self._download(manifest, dest)
         try:
             await asyncio.to_thread(files.verify, checkpoint.id, checkpoint.sha256)
-            self.service.store.insert_ready_checkpoint(checkpoint)
+            self.checkpoints.adopt(checkpoint)
         except BaseException:
             files.remove(checkpoint.id)
             raise
@@ -130,23 +136,22 @@ class RemoteService:
     async def push_sandbox(self, ref: str) -> TransferResult:
         """Suspend it (if it runs), send it, hand it to the store, remove it here."""
         service = self.service
-        info = service.store.get(ref)
+        info = service.record(ref)
         if info.pool is not None:
             raise InvalidRequest(f"{info.id} waits in pool {info.pool!r}; only a claimed sandbox can move")
         if info.status == S.RUNNING:
             info = await service.suspend(info.id)
         key = f"sandboxes/{info.id}.json"
-        async with service.lock(info.id):
-            info = service.store.get(info.id)
+        async with service.locked(info.id) as info:
             if info.status != S.SUSPENDED:
                 raise Conflict(f"sandbox {info.name or info.id} is {info.status.value}; only a suspended one can move")
             existing = await asyncio.to_thread(self.objects.read_document, key)
             previous = Manifest.parse(existing[0], key) if existing is not None else None
             if previous is not None and previous.owner not in (self.node, None):
                 raise Conflict(f"the store says sandbox {info.id} is owned by node {previous.owner!r}")
-            box = service.boxes.box_or_bare(info)  # suspended: nothing of the host holds its files
-            section, transfer = await asyncio.to_thread(self.chunks.upload_tree, box.directory)
-            externals = await self._push_externals(info.spec.backend, box.directory)
+            directory = service.files_of(info)  # suspended: nothing of the host holds its files
+            section, transfer = await asyncio.to_thread(self.chunks.upload_tree, directory)
+            externals = await self._push_externals(info.spec.backend, directory)
             record = info.model_dump(mode="json")
             manifest = self._manifest("sandbox", info.id, info.name, info.spec.backend, info.image_key or "",
                                       info.spec.image, info.runtime, record, section, externals)  # fmt: skip
@@ -156,13 +161,13 @@ class RemoteService:
             manifest = manifest.model_copy(update={"owner": None, "generation": generation, "push_id": push_id})
             if info.name:  # the name's pointer first: the manifest may be the last thing this daemon writes
                 await asyncio.to_thread(self.objects.put, f"names/sandboxes/{info.name}", info.id.encode())
-            service.store.begin_push(info.id, push_id)  # intent: a restart settles it against the store
+            self.table.begin_push(info.id, push_id)  # intent: a restart settles it against the store
             try:
                 await asyncio.to_thread(
                     self.objects.write_document, key, manifest.document(), replacing=existing[1] if existing else None
                 )
             except BaseException:
-                service.store.end_push(info.id)
+                self.table.end_push(info.id)
                 raise
             faults.point("remote.push.after_manifest")
             await self._leave(info, self.objects.url(key))
@@ -192,7 +197,7 @@ class RemoteService:
                            "remove one of them")  # fmt: skip
         if info.name and owner is None:
             try:
-                here = self.service.store.get(info.name)
+                here = self.service.record(info.name)
             except NotFound:
                 here = None
             if here is not None and here.id != info.id:
@@ -211,12 +216,12 @@ class RemoteService:
                     f"another node took sandbox {manifest.name or sandbox_id} from the store just now"
                 ) from None
             faults.point("remote.pull.after_take")
-        dest = hostpath.child(self.service.paths.sandboxes, info.id, "sandbox id", hostpath.SANDBOX_ID)
+        dest = self.service.home_for(info.id)
         if dest.exists():
             shutil.rmtree(dest)  # a pull cut off after the rename: we own it, fetch it whole again
         dest.parent.mkdir(parents=True, exist_ok=True)
         transfer = await self._download(manifest, dest)
-        self.service.store.arrive(info, f"pulled from {self.objects.url(key)} (generation {manifest.generation})")
+        self.service.arrived(info, f"pulled from {self.objects.url(key)} (generation {manifest.generation})")
         log.info("pulled sandbox %s: %s", info.id, transfer.as_dict())
         return self._result("sandbox", info.id, info.name, key, transfer, owner=self.node)
 
@@ -226,7 +231,7 @@ class RemoteService:
         if kind == "sandbox":
             return await self.push_sandbox(ref)
         try:
-            self.service.store.get(ref)
+            self.service.record(ref)
         except NotFound:
             return await self.push_checkpoint(ref)
         return await self.push_sandbox(ref)
@@ -265,33 +270,33 @@ class RemoteService:
     async def settle(self) -> None:
         """Pushes a daemon kill cut off: if the store took the sandbox over, finish removing it here;
         if not, it stays here, suspended. While the store cannot be reached nothing is decided."""
-        for sandbox_id, push_id in self.service.store.pushes().items():
+        for sandbox_id, push_id in self.table.pushes().items():
             try:
                 found = await asyncio.to_thread(self.objects.read_document, f"sandboxes/{sandbox_id}.json")
             except StoreUnreachable as exc:
                 log.warning("push of %s not settled (the store is unreachable: %s)", sandbox_id, exc)
                 continue
             if found is not None and found[0].get("push_id") == push_id:
-                info = self.service.store.get(sandbox_id)
+                info = self.service.record(sandbox_id)
                 await self._leave(info, self.objects.url(f"sandboxes/{sandbox_id}.json"))
                 log.info("settled push of %s: the store has it", sandbox_id)
             else:
-                self.service.store.end_push(sandbox_id)
+                self.table.end_push(sandbox_id)
                 log.info("settled push of %s: it never reached the store; it stays here", sandbox_id)
 
     def unsettled(self, sandbox_id: str) -> bool:
-        return sandbox_id in self.service.store.pushes()
+        return sandbox_id in self.table.pushes()
 
     # ------------------------------------------------------------ helpers
 
     async def _leave(self, info: SandboxInfo, url: str) -> None:
         """The store owns it now: remove this node's copy (a restart finishes this if cut off)."""
         await self.service.leave(info, moved_to=url)
-        self.service.store.end_push(info.id)
+        self.table.end_push(info.id)
 
     def _local(self, sandbox_id: str) -> SandboxInfo | None:
         try:
-            return self.service.store.get(sandbox_id)
+            return self.service.record(sandbox_id)
         except NotFound:
             return None
 
@@ -314,9 +319,10 @@ class RemoteService:
         """Refuse before taking anything: the backend must be here, and the exact image build."""
         service = self.service
         backend = manifest.backend
-        if backend not in service.backends:
-            why = service.unavailable.get(backend, "unknown backend")
-            raise Unsupported(f"{manifest.kind} {manifest.id} needs the {backend} backend: {why}")
+        try:
+            service.available(backend)
+        except Unsupported as exc:
+            raise Unsupported(f"{manifest.kind} {manifest.id} needs the {backend} backend: {exc}") from None
         image = manifest.image
         try:
             service.images.rootfs_by_key(image.key)

@@ -35,7 +35,6 @@ class Resident:
         self.name, self.port, self.what = name, port, what
         self.argv, self.exited, self.start_timeout = argv, exited, start_timeout
         self._starting: dict[str, asyncio.Lock] = {}
-        core.teardown_hooks.append(self._forget)
 
     async def connect(self, sandbox_id: str, port: int | None = None) -> Stream:
         """A connection to the server (or to another ``port`` its process serves), started first if need be."""
@@ -64,7 +63,7 @@ class Resident:
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
 
-    async def _forget(self, sandbox_id: str) -> None:
+    async def forget(self, sandbox_id: str) -> None:
         self._starting.pop(sandbox_id, None)
 
 

@@ -1,7 +1,7 @@
 """Secrets that never enter a sandbox: the room that owns the daemon's secret store and its CAs.
 
-It hands the network engine the broker (which puts secrets into HTTPS requests to their hosts) and, each
-time a sandbox with secrets starts on this node, makes it trust the CA this node holds for it
+The wiring hands the core its broker (which puts secrets into HTTPS requests to their hosts) and its hooks:
+each time a sandbox with secrets starts on this node, it makes it trust the CA this node holds for it
 (:mod:`stasis.credentials.trust`): done once per sandbox and CA, again after a move (a new node, a new CA).
 """
 
@@ -31,13 +31,10 @@ class SecretsRoom:
         self.authorities = Authorities(core.paths.home / "secret-cas")
         self.broker = SecretBroker(self.store, self.authorities, self._spec_of)
         self._installed: dict[str, str] = {}  # sandbox id -> the CA fingerprint last put in it by this daemon
-        core.network.secrets = self.broker
-        core.ready_hooks.append(self.install_trust)
-        core.teardown_hooks.append(self.forget)
 
     def _spec_of(self, sandbox_id: str) -> SandboxSpec | None:
         try:
-            return self.core.store.get(sandbox_id).spec
+            return self.core.record(sandbox_id).spec
         except NotFound:
             return None
 

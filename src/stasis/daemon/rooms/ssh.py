@@ -93,7 +93,7 @@ class HostKeys:
 async def host_key(service: SandboxService, keys: HostKeys, ref: str) -> str:
     """The sandbox's SSH host public key, from the daemon's record (made now if it has none yet)."""
     info = service.get(ref)
-    keys.forget({sandbox.id for sandbox in service.store.list()})
+    keys.forget({sandbox.id for sandbox in service.records()})
     return (await keys.get(info.id))[1]
 
 

@@ -26,7 +26,7 @@ def create_console(rooms: Rooms) -> FastAPI:
     """The console as an app to mount at /ui (it makes its own links relative to that)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.rooms = rooms
-    app.state.feed = Feed(rooms.core)
+    app.state.feed = Feed(rooms.core, rooms.ports)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     for module in (pages, runs, actions, desktop):
         app.include_router(module.router)

@@ -11,6 +11,7 @@ from typing import Any
 from ....models import SandboxInfo, SandboxStatus
 from ...core.service import SandboxService
 from ...rooms.host_usage import host_usage
+from ...rooms.ports import Ports
 
 TICK_SECS = 1.0  # how often the feed looks; the page only listens
 
@@ -42,8 +43,9 @@ def describe(
 
 
 class Feed:
-    def __init__(self, service: SandboxService) -> None:
+    def __init__(self, service: SandboxService, ports: Ports) -> None:
         self.service = service
+        self.ports = ports
         self._cpu: dict[str, tuple[float, float]] = {}  # id -> (CPU seconds, when) at the last look
         self._changed = asyncio.Event()
 
@@ -53,9 +55,7 @@ class Feed:
 
     def snapshot(self, usage: dict[str, tuple[float | None, float]] | None = None) -> list[dict[str, Any]]:
         """Every sandbox (read in the event loop: the store is the loop's), with ``usage`` by id."""
-        ports: dict[str, list[int]] = {}
-        for sandbox_id, port, _public, _listen in self.service.store.list_ports():
-            ports.setdefault(sandbox_id, []).append(port)
+        ports = self.ports.exposed()
         return [describe(info, (usage or {}).get(info.id), ports.get(info.id)) for info in self.service.list()]
 
     def _usage(self, running: list[str]) -> dict[str, tuple[float | None, float]]:

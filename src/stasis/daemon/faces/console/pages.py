@@ -62,7 +62,7 @@ async def sandbox(request: Request, ref: str, rooms: RoomsDep, path: str = "/roo
     except StasisError as exc:
         error = exc.message
     parent = posixpath.dirname(path.rstrip("/")) or "/"
-    audit = rooms.core.network.audit
+    audit = rooms.core.egress_audit
     egress = list(audit.lines(info.id))[-EGRESS_SHOWN:] if audit is not None else []
     return page(request, "sandbox.html", session, sandbox=describe(info, None), info=info, path=path,
                 parent=parent, entries=sorted(entries, key=lambda e: (e.type != "directory", e.name)),
@@ -98,6 +98,5 @@ async def _head(chunks: AsyncIterator[bytes], size: int) -> bytes:
 async def checkpoints(request: Request, rooms: RoomsDep) -> Response:
     if (session := session_of(request)) is None:
         return to_login()
-    store = rooms.core.store
-    roots = lineage(store.list(include_terminated=True, include_pooled=False), store.list_checkpoints())
+    roots = lineage(rooms.core.list(include_terminated=True), rooms.checkpoints.list())
     return page(request, "tree.html", session, roots=roots)

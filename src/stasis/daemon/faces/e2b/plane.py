@@ -141,8 +141,9 @@ class ControlPlane:
     def listed(self, info: SandboxInfo, record: Record) -> dict[str, Any]:
         return {
             "templateID": record.template, "sandboxID": info.id, "clientID": CLIENT_ID, "alias": record.template,
-            "startedAt": iso(record.started_at), "endAt": iso(record.end_at), "cpuCount": max(1, round(info.spec.cpus)),
-            "memoryMB": info.spec.memory_mb, "diskSizeMB": info.spec.disk_mb, "envdVersion": ENVD_VERSION,
+            "startedAt": iso(info.created_at), "endAt": iso(self.room.ends_at(info)),
+            "cpuCount": max(1, round(info.spec.cpus)), "memoryMB": info.spec.memory_mb, "diskSizeMB": info.spec.disk_mb,
+            "envdVersion": ENVD_VERSION,
             "state": "paused" if info.status in PAUSED else "running", "metadata": record.metadata,
         }  # fmt: skip
 
@@ -163,7 +164,7 @@ class ControlPlane:
         return detail
 
     def log_entries(self, sandbox_id: str) -> list[dict[str, Any]]:
-        rows = self.room.core.store.transitions(sandbox_id)
+        rows = self.room.core.journal(sandbox_id)
         return [
             {
                 "timestamp": iso(row["at"]),

@@ -16,18 +16,19 @@ log = logging.getLogger(__name__)
 
 
 class Record(BaseModel):
+    """Only what stasis has no field for: its lifetime (E2B's timeout and auto-pause) is the sandbox's own
+    (``lifetime_secs``, ``deadline``, ``on_idle``), kept and ended by the core. A record an older daemon wrote
+    with a lifetime in it reads as this (the extra fields are ignored)."""
+
     sandbox_id: str
     template: str
-    started_at: float
-    end_at: float = Field(description="when its lifetime ends (E2B's timeout): killed, or paused with auto_pause")
-    auto_pause: bool = False
     metadata: dict[str, str] = Field(default_factory=dict)
     envs: dict[str, str] = Field(default_factory=dict)
     public_traffic: bool = False  # its ports answer without the envd access token
     e2b: bool = Field(
         False,
-        description="made through the E2B face: only those live by an E2B lifetime (a record written by an "
-        "older daemon, which gave one to any sandbox it listed, lacks the mark and is never reaped)",
+        description="made through the E2B face: only those take E2B's set_timeout (a record written by an "
+        "older daemon, which gave one to any sandbox it listed, lacks the mark)",
     )
 
 

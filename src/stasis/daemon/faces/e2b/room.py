@@ -1,14 +1,14 @@
 """The E2B room: E2B's sandbox lifecycle over stasis' rooms (the front desk, the core, checkpoints, forks).
 
-What E2B adds to a stasis sandbox (its template name, metadata, envs and lifetime) is a :class:`Record`.
-A lifetime that ends kills the sandbox, or with ``auto_pause`` suspends it (its memory and processes kept);
-``connect`` resumes a paused one and extends its lifetime. E2B's "paused" is stasis' suspended: a sandbox
-stasis suspended when idle is paused to E2B too, and any envd call resumes it.
+What E2B adds to a stasis sandbox that stasis has no field for (its template name, metadata, envs, public
+traffic) is a :class:`Record`. Its lifetime is the core's: E2B's timeout is the sandbox's ``lifetime_secs``
+and deadline, and its end (killed, or with ``auto_pause`` suspended, memory and processes kept) is the
+sandbox's idle action, run by the one reaper (:mod:`...rooms.idle`), never by this face. ``connect``
+resumes a paused one and extends its lifetime. E2B's "paused" is stasis' suspended: any envd call resumes it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import logging
@@ -19,7 +19,7 @@ from typing import Any
 
 from ....desktop import GLIB_SPAWN_SHIM
 from ....desktop import IMAGE as DESKTOP_IMAGE
-from ....errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError, echo
+from ....errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, echo
 from ....guest import protocol as P
 from ....kernels import E2B_TEMPLATE as E2B_CODE_TEMPLATE
 from ....kernels import IMAGE as CODE_IMAGE
@@ -38,7 +38,6 @@ from ...core.service import SandboxService
 from ...rooms.checkpointing import Checkpoints
 from ...rooms.forks import fork
 from ...rooms.front import Front
-from ...rooms.networking import update_network
 from ...rooms.secrets import SecretsRoom
 from .keys import E2bKeys
 from .records import Record, Records
@@ -80,7 +79,6 @@ class E2bRoom:
         self.keys = keys
         self.records = Records(core.paths.home / "e2b")
         self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
-        self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle
 
@@ -89,27 +87,31 @@ class E2bRoom:
         envs: dict[str, str], network: NetworkPolicy | None, public_traffic: bool = False,
         egress_headers: dict[str, dict[str, str]] | None = None,
     ) -> tuple[SandboxInfo, Record]:  # fmt: skip
-        request = self._request(defaults, template, network, egress_headers or {})
+        lifetime = {"timeout_secs": None, "lifetime_secs": _timeout(timeout),  # E2B's timeout, and no idle window
+                    "on_idle": "suspend" if auto_pause else "terminate"}  # fmt: skip
+        request = self._request(defaults, template, network, egress_headers or {}, lifetime)
         if request.image == DESKTOP_IMAGE:  # XFCE's and gtk-launch's GLib spawns need it under gVisor
             envs = {"LD_PRELOAD": GLIB_SPAWN_SHIM, **envs}
         info = await self.front.create(request)
         if request.image == CODE_IMAGE and self.code_interpreter is not None:
             await self.code_interpreter(info.id)  # E2B's code-interpreter SDK calls port 49999 at once
-        now = time.time()
-        record = Record(
-            sandbox_id=info.id, template=template, started_at=now, end_at=now + _timeout(timeout),
-            auto_pause=auto_pause, metadata=metadata, envs=envs, public_traffic=public_traffic, e2b=True,
-        )  # fmt: skip
+        record = Record(sandbox_id=info.id, template=template, metadata=metadata, envs=envs,
+                        public_traffic=public_traffic, e2b=True)  # fmt: skip
         self.records.put(record)
         log.info("E2B sandbox %s from template %r, lifetime %ss", info.id, template, _timeout(timeout))
         return info, record
 
     def _request(
-        self, defaults: Defaults, template: str, network: NetworkPolicy | None, egress_headers: dict[str, Any]
+        self,
+        defaults: Defaults,
+        template: str,
+        network: NetworkPolicy | None,
+        egress_headers: dict[str, Any],
+        lifetime: dict[str, Any],
     ) -> CreateSandboxRequest:
         """A template is a stasis image, a stasis template, or a snapshot (a MEMORY checkpoint's id or name)."""
         base: dict[str, Any] = {"backend": defaults.backend, "memory_mb": defaults.memory_mb, "cpus": defaults.cpus,
-                                "network": network}  # fmt: skip
+                                "network": network, **lifetime}  # fmt: skip
         if egress_headers:
             base["egress_headers"] = egress_headers
         if template == E2B_CODE_TEMPLATE and self._warm_code_template(defaults.backend):
@@ -122,10 +124,10 @@ class E2bRoom:
             return CreateSandboxRequest(image=name, **base)
         if template != BASE_TEMPLATE:
             with contextlib.suppress(NotFound, InvalidRequest):
-                self.core.store.get_checkpoint(TEMPLATE_PREFIX + template)
+                self.checkpoints.get(TEMPLATE_PREFIX + template)
                 return CreateSandboxRequest(template=template, **base)
             with contextlib.suppress(NotFound, InvalidRequest):
-                checkpoint = self.core.store.get_checkpoint(template)
+                checkpoint = self.checkpoints.get(template)
                 return CreateSandboxRequest(snapshot_id=checkpoint.id, **base)
         hint = " (`stasis e2b serve` builds it)" if template == BASE_TEMPLATE else ""
         raise NotFound(
@@ -137,17 +139,26 @@ class E2bRoom:
         """Whether the stasis template `code-interpreter` (`stasis template code-interpreter`) is there for this
         backend: E2B's code-interpreter-v1 then starts warm instead of from the image."""
         try:
-            return self.core.store.get_checkpoint(TEMPLATE_PREFIX + CODE_IMAGE).backend == backend
+            return self.checkpoints.get(TEMPLATE_PREFIX + CODE_IMAGE).backend == backend
         except (NotFound, InvalidRequest):
             return False
 
     def record(self, info: SandboxInfo) -> Record:
         """Its E2B record. A sandbox made by stasis, not through this face, has none and gets none: it keeps
-        stasis' own idle policy, and E2B is shown its idle deadline as the end of its lifetime."""
+        stasis' own idle policy."""
         if (record := self.records.get(info.id)) is not None:
             return record
-        end = info.idle_action_at or time.time() + (info.spec.timeout_secs or MAX_TIMEOUT)
-        return Record(sandbox_id=info.id, template=info.spec.image, started_at=info.created_at, end_at=end, e2b=False)
+        return Record(sandbox_id=info.id, template=info.spec.image, e2b=False)
+
+    @staticmethod
+    def ends_at(info: SandboxInfo) -> float:
+        """When its lifetime ends, as E2B shows it: its deadline (E2B's timeout), or for a sandbox stasis made
+        its idle deadline."""
+        return info.deadline or info.idle_action_at or time.time() + (info.spec.timeout_secs or MAX_TIMEOUT)
+
+    async def forget(self, sandbox_id: str) -> None:
+        """The sandbox is gone: its record goes with it (the core's teardown hook)."""
+        self.records.remove(sandbox_id)
 
     def sandbox(self, ref: str) -> SandboxInfo:
         """A live sandbox by E2B id (a stasis id or name); E2B's 404 otherwise."""
@@ -167,21 +178,16 @@ class E2bRoom:
         ]
 
     async def kill(self, ref: str) -> None:
-        info = self.sandbox(ref)
-        await self.core.terminate(info.id)
-        self.records.remove(info.id)
+        await self.core.terminate(self.sandbox(ref).id)
 
-    def set_timeout(self, ref: str, timeout: int) -> Record:
+    async def set_timeout(self, ref: str, timeout: int) -> SandboxInfo:
         info = self.sandbox(ref)
-        record = self.record(info)
-        if not record.e2b:
+        if not self.record(info).e2b:
             raise InvalidRequest(
                 f"sandbox {info.name or info.id} was made by stasis, not through E2B: it has no E2B lifetime and "
                 f"keeps stasis' idle policy ({_idle_policy(info)}); `stasis rm` ends it"
             )
-        record = record.model_copy(update={"end_at": time.time() + _timeout(timeout)})
-        self.records.put(record)
-        return record
+        return await self.core.set_lifetime(info.id, _timeout(timeout))
 
     async def pause(self, ref: str) -> SandboxInfo:
         return await self.core.suspend(self.sandbox(ref).id)
@@ -194,9 +200,7 @@ class E2bRoom:
             info = await self.front.resume(info.id)
         record = self.record(info)
         if record.e2b:  # a stasis-made sandbox keeps its own idle policy
-            end_at = max(record.end_at, time.time() + _timeout(timeout))
-            record = record.model_copy(update={"end_at": end_at})
-            self.records.put(record)
+            info = await self.core.set_lifetime(info.id, _timeout(timeout), extend_only=True)
         return info, record, resumed
 
     async def fork(self, ref: str, count: int, timeout: int | None) -> list[tuple[SandboxInfo, Record]]:
@@ -205,16 +209,9 @@ class E2bRoom:
         children = await fork(self.core, self.checkpoints, parent.id, count)
         made = []
         for child in children:
-            record = parent_record.model_copy(
-                update={
-                    "sandbox_id": child.id,
-                    "started_at": time.time(),
-                    "end_at": time.time() + _timeout(timeout),
-                    "e2b": True,
-                }  # made through this face: an E2B lifetime
-            )
+            record = parent_record.model_copy(update={"sandbox_id": child.id, "e2b": True})  # made through this face
             self.records.put(record)
-            made.append((child, record))
+            made.append((await self.core.set_lifetime(child.id, _timeout(timeout)), record))
         return made
 
     async def snapshot(self, ref: str, name: str | None, memory: bool = True) -> CheckpointInfo:
@@ -228,18 +225,18 @@ class E2bRoom:
         """Checkpoints a sandbox can be created from (a template's own are stasis' business)."""
         return [
             c
-            for c in self.core.store.list_checkpoints()
+            for c in self.checkpoints.list()
             if not (c.name or "").startswith(TEMPLATE_PREFIX) and (sandbox_id is None or c.sandbox_id == sandbox_id)
         ]
 
     def delete_snapshot(self, ref: str) -> None:
-        checkpoint = self.core.store.get_checkpoint(ref)
+        checkpoint = self.checkpoints.get(ref)
         if (checkpoint.name or "").startswith(TEMPLATE_PREFIX):
             raise InvalidRequest(f"{echo(ref)} is a stasis template: remove it with `stasis template rm`")
         self.checkpoints.delete(checkpoint.id)
 
     async def update_network(self, ref: str, policy: NetworkPolicy) -> SandboxInfo:
-        return await update_network(self.core, self.sandbox(ref).id, policy)
+        return await self.core.set_network(self.sandbox(ref).id, policy)
 
     async def metrics(self, ref: str) -> dict[str, float] | None:
         """One sample, taken now inside a running sandbox (a paused one has none and is not woken for it)."""
@@ -250,48 +247,17 @@ class E2bRoom:
             result = await channel.call(P.Exec(cmd=["sh", "-c", METRICS_SCRIPT], timeout=30), timeout=60)
         return parse_metrics(base64.b64decode(result.stdout).decode(errors="replace"))
 
-    # -- lifetimes
+    # -- records
 
-    def start(self) -> None:
-        self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
-
-    async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-
-    async def _reap_forever(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                await self.reap(time.time())
-            except Exception:
-                log.exception("ending E2B sandboxes whose lifetime ran out failed; trying again")
-
-    async def reap(self, now: float) -> None:
-        """Kill (or, with auto_pause, suspend) every sandbox whose lifetime ended; forget records of gone ones."""
+    def sweep(self) -> None:
+        """Records of sandboxes that ended while no daemon watched (a record goes with its sandbox otherwise)."""
         for record in self.records.all():
             try:
-                info = self.core.get(record.sandbox_id)
+                gone = self.core.record(record.sandbox_id).status in GONE
             except SandboxNotFound:
+                gone = True
+            if gone:
                 self.records.remove(record.sandbox_id)
-                continue
-            if info.status in GONE:
-                self.records.remove(record.sandbox_id)
-            elif not record.e2b:  # an older daemon's record of a sandbox it only saw: no E2B lifetime
-                continue
-            elif record.end_at <= now and info.status == S.RUNNING:
-                try:
-                    if record.auto_pause:
-                        log.info("E2B lifetime of %s ended: pausing it", info.id)
-                        await self.core.suspend(info.id)
-                    else:
-                        log.info("E2B lifetime of %s ended: killing it", info.id)
-                        await self.core.terminate(info.id)
-                        self.records.remove(info.id)
-                except StasisError as exc:
-                    log.warning("ending %s at the end of its E2B lifetime failed: %s", info.id, exc)
 
 
 def _idle_policy(info: SandboxInfo) -> str:

@@ -78,13 +78,13 @@ async def kill(sandbox_id: str, plane: PlaneDep) -> Response:
 
 @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
 async def set_timeout(sandbox_id: str, body: Timeout, plane: PlaneDep) -> Response:
-    plane.room.set_timeout(sandbox_id, body.timeout)
+    await plane.room.set_timeout(sandbox_id, body.timeout)
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
 async def refresh(sandbox_id: str, plane: PlaneDep, body: Connect | None = None) -> Response:
-    plane.room.set_timeout(sandbox_id, body.timeout if body and body.timeout is not None else 300)
+    await plane.room.set_timeout(sandbox_id, body.timeout if body and body.timeout is not None else 300)
     return Response(status_code=204)
 
 

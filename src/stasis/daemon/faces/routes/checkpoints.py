@@ -17,12 +17,12 @@ async def checkpoint(ref: str, request: CreateCheckpointRequest, rooms: RoomsDep
 
 @router.get("/v1/checkpoints")
 async def list_checkpoints(rooms: RoomsDep) -> list[CheckpointInfo]:
-    return rooms.core.store.list_checkpoints()
+    return rooms.checkpoints.list()
 
 
 @router.get("/v1/checkpoints/{ref}")
 async def get_checkpoint(ref: str, rooms: RoomsDep) -> CheckpointInfo:
-    return rooms.core.store.get_checkpoint(ref)
+    return rooms.checkpoints.get(ref)
 
 
 @router.delete("/v1/checkpoints/{ref}")

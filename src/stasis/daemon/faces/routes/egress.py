@@ -21,7 +21,7 @@ FOLLOW_POLL = 0.5  # seconds between looks at the file while following
 async def egress(ref: str, rooms: RoomsDep, request: Request, follow: bool = False) -> Any:
     """Every kept line, oldest first; ``follow``: then each new one as it is written (JSON lines)."""
     info = rooms.core.lookup(ref)
-    audit = rooms.core.network.audit
+    audit = rooms.core.egress_audit
     if audit is None:
         return []
     if not follow:

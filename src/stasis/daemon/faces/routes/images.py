@@ -80,16 +80,16 @@ async def image(name: str, rooms: RoomsDep) -> ImageInfo:
 @router.delete("/v1/images/{name}")
 async def remove_image(name: str, rooms: RoomsDep) -> list[str]:
     """Every build of the image; 409 naming the sandboxes and checkpoints that use one."""
-    return await asyncio.to_thread(image_use.remove, rooms.core, name)
+    return await asyncio.to_thread(image_use.remove, rooms.core, rooms.checkpoints, name)
 
 
 @router.post("/v1/images/commit")
 async def commit_image(request: CommitImageRequest, rooms: RoomsDep) -> ImageInfo:
     """A build step's image: the parent's files with a build sandbox's FILESYSTEM checkpoint applied."""
-    return await image_use.commit(rooms.core, request)
+    return await image_use.commit(rooms.core, rooms.checkpoints, request)
 
 
 @router.post("/v1/images/prune")
 async def prune_images(rooms: RoomsDep, everything: bool = False) -> list[str]:
     """Builds nothing uses that no name resolves to any more (``everything``: unused current ones too)."""
-    return await asyncio.to_thread(image_use.prune, rooms.core, everything)
+    return await asyncio.to_thread(image_use.prune, rooms.core, rooms.checkpoints, everything)

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Query
 from ....models import CreateSandboxRequest, ForkRequest, SandboxInfo
 from ....netpolicy import NetworkPolicy
 from ...rooms.forks import fork as fork_sandbox
-from ...rooms.networking import update_network
 from ..deps import RoomsDep
 
 router = APIRouter()
@@ -29,7 +28,7 @@ async def list_sandboxes(
 ) -> list[SandboxInfo]:
     cursor = None
     if after is not None:
-        last = rooms.core.store.get(after)
+        last = rooms.core.record(after)
         cursor = (last.created_at, last.id)
     return rooms.core.list(include_terminated=all, limit=limit, after=cursor)
 
@@ -61,9 +60,9 @@ async def fork(ref: str, request: ForkRequest, rooms: RoomsDep) -> list[SandboxI
 
 @router.get("/v1/sandboxes/{ref}/transitions")
 async def transitions(ref: str, rooms: RoomsDep) -> list[dict]:
-    return rooms.core.store.transitions(rooms.core.get(ref).id)
+    return rooms.core.journal(rooms.core.get(ref).id)
 
 
 @router.put("/v1/sandboxes/{ref}/network")
 async def network(ref: str, policy: NetworkPolicy, rooms: RoomsDep) -> SandboxInfo:
-    return await update_network(rooms.core, ref, policy)
+    return await rooms.core.set_network(ref, policy)

@@ -32,7 +32,7 @@ async def metrics(rooms: RoomsDep) -> Response:
 
 @router.get("/v1/df")
 async def df(rooms: RoomsDep) -> DiskUsage:
-    return await asyncio.to_thread(disk_usage, rooms.core, rooms.remote)
+    return await asyncio.to_thread(disk_usage, rooms.core, rooms.checkpoints, rooms.remote)
 
 
 @router.get("/ui", include_in_schema=False)

@@ -14,11 +14,11 @@ import contextlib
 import enum
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 
 from ...backends.base import BoxRef, HostState
 from ...models import SandboxInfo, SandboxStatus
-from ..core.service import SandboxService
-from .remote import RemoteService
+from .service import SandboxService
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +69,17 @@ RECOVERY: dict[tuple[SandboxStatus, HostState], tuple[Plan, str]] = {
 
 
 class Recovery:
-    def __init__(self, service: SandboxService, remote: RemoteService | None = None) -> None:
+    def __init__(self, service: SandboxService, first: list[Callable[[], Awaitable[None]]] | None = None) -> None:
+        """``first`` run before the sandboxes are recovered: the rooms' own settling (cut-off checkpoints
+        removed, cut-off pushes settled against the remote store: one the store took over is not kept here)."""
         self.service = service
         self.store = service.store
-        self.remote = remote
+        self.first = first or []
 
     async def run(self) -> None:
         """Make the store and the host agree after a restart, sandbox by sandbox."""
-        for checkpoint_id in self.store.unfinished_checkpoints():
-            log.warning("removing checkpoint %s: its writing was cut off (or it was a fork's)", checkpoint_id)
-            self.store.delete_checkpoint(checkpoint_id)
-        for name in self.service.checkpoint_files.sweep(keep=self.store.all_checkpoint_ids()):
-            log.warning("removed checkpoint directory %s that no checkpoint owns", name)
-        if self.remote is not None:
-            await self.remote.settle()  # before the sandboxes: one the store took over is not kept here
+        for settle in self.first:
+            await settle()
         await asyncio.gather(*(self._recover_bounded(info) for info in self.store.list()))
         try:
             await self._sweep()
@@ -109,7 +106,8 @@ class Recovery:
         elif plan is Plan.TERMINATE:
             await service.terminate(info.id, pooled=True)
         elif plan is Plan.ADOPT:
-            await service.adopt(info, box, detail)
+            await service.attach_network(info)
+            await service.adopt_channel(info, await backend.connect(box), detail)
         elif plan is Plan.SALVAGE:
             await self._salvage(info, box, detail)
         elif plan is Plan.FAIL:

@@ -1,0 +1,143 @@
+"""The tables the rooms own, one class each, on the daemon's one SQLite file (:mod:`.store` opens it and keeps
+the schema). The core hands each to its one owner through the wiring: checkpoints to
+:mod:`..rooms.checkpointing`, pools to :mod:`..rooms.pools`, exposed ports to :mod:`..rooms.ports`, pushes to
+:mod:`..rooms.remote`; ``tests/test_architecture.py`` holds that nothing else writes them."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+
+from ...errors import CheckpointNotFound, NameTaken
+from ...models import CheckpointInfo
+
+
+class Table:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+
+class CheckpointTable(Table):
+    """Checkpoints: 'writing' (the intent) until sealed 'ready' (the outcome)."""
+
+    def insert_ready_checkpoint(self, info: CheckpointInfo) -> None:
+        """A checkpoint whose files are whole already (pulled from the remote store)."""
+        try:
+            with self.db:
+                self.db.execute(
+                    "INSERT INTO checkpoints (id, name, status, internal, info) VALUES (?, ?, 'ready', 0, ?)",
+                    (info.id, info.name, info.model_dump_json()),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(f"a different checkpoint named {info.name!r} is on this node already") from exc
+
+    def insert_checkpoint(self, info: CheckpointInfo, internal: bool = False) -> None:
+        try:
+            self.db.execute(
+                "INSERT INTO checkpoints (id, name, status, internal, info) VALUES (?, ?, 'writing', ?, ?)",
+                (info.id, info.name, int(internal), info.model_dump_json()),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(f"a checkpoint named {info.name!r} already exists; pick another name") from exc
+
+    def seal_checkpoint(self, info: CheckpointInfo) -> None:
+        self.db.execute(
+            "UPDATE checkpoints SET status = 'ready', info = ? WHERE id = ?", (info.model_dump_json(), info.id)
+        )
+
+    def delete_checkpoint(self, checkpoint_id: str) -> None:
+        self.db.execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))
+
+    def get_checkpoint(self, ref: str) -> CheckpointInfo:
+        row = self.db.execute(
+            "SELECT info FROM checkpoints WHERE status = 'ready' AND (id = ? OR name = ?)", (ref, ref)
+        ).fetchone()
+        if row is None:
+            raise CheckpointNotFound(f"no checkpoint named or with id {ref[:80]!r}; `stasis checkpoints` lists them")
+        return CheckpointInfo.model_validate_json(row["info"])
+
+    def list_checkpoints(self, include_internal: bool = False) -> list[CheckpointInfo]:
+        query = "SELECT info FROM checkpoints WHERE status = 'ready'" + (
+            "" if include_internal else " AND internal = 0"
+        )
+        infos = [CheckpointInfo.model_validate_json(row["info"]) for row in self.db.execute(query)]
+        return sorted(infos, key=lambda c: c.created_at)
+
+    def unfinished_checkpoints(self) -> list[str]:
+        """Checkpoints whose writing was cut off, and internal ones (a fork's) left by a crash."""
+        rows = self.db.execute("SELECT id FROM checkpoints WHERE status != 'ready' OR internal = 1")
+        return [row["id"] for row in rows]
+
+    def all_checkpoint_ids(self) -> set[str]:
+        return {row["id"] for row in self.db.execute("SELECT id FROM checkpoints")}
+
+
+class PoolTable(Table):
+    """Warm pools by name; their members are sandbox rows (the core's) whose ``pool`` names them."""
+
+    def save_pool(self, name: str, spec_json: str) -> None:
+        try:
+            self.db.execute(
+                "INSERT INTO pools (name, spec, created_at) VALUES (?, ?, ?)", (name, spec_json, time.time())
+            )
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(f"a pool named {name!r} exists; remove it first with `stasis pool rm {name}`") from exc
+
+    def pools(self) -> dict[str, str]:
+        """Each pool's name and its spec (JSON), oldest first."""
+        return {row["name"]: row["spec"] for row in self.db.execute("SELECT * FROM pools ORDER BY created_at")}
+
+    def delete_pool(self, name: str) -> None:
+        self.db.execute("DELETE FROM pools WHERE name = ?", (name,))
+
+
+class PortTable(Table):
+    """Exposed ports: the daemon listens for them again after a restart."""
+
+    def save_port(self, sandbox_id: str, port: int, public: bool, listen_port: int) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO ports (sandbox_id, port, public, listen_port) VALUES (?, ?, ?, ?)",
+            (sandbox_id, port, int(public), listen_port),
+        )
+
+    def list_ports(self, sandbox_id: str | None = None) -> list[tuple[str, int, bool, int]]:
+        query, args = "SELECT * FROM ports", ()
+        if sandbox_id is not None:
+            query, args = query + " WHERE sandbox_id = ?", (sandbox_id,)
+        rows = self.db.execute(query + " ORDER BY sandbox_id, port", args)
+        return [(r["sandbox_id"], r["port"], bool(r["public"]), r["listen_port"]) for r in rows]
+
+    def delete_ports(self, sandbox_id: str, port: int | None = None) -> None:
+        if port is None:
+            self.db.execute("DELETE FROM ports WHERE sandbox_id = ?", (sandbox_id,))
+        else:
+            self.db.execute("DELETE FROM ports WHERE sandbox_id = ? AND port = ?", (sandbox_id, port))
+
+
+class PushTable(Table):
+    """Sandboxes being handed to the remote store: settled against it after a restart."""
+
+    def begin_push(self, sandbox_id: str, push_id: str) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO pushes VALUES (?, ?, ?)", (sandbox_id, push_id, time.time()))
+
+    def end_push(self, sandbox_id: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM pushes WHERE sandbox_id = ?", (sandbox_id,))
+
+    def pushes(self) -> dict[str, str]:
+        """Pushes cut off before they settled: sandbox id → push id."""
+        return {row["sandbox_id"]: row["push_id"] for row in self.db.execute("SELECT * FROM pushes")}
+
+
+@dataclass(frozen=True)
+class Tables:
+    checkpoints: CheckpointTable
+    pools: PoolTable
+    ports: PortTable
+    pushes: PushTable
+
+    @classmethod
+    def on(cls, db: sqlite3.Connection) -> Tables:
+        return cls(CheckpointTable(db), PoolTable(db), PortTable(db), PushTable(db))
