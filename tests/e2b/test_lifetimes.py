@@ -5,6 +5,7 @@ that E2B merely sees (listed, looked up, connected to) keeps stasis' own idle po
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -12,7 +13,7 @@ from stasis.daemon import app as _app  # noqa: F401 (the daemon package is impor
 from stasis.daemon import wiring
 from stasis.daemon.faces.e2b.room import Defaults
 from stasis.errors import InvalidRequest
-from stasis.models import SandboxStatus
+from stasis.models import CreateSandboxRequest, SandboxStatus
 from tests.fastkit import Clock, create, fake_home, running_service
 
 pytestmark = pytest.mark.fast
@@ -86,5 +87,39 @@ def test_an_e2b_timeout_is_the_sandboxs_deadline_and_the_one_reaper_ends_it() ->
             assert was_paused and resumed.deadline == pytest.approx(clock.now + 20)
             await e2b.kill(paused.id)
             assert e2b.records.all() == []
+
+    asyncio.run(main())
+
+
+def test_a_lifetime_is_the_requests_and_an_older_daemons_e2b_lifetime_becomes_the_sandboxs() -> None:
+    """A sandbox restored through stasis from an E2B sandbox's snapshot gets stasis' idle policy, not the E2B
+    lifetime its spec had; a paused one connected to with a shorter timeout lives that long; a record an older
+    daemon wrote with its lifetime in it hands that lifetime to the sandbox at start."""
+    clock = Clock()
+
+    async def main() -> None:
+        paths = fake_home("e2b-lifetime-edges")
+        async with running_service(paths, clock=clock) as service:
+            rooms = wiring.build(paths, service)
+            e2b = rooms.e2b
+            made, _ = await e2b.create(Defaults(backend="fake", memory_mb=256), "default", 3600, True, {}, {}, None)
+            snapshot = await e2b.snapshot(made.id, "e2b-snap", memory=False)
+            request = CreateSandboxRequest(name="mine", backend="fake", snapshot_id=snapshot.id)
+            mine = await service.create("mine", await rooms.front.source(request))
+            assert (mine.spec.lifetime_secs, mine.deadline, mine.spec.timeout_secs) == (None, None, 600)
+
+            await e2b.pause(made.id)
+            resumed, _, was_paused = await e2b.connect(made.id, 300)
+            assert was_paused and resumed.deadline == pytest.approx(clock.now + 300)  # not the 3600 it had
+
+            older = await create(service, "older", timeout_secs=600)
+            written = {"sandbox_id": older.id, "template": "base", "started_at": clock.now, "e2b": True,
+                       "end_at": clock.now + 120, "auto_pause": True}  # fmt: skip
+            (e2b.records.directory / f"{older.id}.json").write_text(json.dumps(written))
+            await e2b.sweep()
+            upgraded = service.get(older.id)
+            assert (upgraded.spec.timeout_secs, upgraded.spec.on_idle) == (None, "suspend")
+            assert upgraded.deadline == pytest.approx(clock.now + 120, abs=1)
+            assert "end_at" not in (e2b.records.directory / f"{older.id}.json").read_text()  # once
 
     asyncio.run(main())

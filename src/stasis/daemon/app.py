@@ -43,7 +43,7 @@ def create_app(
         await Recovery(rooms.core, rooms.settling).run()
         await rooms.pools.start()
         rooms.reaper.start()
-        rooms.e2b.sweep()
+        await rooms.e2b.sweep()
         yield
         await rooms.e2b_listeners.close_all()
         if mcp_app is not None:

@@ -143,30 +143,34 @@ class Lifecycle:
         host = await backend.host_state(box)
         channel = None
         if step.before == S.RUNNING:
-            channel = await self._reconnect(info, backend, box, host)
+            channel = await self._reconnect(step, host)
         else:
             with contextlib.suppress(Exception):
                 await backend.stop(box)  # whatever the operation started
         target = rollback_target(step.before, host, channel is not None)
         if target == S.FAILED and step.before == S.RUNNING:
-            await backend.stop(box)
+            with contextlib.suppress(Exception):
+                await backend.stop(box)
             why += "; the sandbox stopped"
         self.store.transition(info.id, target, f"{VERBS[step.intent]} rolled back", error=why)
         if channel is not None:
             self._channels[info.id] = channel
             await self._watch(info)
 
-    async def _reconnect(
-        self, info: SandboxInfo, backend: Backend, box: BoxRef, host: HostState
-    ) -> GuestChannel | None:
-        """A running sandbox's channel after a failed operation: the open one, a new one, or (a suspend that
-        stopped it after writing its image) the sandbox resumed from that image; None if none answers."""
-        current = self._channels.pop(info.id, None)
+    async def _reconnect(self, step: Step, host: HostState) -> GuestChannel | None:
+        """A running sandbox's channel after a failed operation: a checkpoint's open one, or a new one (after a
+        suspend, connecting is what un-pauses the guest), or (a suspend that stopped it after writing its image)
+        the sandbox resumed from that image; None if none answers."""
+        current = self._channels.pop(step.info.id, None)
+        keep = step.intent == S.SNAPSHOTTING and current is not None and not current.closed
+        if current is not None and not keep:
+            with contextlib.suppress(Exception):
+                await current.close()
         with contextlib.suppress(Exception):
             if host == HostState.RUNNING:
-                return current if current is not None and not current.closed else await backend.connect(box)
+                return current if keep else await step.backend.connect(step.box)
             if host == HostState.PARTIAL:
-                return await backend.resume(box)
+                return await step.backend.resume(step.box)
         return None
 
     # ------------------------------------------------------------ the operations
@@ -183,7 +187,9 @@ class Lifecycle:
         if checkpoint is not None and source.verify:
             await asyncio.to_thread(self.checkpoint_files.verify, checkpoint.id, checkpoint.sha256)
         from_checkpoint = checkpoint.id if checkpoint else None
-        info = self.store.insert_sandbox(new_id("sb-"), name, source.spec, source.image_key, from_checkpoint, pool, forked_from)
+        info = self.store.insert_sandbox(
+            new_id("sb-"), name, source.spec, source.image_key, from_checkpoint, pool, forked_from
+        )
         started = time.monotonic()
         async with self.lock(info.id):
             async with self.operation(info, S.PENDING) as step:

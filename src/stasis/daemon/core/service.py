@@ -175,8 +175,9 @@ class SandboxService(Lifecycle):
         """The oldest ready member of ``pool`` on ``image_key``, handed to ``request`` (its name, idle policy)
         in one transaction; None if none is ready."""
         info = self.store.claim_member(pool, image_key, request)
-        if info is not None and request.lifetime_secs is not None:
-            info = self.store.set_deadline(info.id, self.activity.clock() + request.lifetime_secs, "lifetime")
+        if info is not None and (request.lifetime_secs is not None or info.deadline is not None):
+            deadline = None if request.lifetime_secs is None else self.activity.clock() + request.lifetime_secs
+            info = self.store.set_deadline(info.id, deadline, "the claim's lifetime")
         return info
 
     def arrived(self, info: SandboxInfo, detail: str) -> SandboxInfo:
@@ -196,18 +197,26 @@ class SandboxService(Lifecycle):
             await self.network.update(info.id, policy)
             return self.present(info)
 
-    async def set_lifetime(self, ref: str, seconds: int, *, extend_only: bool = False) -> SandboxInfo:
+    async def set_lifetime(
+        self, ref: str, seconds: float, *, extend_only: bool = False, on_end: str | None = None
+    ) -> SandboxInfo:
         """Its lifetime runs ``seconds`` from now (and from each later resume), then its idle action runs, used
-        or not; ``extend_only`` never shortens a deadline it has."""
+        or not; ``extend_only`` only moves a deadline it has later (its lifetime stays); ``on_end`` (suspend or
+        terminate) replaces its idle policy: no idle window, that action at the deadline."""
         async with self.locked(ref) as info:
             require(info, info.status if info.status in (S.RUNNING, S.SUSPENDED) else S.RUNNING)
             deadline = self.activity.clock() + seconds
             if extend_only and info.deadline is not None:
                 deadline = max(deadline, info.deadline)
-            if info.spec.lifetime_secs != seconds:
-                info = self.store.update_spec(info.id, info.spec.model_copy(update={"lifetime_secs": seconds}),
-                                              f"lifetime: {seconds} s")  # fmt: skip
-            info = self.store.set_deadline(info.id, deadline, f"deadline in {deadline - self.activity.clock():.0f} s")
+            change: dict[str, Any] = {} if extend_only else {"lifetime_secs": max(0, round(seconds))}
+            if on_end is not None:
+                change |= {"on_idle": on_end, "timeout_secs": None}
+            if any(getattr(info.spec, k) != v for k, v in change.items()):
+                info = self.store.update_spec(info.id, info.spec.model_copy(update=change),
+                                              f"lifetime: {change}")  # fmt: skip
+            if deadline != info.deadline:
+                left = deadline - self.activity.clock()
+                info = self.store.set_deadline(info.id, deadline, f"deadline in {left:.0f} s")
             return self.present(info)
 
     # ------------------------------------------------------------ the guest

@@ -95,6 +95,10 @@ def spec_from_checkpoint(checkpoint: CheckpointInfo, request: CreateSandboxReque
     }
     overrides["backend"] = checkpoint.backend
     kept = checkpoint.spec
+    overrides["lifetime_secs"] = request.lifetime_secs  # a lifetime is the request's, never a checkpoint's
+    if kept.lifetime_secs is not None:  # taken of an E2B sandbox: its idle policy was E2B's, not this request's
+        overrides.setdefault("timeout_secs", request.timeout_secs)
+        overrides.setdefault("on_idle", request.on_idle)
     if request.secrets or request.egress_headers:  # a secret it had keeps its placeholder (its memory holds it)
         if overrides.get("network", kept.network) is None:
             raise InvalidRequest("secrets reach their hosts through the egress proxy: give the sandbox a network")

@@ -52,6 +52,17 @@ class Records:
             log.warning("ignoring the unreadable E2B record of %s: %s", sandbox_id, exc)
             return None
 
+    def older_lifetime(self, sandbox_id: str) -> tuple[float, bool] | None:
+        """(end_at, auto_pause) from a record an older daemon wrote with E2B's lifetime in it, else None."""
+        try:
+            raw = json.loads(self._path(sandbox_id).read_bytes())
+            end_at, auto_pause = raw.get("end_at"), raw.get("auto_pause", False)
+        except (OSError, ValueError, AttributeError):
+            return None
+        if raw.get("e2b") is not True or not isinstance(end_at, int | float) or not isinstance(auto_pause, bool):
+            return None
+        return float(end_at), auto_pause
+
     def all(self) -> list[Record]:
         records = []
         for path in sorted(self.directory.glob("sb-*.json")):

@@ -19,7 +19,7 @@ from typing import Any
 
 from ....desktop import GLIB_SPAWN_SHIM
 from ....desktop import IMAGE as DESKTOP_IMAGE
-from ....errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, echo
+from ....errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError, echo
 from ....guest import protocol as P
 from ....kernels import E2B_TEMPLATE as E2B_CODE_TEMPLATE
 from ....kernels import IMAGE as CODE_IMAGE
@@ -199,8 +199,8 @@ class E2bRoom:
         if resumed:
             info = await self.front.resume(info.id)
         record = self.record(info)
-        if record.e2b:  # a stasis-made sandbox keeps its own idle policy
-            info = await self.core.set_lifetime(info.id, _timeout(timeout), extend_only=True)
+        if record.e2b:  # a stasis-made sandbox keeps its own idle policy; a resumed one's lifetime starts anew
+            info = await self.core.set_lifetime(info.id, _timeout(timeout), extend_only=not resumed)
         return info, record, resumed
 
     async def fork(self, ref: str, count: int, timeout: int | None) -> list[tuple[SandboxInfo, Record]]:
@@ -249,8 +249,9 @@ class E2bRoom:
 
     # -- records
 
-    def sweep(self) -> None:
-        """Records of sandboxes that ended while no daemon watched (a record goes with its sandbox otherwise)."""
+    async def sweep(self) -> None:
+        """At start: records of sandboxes that ended while no daemon watched go (a record goes with its sandbox
+        otherwise); an older daemon's E2B lifetime (kept in its record) becomes the sandbox's own."""
         for record in self.records.all():
             try:
                 gone = self.core.record(record.sandbox_id).status in GONE
@@ -258,6 +259,14 @@ class E2bRoom:
                 gone = True
             if gone:
                 self.records.remove(record.sandbox_id)
+            elif (older := self.records.older_lifetime(record.sandbox_id)) is not None:
+                end_at, auto_pause = older
+                end = "suspend" if auto_pause else "terminate"
+                try:
+                    await self.core.set_lifetime(record.sandbox_id, max(0.0, end_at - time.time()), on_end=end)
+                except StasisError as exc:  # a failed one, say: it keeps what it had
+                    log.warning("E2B sandbox %s keeps its idle policy: %s", record.sandbox_id, exc)
+                self.records.put(record)  # rewritten without it: done once
 
 
 def _idle_policy(info: SandboxInfo) -> str:
