@@ -14,7 +14,7 @@ test-fast: .venv/.stasis-installed
 .venv/.stasis-installed: pyproject.toml
 	python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q -e '.[dev,integrations]'
+	.venv/bin/pip install -q -e '.[dev,integrations,fleet]'
 	touch $@
 
 demo: setup

@@ -60,7 +60,7 @@ if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
   say "creating .venv with stasis and its dev dependencies"
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev,integrations]'
+  .venv/bin/pip install -q -e '.[dev,integrations,fleet]'
   touch "$stamp"
 fi
 

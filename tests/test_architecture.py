@@ -129,7 +129,7 @@ def test_no_import_circle_inside_the_daemon() -> None:
 
 def test_clients_reach_the_daemon_only_over_http() -> None:
     """The SDK, the agent harness and the framework adapters never import the daemon; the CLI only to serve."""
-    for package in ("stasis.sdk", "stasis.agent", "stasis.integrations", "stasis.cli"):
+    for package in ("stasis.sdk", "stasis.agent", "stasis.integrations", "stasis.cli", "stasis.fleet"):
         for m, deps in under(package).items():
             daemon = sorted(d for d in deps if d.startswith("stasis.daemon") and d != "stasis.daemon.server")
             assert daemon == [], f"{m} imports {daemon}"

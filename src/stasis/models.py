@@ -182,6 +182,7 @@ class SandboxInfo(BaseModel):
     pool: str | None = Field(None, description="the pool it waits in (a member not claimed yet)")
     forked_from: str | None = Field(None, description="the sandbox it is a live fork of")
     moved_to: str | None = Field(None, description="the remote store it was handed to (it left this node)")
+    node: str | None = Field(None, description="the fleet's node it is on (set by a fleet's front door)")
     deadline: float | None = Field(
         None,
         description="when its lifetime ends: its idle action runs then, used or not (E2B's timeout); each resume "
@@ -429,22 +430,3 @@ class E2bServeRequest(Strict):
     @classmethod
     def _known_backend(cls, backend: str) -> str:
         return validate_backend(backend)
-
-
-class CodeRequest(Strict):
-    """One execution in a Jupyter kernel of the sandbox (``run_code``)."""
-
-    code: str = Field(max_length=16 << 20)
-    language: str | None = Field(None, max_length=32, description="python (the default) or bash; not with context_id")
-    context_id: str | None = Field(None, max_length=64)
-    env_vars: dict[str, str] | None = None
-    timeout: float | None = Field(None, gt=0, le=MAX_SECONDS, description="seconds; then the kernel is interrupted")
-
-    _valid_env = field_validator("env_vars")(classmethod(lambda cls, v: v if v is None else validate_env(v)))
-
-
-class CodeContextRequest(Strict):
-    language: str | None = Field(None, max_length=32)
-    cwd: str | None = None
-
-    _valid_cwd = field_validator("cwd")(classmethod(lambda cls, v: validate_path(v)))

@@ -34,6 +34,7 @@ MS_BIND, MS_PRIVATE, MS_SLAVE = 4096, 1 << 18, 1 << 19
 NSFS_MAGIC = 0x6E736673
 _libc = ctypes.CDLL(None, use_errno=True)
 _host: int | None = None  # the host's mount namespace, held open from enter() on
+_released: set[Path] = set()  # pins this process let go of (release runs at shutdown, and again on the way out)
 
 
 def _check(result: int, what: str) -> None:
@@ -101,7 +102,7 @@ def release(pin: Path, sandboxes: Path) -> None:
     """At a clean stop with no sandbox's disk mounted: unpin the namespace, which goes with the daemon. With one
     mounted (a sandbox left running), it stays pinned for the next daemon. The daemon has threads by now: the
     host's namespace is joined by a child of its own."""
-    if _host is None:
+    if _host is None or pin in _released:
         return
     prefix = f"{sandboxes}/"
     with open("/proc/self/mounts") as mounts:
@@ -113,6 +114,7 @@ def release(pin: Path, sandboxes: Path) -> None:
     )  # fmt: skip
     if result.returncode == 0:
         pin.unlink(missing_ok=True)  # seen from here, an empty file: the pin was the host's mount over it
+        _released.add(pin)
     else:
         log.warning("could not unpin the sandboxes' mount namespace at %s: %s", pin, result.stderr.strip())
 

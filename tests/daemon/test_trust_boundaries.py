@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stasis import Client, GuestTimeout, InvalidRequest, Sandbox
+from stasis import Client, GuestTimeout, InvalidRequest, Sandbox, mountns
 from stasis.backends.gvisor import disk
 from stasis.images.recipe import RECIPES
 from tests.conftest import Daemon, loop_devices_under, wait_until
@@ -104,3 +104,17 @@ def test_a_mount_namespace_made_later_never_keeps_a_suspended_sandboxs_disk(daem
         held_open.wait()
         subprocess.run(["ip", "netns", "del", netns], check=False)
         sbx.terminate()
+
+
+def test_a_clean_stop_unpins_the_mount_namespace_unless_a_disk_is_mounted_in_it(own_daemon: Daemon) -> None:
+    """The daemon's mount namespace is pinned for the next daemon while a sandbox's disk is mounted in it (a
+    sandbox left running); a SIGTERM stop with none mounted lets it go, leaving nothing on the host."""
+    pin = own_daemon.paths.mount_pin
+    own_daemon.start()
+    Sandbox.create("stays", memory_mb=256, backend="gvisor", client=own_daemon.client())
+    own_daemon.stop()
+    assert mountns.pinned(pin)  # its disk is mounted there: the next daemon finds it
+    own_daemon.start()
+    Sandbox.connect("stays", client=own_daemon.client()).terminate()
+    own_daemon.stop()
+    assert not mountns.pinned(pin)

@@ -33,6 +33,7 @@ OVERVIEW: dict[str, dict[str, str]] = {
         "push": "Send a sandbox or checkpoint to the remote store",
         "pull": "Take a sandbox or checkpoint from the remote store",
         "remote": "What the remote store holds",
+        "fleet": "Many hosts as one, on Ray (a local cluster, its nodes)",
     },
     "Network and access": {
         "network": "Show or change the egress policy, live",
@@ -43,15 +44,13 @@ OVERVIEW: dict[str, dict[str, str]] = {
         "ssh": "Log in with your OpenSSH client",
         "ssh-config": "The OpenSSH config for `ssh stasis-NAME`",
     },
-    "Environments and the daemon": {
+    "The daemon, environments and other faces": {
         "image": "Images: import, build, list, remove",
         "template": "Templates that start warm",
         "pool": "Warm pools handed out by `stasis create`",
         "serve": "Run the daemon in the foreground",
         "daemon": "Whether it runs; stop, restart",
         "doctor": "Which backends work here, and why",
-    },
-    "Agents and other faces": {
         "agent": "The agent harness: a tool-calling loop in a sandbox",
         "mcp": "The MCP tools over stdio",
         "e2b": "E2B's API, for the official E2B SDKs",

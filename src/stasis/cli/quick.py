@@ -91,7 +91,7 @@ def socket_path() -> Path:
 def connection(timeout: float | None = None) -> http.client.HTTPConnection:
     """A connected connection to the daemon whose reads wait ``timeout`` seconds (None: as long as the answer
     takes). OSError when nothing answers."""
-    url = os.environ.get("STASIS_URL")
+    url = daemon_url()
     if url is None:
         conn: http.client.HTTPConnection = _UnixConnection(str(socket_path()))
     else:
@@ -111,8 +111,13 @@ def _headers() -> dict[str, str]:
     return headers
 
 
+def daemon_url() -> str | None:
+    """A fleet's front door (``STASIS_FLEET``), else a daemon's TCP address (``STASIS_URL``), else None."""
+    return os.environ.get("STASIS_FLEET") or os.environ.get("STASIS_URL")
+
+
 def _prefix() -> str:
-    url = os.environ.get("STASIS_URL")
+    url = daemon_url()
     return urlsplit(url).path.rstrip("/") if url else ""
 
 
@@ -179,8 +184,12 @@ def sandbox_table(sandboxes: list[dict[str, Any]]) -> str:
         ]
         for s in sandboxes
     ]  # fmt: skip
-    widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=True)]
-    header = "  ".join(title.ljust(width) for title, width in zip(COLUMNS, widths, strict=True)).rstrip()
+    titles = COLUMNS
+    if any(s.get("node") for s in sandboxes):  # through a fleet's front door: where each one is
+        titles = (*COLUMNS, "NODE")
+        rows = [[*row, s.get("node") or "-"] for row, s in zip(rows, sandboxes, strict=True)]
+    widths = [max(len(cell) for cell in column) for column in zip(titles, *rows, strict=True)]
+    header = "  ".join(title.ljust(width) for title, width in zip(titles, widths, strict=True)).rstrip()
     lines = [_paint(header, "1", sys.stdout)]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]

@@ -97,6 +97,8 @@ def serve(paths: Paths, tcp: str | None = None, token: str | None = None, log_le
     atomic_write(paths.pidfile, f"{os.getpid()}\n".encode())
 
     def remove_traces() -> None:
+        # here, at the app's shutdown: uvicorn re-raises SIGTERM after it, and nothing after run() runs then
+        mountns.release(paths.mount_pin, paths.sandboxes)
         paths.socket.unlink(missing_ok=True)
         paths.pidfile.unlink(missing_ok=True)  # last: its absence means the daemon is fully gone
 

@@ -32,6 +32,7 @@ import lz4.frame
 from ..errors import BackendError, CheckpointCorrupt
 from ..fsutil import fsync_dir, fsync_tree
 from .cache import ChunkCache
+from .directory import DirectoryStore
 from .objects import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Transfer:
 
 
 class Chunks:
-    def __init__(self, objects: ObjectStore, cache: ChunkCache, workers: int = WORKERS) -> None:
+    def __init__(self, objects: ObjectStore | DirectoryStore, cache: ChunkCache, workers: int = WORKERS) -> None:
         self.objects = objects
         self.cache = cache
         self.workers = workers

@@ -1,6 +1,7 @@
 """Where the remote store is: ``STASIS_REMOTE=s3://bucket/prefix`` plus the standard AWS variables
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``), which boto3
-reads itself: MinIO, Ceph RGW, R2 and GCS's S3 API work through ``AWS_ENDPOINT_URL``."""
+reads itself: MinIO, Ceph RGW, R2 and GCS's S3 API work through ``AWS_ENDPOINT_URL``. Or
+``STASIS_REMOTE=file:///path``: a directory every node shares (one machine's fleet, NFS)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ class RemoteConfig:
     bucket: str
     prefix: str  # "" or ending in "/"
     cache_limit_bytes: int
+    directory: Path | None = None  # a shared directory instead of a bucket
 
     @property
     def url(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
+        return f"file://{self.directory}" if self.directory else f"s3://{self.bucket}/{self.prefix}"
 
     @classmethod
     def from_env(cls) -> RemoteConfig | None:
@@ -36,6 +38,8 @@ class RemoteConfig:
         if not url:
             return None
         parsed = urlparse(url)
+        if parsed.scheme == "file":
+            return cls._directory(url, parsed.netloc, parsed.path)
         if parsed.scheme != "s3" or not BUCKET.fullmatch(parsed.netloc or ""):
             raise InvalidRequest(
                 f"STASIS_REMOTE={url!r} is not an S3 location; write it as s3://bucket/prefix "
@@ -49,6 +53,12 @@ class RemoteConfig:
         except ValueError:
             raise InvalidRequest("STASIS_REMOTE_CACHE_MB must be a whole number of MiB") from None
         return cls(parsed.netloc, prefix + "/" if prefix else "", max(cache_mb, 0) << 20)
+
+    @classmethod
+    def _directory(cls, url: str, host: str, path: str) -> RemoteConfig:
+        if host or not path.startswith("/") or any(part in (".", "..") for part in path.split("/")):
+            raise InvalidRequest(f"STASIS_REMOTE={url!r}: write a shared directory as file:///absolute/path")
+        return cls("", "", 0, directory=Path(path))
 
 
 def node_name(home: Path) -> str:

@@ -72,6 +72,11 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     async def resume(self) -> SandboxInfo:
         return await self._client.call(self._lifecycle_call("resume"))
 
+    async def move(self, node: str | None = None) -> SandboxInfo:
+        """Through a fleet's front door: suspend it, hand it over through the store and resume it on ``node`` (the
+        roomiest other node if None), its memory and processes kept."""
+        return await self._client.call(self._move_call(node))
+
     async def push(self) -> TransferResult:
         """Suspend it (if it runs) and hand it to the daemon's remote store: it leaves this node, and any
         node of the store resumes it (``Sandbox.pull`` or a resume by name there)."""

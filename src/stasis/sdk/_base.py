@@ -50,6 +50,8 @@ class CreateOptions(TypedDict, total=False):
     disk_mb: int
     timeout_secs: int
     on_idle: str
+    lifetime_secs: int  # how long it runs from its start (and each resume), used or not, before on_idle
+    node: str  # through a fleet's front door (STASIS_FLEET): the node it goes to, instead of where there is room
     backend: str
     network: bool | NetworkPolicy  # True: the internet; a policy: only where it allows; absent: no network
     snapshot_id: str  # create from this checkpoint (id or name): its processes and files
@@ -240,8 +242,9 @@ def _models(model: Any) -> Callable[[httpx.Response], Any]:
 
 def create_call(name: str | None, options: CreateOptions) -> Call:
     fields = {k: v for k, v in options.items() if v is not None}
+    node = fields.pop("node", None)  # the front door's, not the daemon's
     body = build(CreateSandboxRequest, name=name, **fields).model_dump(exclude_unset=True)
-    return Call("POST", "/v1/sandboxes", _model(SandboxInfo), json=body)
+    return Call("POST", "/v1/sandboxes", _model(SandboxInfo), json=body if node is None else {**body, "node": node})
 
 
 def connect_call(id_or_name: str) -> Call:
@@ -319,6 +322,9 @@ class SandboxBase:
 
     def _lifecycle_call(self, action: str) -> Call:
         return Call("POST", f"{self._url}/{action}", self._keep)
+
+    def _move_call(self, node: str | None) -> Call:
+        return Call("POST", f"{self._url}/move", self._keep, json={"node": node})
 
     def _terminate_call(self) -> Call:
         return Call("DELETE", self._url, self._keep)

@@ -28,7 +28,7 @@ DAEMON_START_TIMEOUT = 30.0
 class _BaseClient:
     def __init__(self, paths: Paths | None = None, url: str | None = None, token: str | None = None) -> None:
         self.paths = paths or Paths.from_env()
-        self.url = url or os.environ.get("STASIS_URL")
+        self.url = url or os.environ.get("STASIS_FLEET") or os.environ.get("STASIS_URL")  # a fleet's door first
         self.token = token or os.environ.get("STASIS_TOKEN")
         self.autostart = self.url is None
 

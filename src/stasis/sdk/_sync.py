@@ -71,6 +71,11 @@ class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     def resume(self) -> SandboxInfo:
         return self._client.call(self._lifecycle_call("resume"))
 
+    def move(self, node: str | None = None) -> SandboxInfo:
+        """Through a fleet's front door: suspend it, hand it over through the store and resume it on ``node`` (the
+        roomiest other node if None), its memory and processes kept."""
+        return self._client.call(self._move_call(node))
+
     def push(self) -> TransferResult:
         """Suspend it (if it runs) and hand it to the daemon's remote store: it leaves this node, and any
         node of the store resumes it (``Sandbox.pull`` or a resume by name there)."""

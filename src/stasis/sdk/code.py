@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..models import CodeContextRequest, CodeRequest
+from ..code_models import CodeContextRequest, CodeRequest
 from ._base import Call
 
 FORMATS = ("text", "html", "markdown", "png", "jpeg", "svg", "pdf", "latex", "json", "javascript")

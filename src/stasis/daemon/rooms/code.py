@@ -20,9 +20,9 @@ from typing import Any
 
 import h11
 
+from ...code_models import CodeRequest
 from ...errors import GuestError, InvalidRequest, NotFound, StasisError
 from ...kernels import IMAGE, PORT, SERVER_NAME, bootstrap
-from ...models import CodeRequest
 from ..core.service import SandboxService
 from .operations import GuestOperations
 from .ports import Ports

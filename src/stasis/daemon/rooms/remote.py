@@ -56,6 +56,7 @@ from ...models import (
 from ...remote.cache import ChunkCache
 from ...remote.chunks import Chunks, Transfer
 from ...remote.config import RemoteConfig, node_name
+from ...remote.directory import DirectoryStore
 from ...remote.manifest import FORMAT, ImageRef, Manifest
 from ...remote.objects import ObjectStore
 from ...validation import ID_PATTERN, NAME_PATTERN
@@ -80,7 +81,7 @@ class RemoteService:
         self.checkpoints = checkpoints
         self.table = table  # pushes under way: this room is its one writer
         self.node = node_name(service.paths.home)
-        self.objects = ObjectStore(config)
+        self.objects: ObjectStore | DirectoryStore = DirectoryStore(config) if config.directory else ObjectStore(config)
         self.cache = ChunkCache(service.paths.home / "remote-cache", config.cache_limit_bytes)
         self.chunks = Chunks(self.objects, self.cache)
         self.externals = service.paths.images / "remote-externals"  # files sandboxes depend on, fetched here

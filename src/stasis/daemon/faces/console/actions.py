@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request, UploadFile, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ....code_models import CodeRequest
 from ....errors import StasisError
-from ....models import CheckpointType, CodeRequest, CreateCheckpointRequest, CreateSandboxRequest
+from ....models import CheckpointType, CreateCheckpointRequest, CreateSandboxRequest
 from ...rooms.forks import fork
 from ..deps import Rooms
 from ..terminal import serve_terminal

@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from ....code_models import CodeContextRequest, CodeRequest
 from ....errors import InvalidRequest
-from ....models import CodeContextRequest, CodeRequest
 from ..deps import RoomsDep
 
 router = APIRouter()

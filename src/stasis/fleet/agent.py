@@ -1,0 +1,116 @@
+"""The host agent: one per node, a Ray actor pinned to that node by a custom resource (``stasis-node-NAME``),
+that owns the node's stasis daemon: its own home (and so its runsc root, network namespaces and ports), on
+loopback TCP with the fleet's token. The daemon dies with the agent (a host's loss takes both); sandboxes
+the daemon ran are ended with it only when the agent is stopped on purpose (:meth:`NodeAgent.stop`)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..errors import StasisError
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+READY_TIMEOUT = 120.0  # seconds a node's daemon may take to answer (recovery of what it had runs first)
+STOP_TIMEOUT = 60.0
+NAMESPACE = "stasis"  # Ray's namespace of the fleet's named actors
+AGENT_PREFIX = "stasis-node-"  # an agent's actor name and the custom resource that pins it: this + node name
+
+
+def resource_of(node: str) -> str:
+    return AGENT_PREFIX + node
+
+
+def _die_with_parent() -> None:
+    """In the daemon, before exec: SIGKILL when the agent that started it dies (a host's loss takes both)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+class NodeAgent:
+    """Made by Ray as an actor (``ray.remote(NodeAgent)``); every method runs in the actor's process."""
+
+    def __init__(self, node: str, home: str, token: str, env: dict[str, str] | None = None) -> None:
+        self.node, self.home, self.token = node, Path(home), token
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+        daemon_env = {**os.environ, **(env or {}), "STASIS_HOME": str(self.home), "STASIS_TOKEN": token,
+                      "STASIS_NODE": node}  # fmt: skip
+        daemon_env.pop("STASIS_FLEET", None)
+        daemon_env.pop("STASIS_URL", None)
+        with open(self.home / "daemon-fleet.log", "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "stasis", "serve", "--tcp", self.url.removeprefix("http://")],
+                env=daemon_env, stdout=out, stderr=out, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        self.http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=60)
+        self._wait_ready()
+        log.info("node %s: daemon pid %d on %s", node, self.process.pid, self.url)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            if self.process.poll() is not None:
+                raise StasisError(f"node {self.node}: its daemon exited with {self.process.returncode}; see "
+                                  f"{self.home / 'daemon-fleet.log'}")  # fmt: skip
+            try:
+                self.http.get("/v1/health", timeout=5).raise_for_status()
+                return
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise StasisError(f"node {self.node}: its daemon did not answer in {READY_TIMEOUT:.0f} s") from None
+                time.sleep(0.1)
+
+    def describe(self) -> dict[str, Any]:
+        """The node as the front door places by: where its daemon answers, what it holds, what is left."""
+        import ray
+
+        total = ray.get_runtime_context().get_assigned_resources()  # this actor's share: none of the node's
+        node_id = ray.get_runtime_context().get_node_id()
+        resources = next((n["Resources"] for n in ray.nodes() if n["NodeID"] == node_id), {})
+        sandboxes = self.http.get("/v1/sandboxes").json()
+        live = [s for s in sandboxes if s["status"] in ("running", "pending", "resuming", "snapshotting")]
+        cpus, memory_mb = float(resources.get("CPU", 0.0)), int(resources.get("memory", 0)) >> 20
+        used_cpus = sum(s["spec"]["cpus"] for s in live)
+        used_mb = sum(s["spec"]["memory_mb"] for s in live)
+        return {
+            "name": self.node, "url": self.url, "pid": self.process.pid, "ray_node_id": node_id,
+            "sandboxes": len(sandboxes), "running": len(live), "cpus": cpus, "memory_mb": memory_mb,
+            "free_cpus": cpus - used_cpus, "free_memory_mb": memory_mb - used_mb, "state": "up",
+            "assigned": total,
+        }  # fmt: skip
+
+    def stop(self) -> int:
+        """Leave on purpose: every sandbox of this node removed, then its daemon stopped. The count removed."""
+        removed = 0
+        for sandbox in self.http.get("/v1/sandboxes").json():
+            try:
+                self.http.delete(f"/v1/sandboxes/{sandbox['id']}", timeout=STOP_TIMEOUT).raise_for_status()
+                removed += 1
+            except httpx.HTTPError as exc:
+                log.warning("node %s: removing %s failed: %s", self.node, sandbox["id"], exc)
+        self.http.close()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        return removed

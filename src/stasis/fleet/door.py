@@ -1,0 +1,275 @@
+"""The fleet's front door: the daemon's own HTTP API, in front of every node's daemon. A create is placed
+(:mod:`.placement`) with its name checked fleet-wide; a request about one sandbox or checkpoint goes to the
+node that holds it; a listing is every node's, each sandbox with its ``node``. The SDKs and the CLI talk to
+it as to one daemon (``STASIS_FLEET=URL`` with ``STASIS_TOKEN``). What it does not route yet is refused with
+a 501 saying so, never answered by one node as if it were the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .. import __version__
+from ..errors import CheckpointNotFound, NameTaken, StasisError, Unsupported
+from ..models import TEMPLATE_PREFIX
+from .nodes import Nodes
+from .placement import place
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length",
+              "authorization", "proxy-authorization"}  # fmt: skip
+DESCRIBES_A_SANDBOX = re.compile(r"^/v1/sandboxes/[^/]+(/(suspend|resume))?$")
+KillNode = Callable[[str], Awaitable[None]]
+REPLAYABLE = 1 << 20  # bytes of a request body the door holds (to send again after a stale lookup)
+
+
+def error(exc: StasisError) -> JSONResponse:
+    return JSONResponse(exc.to_payload(), status_code=exc.status_code)
+
+
+def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> FastAPI:
+    """The front door's app. ``kill_node`` (a local fleet's) removes a node as a host's loss would."""
+    app = FastAPI(title="stasis fleet", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.middleware("http")
+    async def bearer(request: Request, call_next):  # type: ignore[no-untyped-def]
+        given = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return JSONResponse({"type": "Unauthorized", "message": "the fleet wants its token: set STASIS_TOKEN",
+                                 "details": {}}, status_code=401)  # fmt: skip
+        return await call_next(request)
+
+    @app.exception_handler(StasisError)
+    async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
+        return error(exc)
+
+    @app.on_event("shutdown")
+    async def closing() -> None:
+        await nodes.close()
+
+    _fleet_routes(app, nodes, kill_node)
+    _sandbox_routes(app, nodes)
+    _routed_routes(app, nodes)
+    return app
+
+
+def _fleet_routes(app: FastAPI, nodes: Nodes, kill_node: KillNode | None) -> None:
+    """The door's own: health, and the nodes."""
+
+    @app.get("/v1/health")
+    async def health() -> dict[str, Any]:
+        described = await nodes.describe()
+        first = next((n for n in described if n["state"] == "up"), None)
+        backends = {}
+        if first is not None:
+            backends = (await nodes.client(first).get("/v1/health")).json().get("backends", {})
+        return {"version": __version__, "pid": 0, "home": "fleet", "backends": backends, "fleet": True,
+                "nodes": {n["name"]: n["state"] for n in described}}  # fmt: skip
+
+    @app.get("/v1/fleet/nodes")
+    async def list_nodes() -> list[dict[str, Any]]:
+        return await nodes.describe()
+
+    @app.delete("/v1/fleet/nodes/{name}")
+    async def remove_node(name: str) -> dict[str, Any]:
+        if kill_node is None:
+            raise Unsupported("only a local fleet (`stasis fleet local`) can remove a node; on a real fleet, "
+                              "stop the host (or `stasis fleet leave` there)")  # fmt: skip
+        if name not in nodes.known():
+            await nodes.describe()
+        if name not in nodes.known():
+            raise Unsupported(f"no node named {name[:80]!r} in the fleet; `stasis fleet nodes` lists them")
+        await kill_node(name)
+        return {"removed": name}
+
+
+def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
+    """Listings merged from every node, a create placed."""
+    creating = asyncio.Lock()  # a name is checked on every node, then taken: one create at a time does both
+
+    @app.get("/v1/sandboxes")
+    async def list_sandboxes(request: Request) -> list[dict[str, Any]]:
+        every = request.query_params.get("all", "false").lower() in ("1", "true", "yes")
+        found = await _gather(nodes, "/v1/sandboxes" + ("?all=true" if every else ""))
+        merged = sorted(found, key=lambda s: (s["created_at"], s["id"]))
+        if (after := request.query_params.get("after")) is not None:
+            last = next((s for s in merged if s["id"] == after), None)
+            merged = [s for s in merged if last is None or (s["created_at"], s["id"]) > (last["created_at"], after)]
+        if (limit := request.query_params.get("limit")) is not None and limit.isdigit():
+            merged = merged[: int(limit)]
+        return merged
+
+    @app.get("/v1/checkpoints")
+    async def list_checkpoints() -> list[dict[str, Any]]:
+        return sorted(await _gather(nodes, "/v1/checkpoints"), key=lambda c: c["created_at"])
+
+    @app.post("/v1/sandboxes")
+    async def create(request: Request) -> Response:
+        body = await request.json()
+        wanted = body.pop("node", None) if isinstance(body, dict) else None
+        name = body.get("name") if isinstance(body, dict) else None
+        if wanted is None and isinstance(body, dict):
+            wanted = await _holder_of_source(nodes, body)
+        async with creating:
+            if name:
+                holders = [n for n, held in await _holders(nodes, name) if held]
+                if holders:
+                    raise NameTaken(f"a sandbox named {name!r} already exists in the fleet (on node "
+                                    f"{holders[0]['name']}); pick another name or remove it with `stasis rm {name}`",
+                                    name=name)  # fmt: skip
+            node = place(await nodes.live(), wanted)
+            answer = await nodes.client(node).post("/v1/sandboxes", json=body)
+        if answer.status_code == 201:
+            made = answer.json()
+            nodes.remember(node["name"], made["id"], made.get("name"))
+            return JSONResponse({**made, "node": node["name"]}, status_code=201)
+        return _relay_whole(answer)
+
+
+def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
+    """One sandbox's or checkpoint's calls, to the node that holds it; a move between two nodes."""
+
+    @app.post("/v1/sandboxes/{ref}/move")
+    async def move(ref: str, request: Request) -> Response:
+        """Suspended and pushed to the store on its node, pulled and resumed on the other: processes kept."""
+        wanted = (await request.json() or {}).get("node")
+        source = await nodes.holder("sandboxes", ref)
+        live = await nodes.live()
+        target = place(live, wanted) if wanted else place([n for n in live if n["name"] != source["name"]])
+        if target["name"] == source["name"]:
+            answer = await nodes.client(source).get(f"/v1/sandboxes/{ref}")
+            return (
+                JSONResponse({**answer.json(), "node": source["name"]}) if answer.is_success else _relay_whole(answer)
+            )
+        pushed = await nodes.client(source).post("/v1/remote/push", json={"ref": ref, "kind": "sandbox"})
+        if not pushed.is_success:
+            return _relay_whole(pushed)
+        sandbox_id = pushed.json()["id"]
+        nodes.forget(ref, sandbox_id)
+        for step in ("/v1/remote/pull", f"/v1/sandboxes/{sandbox_id}/resume"):
+            body = {"ref": sandbox_id, "kind": "sandbox"} if step.endswith("pull") else None
+            answer = await nodes.client(target).post(step, json=body)
+            if not answer.is_success:
+                return _relay_whole(answer)
+        moved = answer.json()
+        nodes.remember(target["name"], sandbox_id, moved.get("name"))
+        return JSONResponse({**moved, "node": target["name"]})
+
+    @app.api_route("/v1/{kind}/{ref}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    @app.api_route("/v1/{kind}/{ref}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def one(request: Request, kind: str, ref: str, rest: str = "") -> Response:
+        if kind not in ("sandboxes", "checkpoints"):
+            return _not_routed(request)
+        if not _replayable(request):  # an upload: its node asked first, the body streamed through once
+            return await _forward(nodes.client(await nodes.holder(kind, ref)), request)
+        body = await request.body()
+        cached = nodes.cached(ref)
+        node = cached or await nodes.holder(kind, ref)
+        answer = await _send(nodes.client(node), request, body)
+        if answer.status_code == 404 and cached is not None:  # gone from where it was: ask every node once more
+            await answer.aclose()
+            nodes.forget(ref)
+            node = await nodes.holder(kind, ref)
+            answer = await _send(nodes.client(node), request, body)
+        if request.method == "DELETE" and kind == "sandboxes" and not rest and answer.status_code == 200:
+            nodes.forget(ref)
+        if DESCRIBES_A_SANDBOX.match(request.url.path) and answer.status_code == 200:
+            await answer.aread()
+            await answer.aclose()
+            return JSONResponse({**answer.json(), "node": node["name"]})
+        return _streamed(answer)
+
+    @app.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def anything_else(request: Request, rest: str) -> Response:
+        if request.method == "GET" and request.url.path.startswith(("/v1/images", "/v1/info")):
+            live = await nodes.live()
+            if live:  # every node of a local fleet shares the image directory; a real one's are built alike
+                return await _forward(nodes.client(live[0]), request)
+        return _not_routed(request)
+
+
+async def _gather(nodes: Nodes, path: str) -> list[dict[str, Any]]:
+    """Every live node's answer to GET ``path`` (a list), each item marked with its node."""
+    live = await nodes.live()
+    answers = await asyncio.gather(*(nodes.client(n).get(path) for n in live))
+    found = []
+    for node, answer in zip(live, answers, strict=True):
+        answer.raise_for_status()
+        for item in answer.json():
+            nodes.remember(node["name"], item.get("id"), item.get("name"))
+            found.append({**item, "node": node["name"]})
+    return found
+
+
+async def _holder_of_source(nodes: Nodes, body: dict[str, Any]) -> str | None:
+    """A restore goes where its checkpoint (or template's) is; None if no node has it (a node's daemon then
+    fetches it from the store, if the fleet has one)."""
+    snapshot = body.get("snapshot_id") or (f"{TEMPLATE_PREFIX}{body['template']}" if body.get("template") else None)
+    if not isinstance(snapshot, str):
+        return None
+    try:
+        return str((await nodes.holder("checkpoints", snapshot))["name"])
+    except CheckpointNotFound:
+        return None
+
+
+async def _holders(nodes: Nodes, name: str) -> list[tuple[dict[str, Any], bool]]:
+    live = await nodes.live()
+    answers = await asyncio.gather(*(nodes.client(n).get(f"/v1/sandboxes/{name}") for n in live))
+    return [(n, a.status_code == 200 and a.json().get("status") != "terminated")
+            for n, a in zip(live, answers, strict=True)]  # fmt: skip
+
+
+def _forwarded(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+
+
+async def _forward(client: httpx.AsyncClient, request: Request) -> Response:
+    """The request as it came, to the node, its body streamed; the answer streamed back as it comes."""
+    upstream = client.build_request(request.method, request.url.path, params=request.query_params,
+                                    content=request.stream(), headers=_forwarded(request))  # fmt: skip
+    return _streamed(await client.send(upstream, stream=True))
+
+
+async def _send(client: httpx.AsyncClient, request: Request, body: bytes) -> httpx.Response:
+    upstream = client.build_request(request.method, request.url.path, params=request.query_params, content=body,
+                                    headers=_forwarded(request))  # fmt: skip
+    return await client.send(upstream, stream=True)
+
+
+def _replayable(request: Request) -> bool:
+    """A body small enough to hold, so a request sent to a node that no longer has the sandbox can go again."""
+    length = request.headers.get("content-length")
+    chunked = "chunked" in request.headers.get("transfer-encoding", "")
+    return request.method in ("GET", "DELETE") or (not chunked and length is not None and int(length) <= REPLAYABLE)
+
+
+def _streamed(answer: httpx.Response) -> Response:
+    """A node's answer streamed back as it comes (a run's output, a file)."""
+    headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
+    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=headers,
+                             background=_closer(answer))  # fmt: skip
+
+
+def _closer(answer: httpx.Response) -> Any:
+    from starlette.background import BackgroundTask
+
+    return BackgroundTask(answer.aclose)
+
+
+def _relay_whole(answer: httpx.Response) -> Response:
+    headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
+    return Response(answer.content, status_code=answer.status_code, headers=headers)
+
+
+def _not_routed(request: Request) -> JSONResponse:
+    message = (f"{request.method} {request.url.path[:80]} is not served through the fleet yet: talk to a node's "
+               "daemon for it (`stasis fleet nodes` lists their addresses)")  # fmt: skip
+    return JSONResponse({"type": "Unsupported", "message": message, "details": {}}, status_code=501)

@@ -1,0 +1,120 @@
+"""The fleet's nodes as the front door sees them: found through Ray (each node's agent is a named actor), each
+described on demand, and which node holds which sandbox or checkpoint (a cache: the nodes' own daemons are
+the truth, asked again whenever the cache does not answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from ..errors import CheckpointNotFound, SandboxNotFound
+from .agent import AGENT_PREFIX, NAMESPACE
+
+log = logging.getLogger(__name__)
+
+DESCRIBE_TIMEOUT = 30.0
+FORWARD_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)  # a run may take as long as it takes
+
+
+class Nodes:
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self._agents: dict[str, Any] = {}  # node name -> its agent's actor handle
+        self._described: dict[str, dict[str, Any]] = {}  # node name -> its last description
+        self._clients: dict[str, httpx.AsyncClient] = {}  # node url -> a client of its daemon
+        self._where: dict[str, str] = {}  # sandbox or checkpoint id or name -> node name
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+
+    # ------------------------------------------------------------ the nodes
+
+    def _find_agents(self) -> dict[str, Any]:
+        import ray
+
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a.get("namespace") == NAMESPACE and a["name"].startswith(AGENT_PREFIX)]  # fmt: skip
+        return {name.removeprefix(AGENT_PREFIX): ray.get_actor(name, namespace=NAMESPACE) for name in names}
+
+    async def describe(self) -> list[dict[str, Any]]:
+        """Every node the fleet has known, live ones described now; a node whose agent does not answer is
+        ``lost`` (its host is gone, or Ray says its actor died)."""
+        self._agents |= await asyncio.to_thread(self._find_agents)
+        names = sorted(self._agents)
+        answers = await asyncio.gather(*(self._describe(name) for name in names), return_exceptions=True)
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("node %s does not answer: %s", name, answer)
+                previous = self._described.get(name, {"name": name, "url": None, "sandboxes": 0})
+                self._described[name] = {**previous, "state": "lost", "error": str(answer)[:200]}
+            else:
+                self._described[name] = answer
+        return [self._described[name] for name in names]
+
+    async def _describe(self, name: str) -> dict[str, Any]:
+        return await asyncio.wait_for(self._agents[name].describe.remote(), DESCRIBE_TIMEOUT)  # type: ignore[no-any-return]
+
+    async def live(self) -> list[dict[str, Any]]:
+        return [n for n in await self.describe() if n["state"] == "up"]
+
+    def agent(self, name: str) -> Any:
+        return self._agents[name]
+
+    def client(self, node: dict[str, Any]) -> httpx.AsyncClient:
+        url = node["url"]
+        if url not in self._clients:
+            headers = {"authorization": f"Bearer {self.token}"}
+            self._clients[url] = httpx.AsyncClient(base_url=url, headers=headers, timeout=FORWARD_TIMEOUT)
+        return self._clients[url]
+
+    def known(self) -> dict[str, dict[str, Any]]:
+        """The last description of each node, live or not (no call to any of them)."""
+        return dict(self._described)
+
+    # ------------------------------------------------------------ what is where
+
+    def remember(self, node: str, *refs: str | None) -> None:
+        for ref in refs:
+            if ref:
+                self._where[ref] = node
+
+    def cached(self, ref: str) -> dict[str, Any] | None:
+        """The live node the cache says holds ``ref`` (unchecked: a 404 from it sends the door asking all)."""
+        node = self._described.get(self._where.get(ref, ""))
+        return node if node is not None and node["state"] == "up" else None
+
+    def forget(self, *refs: str | None) -> None:
+        for ref in refs:
+            if ref:
+                self._where.pop(ref, None)
+
+    async def holder(self, kind: str, ref: str) -> dict[str, Any]:
+        """The live node holding the sandbox (``kind`` "sandboxes") or checkpoint ("checkpoints") ``ref``: the
+        cached one if it still has it, else the one of all live nodes that does."""
+        if not self._described:
+            await self.describe()
+        cached = self._described.get(self._where.get(ref, ""))
+        if cached is not None and cached["state"] == "up" and await self._holds(cached, kind, ref):
+            return cached
+        nodes = await self.live()
+        holds = await asyncio.gather(*(self._holds(n, kind, ref) for n in nodes))
+        for node, held in zip(nodes, holds, strict=True):
+            if held:
+                self.remember(node["name"], ref)
+                return node
+        missing = SandboxNotFound if kind == "sandboxes" else CheckpointNotFound
+        raise missing(f"no {kind[:-1]} named or with id {ref[:80]!r} on any live node of the fleet; "
+                      f"`stasis {'ls' if kind == 'sandboxes' else 'checkpoints'}` lists them")  # fmt: skip
+
+    async def _holds(self, node: dict[str, Any], kind: str, ref: str) -> bool:
+        try:
+            answer = await self.client(node).get(f"/v1/{kind}/{ref}", timeout=DESCRIBE_TIMEOUT)
+        except httpx.HTTPError:
+            return False
+        if answer.status_code == 200 and kind == "sandboxes":
+            return answer.json().get("status") != "terminated"
+        return answer.status_code == 200

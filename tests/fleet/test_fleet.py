@@ -1,0 +1,271 @@
+"""A fleet on a real Ray cluster on this machine (`stasis fleet local`: a head and 2 nodes, each its own raylet
+with a host agent and a daemon), reached through its front door as one daemon: creates spread over the nodes,
+names unique fleet-wide, every sandbox with its node, Ray's ports out of any sandbox's reach, and nothing left
+once it stops."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stasis import Client, NameTaken, NetworkPolicy, Sandbox, mountns
+from stasis.paths import Paths
+from tests.conftest import IMAGE_DIR, TEST_ROOT, require_default_image, wait_until
+
+STARTUP = 300.0  # seconds: a cluster, two raylets and two daemons on a loaded 2-core machine
+
+
+@dataclass
+class Fleet:
+    process: subprocess.Popen[str]
+    home: Path
+    marker: str
+    url: str
+    token: str
+    ray_address: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "STASIS_FLEET": self.url, "STASIS_TOKEN": self.token}
+
+    def client(self) -> Client:
+        return Client(url=self.url, token=self.token)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "stasis", *args], env=self.env, capture_output=True, text=True,
+                              timeout=300, check=False)  # fmt: skip
+
+
+def processes_with(marker: str) -> list[int]:
+    """Every process whose environment carries ``marker``: all the fleet started (Ray's too) inherits it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def listening(pids: list[int]) -> list[str]:
+    """The local addresses the processes ``pids`` listen on (TCP, IPv4 and IPv6)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                if (target := os.readlink(fd)).startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    addresses = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address, port = fields[1].split(":")
+                addresses.append(f"{_ip(address)}:{int(port, 16)}")
+    return addresses
+
+
+def _ip(hex_address: str) -> str:
+    """/proc/net/tcp's address (host-order 32-bit words in hex) as text; an IPv4-mapped one as its IPv4."""
+    raw = b"".join(bytes.fromhex(hex_address[i : i + 8])[::-1] for i in range(0, len(hex_address), 8))
+    address = ipaddress.ip_address(raw)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    require_default_image()
+    home = TEST_ROOT / f"fleet-{uuid.uuid4().hex[:6]}"
+    marker = f"STASIS_TEST_FLEET={uuid.uuid4().hex}"
+    env = {**os.environ, "STASIS_IMAGE_DIR": str(IMAGE_DIR), marker.split("=")[0]: marker.split("=")[1]}
+    env.pop("STASIS_FLEET", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stasis", "fleet", "local", "--nodes", "2", "--home", str(home)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    exports: dict[str, str] = {}
+    assert process.stdout is not None
+    for line in process.stdout:
+        if match := re.match(r"export (\w+)=(\S+)", line):
+            exports[match.group(1)] = match.group(2)
+        if {"STASIS_FLEET", "STASIS_TOKEN", "RAY_ADDRESS"} <= set(exports):
+            break
+    assert process.poll() is None, process.stderr.read() if process.stderr else ""
+    up = Fleet(process, home, marker, exports["STASIS_FLEET"], exports["STASIS_TOKEN"], exports["RAY_ADDRESS"])
+    try:
+        yield up
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STARTUP)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+
+
+def test_creates_spread_over_the_nodes_and_every_name_is_the_fleets(fleet: Fleet) -> None:
+    client = fleet.client()
+    made = [Sandbox.create(f"spread-{n}", memory_mb=256, backend="gvisor", client=client) for n in range(4)]
+    try:
+        nodes = {sbx.info().node for sbx in made}
+        assert nodes == {"n1", "n2"}
+        assert made[0].run("echo $((6 * 7))").stdout == "42\n"
+        with pytest.raises(NameTaken, match=r"spread-0.*already exists in the fleet \(on node n[12]\)"):
+            Sandbox.create("spread-0", memory_mb=256, backend="gvisor", client=client)
+        listed = fleet.cli("ls")
+        assert listed.returncode == 0, listed.stderr
+        assert "NODE" in listed.stdout.splitlines()[0]
+        assert {line.split()[-1] for line in listed.stdout.splitlines()[1:] if "spread-" in line} == {"n1", "n2"}
+        info = json.loads(fleet.cli("info", "spread-1", "--json").stdout)
+        assert info["node"] == made[1].info().node
+        pinned = httpx.post(f"{fleet.url}/v1/sandboxes", json={"name": "on-n1", "memory_mb": 256, "node": "n1"},
+                            headers={"authorization": f"Bearer {fleet.token}"}, timeout=300)  # fmt: skip
+        assert pinned.status_code == 201 and pinned.json()["node"] == "n1"
+        made.append(Sandbox.connect("on-n1", client=client))
+        nodes_listed = json.loads(fleet.cli("fleet", "nodes", "--json").stdout)
+        assert {(n["name"], n["state"]) for n in nodes_listed} == {("n1", "up"), ("n2", "up")}
+        assert sum(n["sandboxes"] for n in nodes_listed) == 5
+    finally:
+        for sbx in made:
+            sbx.terminate()
+
+
+def test_a_sandbox_keeps_its_processes_through_the_door(fleet: Fleet) -> None:
+    sbx = Sandbox.create("keeper", memory_mb=256, backend="gvisor", client=fleet.client())
+    try:
+        sbx.start_process(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"])
+        wait_until(lambda: sbx.run("cat /tmp/count").stdout.strip().isdigit())
+        sbx.suspend()
+        assert sbx.info().status.value == "suspended"
+        before = int(sbx.run("cat /tmp/count").stdout)  # a command resumes it, on its node
+        wait_until(lambda: int(sbx.run("cat /tmp/count").stdout) > before)
+        sbx.write_file("/root/note", b"through the door")
+        assert sbx.read_file("/root/note") == b"through the door"
+    finally:
+        sbx.terminate()
+
+
+def test_a_move_keeps_a_counting_process_and_its_memory(fleet: Fleet) -> None:
+    """`sbx.move()` suspends it on its node, hands it over through the fleet's store and resumes it on the other:
+    the same id and name, a counter still counting from where it was, a value held only in memory still there."""
+    sbx = Sandbox.create("mover", memory_mb=256, backend="gvisor", client=fleet.client())
+    try:
+        start = sbx.info().node
+        counter = (
+            "import os, secrets, time\n"
+            "kept = secrets.token_hex(8)\n"  # only in this process's memory, and in /tmp/kept for the test
+            "open('/tmp/kept', 'w').write(kept)\n"
+            "i = 0\n"
+            "while True:\n"
+            "    i += 1\n"
+            "    open('/tmp/count.new', 'w').write(f'{i} {kept}')\n"
+            "    os.replace('/tmp/count.new', '/tmp/count')\n"
+            "    time.sleep(0.1)\n"
+        )
+        sbx.start_process(["python3", "-c", counter])
+        wait_until(lambda: sbx.run("test -s /tmp/count").exit_code == 0)
+        kept = sbx.read_file("/tmp/kept").decode()
+        before = int(sbx.run("cat /tmp/count").stdout.split()[0])
+        moved = sbx.move()
+        assert moved.node != start and moved.node in ("n1", "n2") and moved.id == sbx.id
+        wait_until(lambda: int(sbx.run("cat /tmp/count").stdout.split()[0]) > before + 5)
+        _, still = sbx.run("cat /tmp/count").stdout.split()
+        assert still == kept  # written by the process from its memory after the move
+        assert sbx.info().node == moved.node
+        listed = fleet.cli("move", "mover", start or "n1")
+        assert listed.returncode == 0 and f"node {start}" in listed.stdout, listed.stderr
+    finally:
+        sbx.terminate()
+
+
+def test_no_sandbox_reaches_rays_ports(fleet: Fleet) -> None:
+    """Ray's address is an authority: the local fleet binds every Ray port to loopback (token authentication on),
+    and a sandbox with network, allowed everywhere, reaches none of them."""
+    ray_listens = listening(processes_with(fleet.marker))
+    assert ray_listens, "the fleet's processes listen somewhere"
+    assert [a for a in ray_listens if not ipaddress.ip_address(a.rsplit(":", 1)[0]).is_loopback] == []
+    gcs_port = int(fleet.ray_address.rsplit(":", 1)[1])
+    sbx = Sandbox.create("prober", memory_mb=256, backend="gvisor", network=NetworkPolicy(allow_out=["*"]),
+                         client=fleet.client())  # fmt: skip
+    try:
+        for host in ("127.0.0.1", "10.200.0.1"):  # its own loopback; its gateway, the host's side of its network
+            probe = sbx.run(["python3", "-c", "import socket,sys; socket.create_connection((sys.argv[1], "
+                             "int(sys.argv[2])), timeout=10); print('open')", host, str(gcs_port)])  # fmt: skip
+            assert "open" not in probe.stdout and probe.exit_code != 0, (host, probe)
+    finally:
+        sbx.terminate()
+
+
+def test_the_door_wants_the_token_and_says_what_it_does_not_route(fleet: Fleet) -> None:
+    assert httpx.get(f"{fleet.url}/v1/sandboxes", timeout=60).status_code == 401
+    headers = {"authorization": f"Bearer {fleet.token}"}
+    answer = httpx.post(f"{fleet.url}/v1/pools", json={}, headers=headers, timeout=60)
+    assert answer.status_code == 501 and "not served through the fleet yet" in answer.json()["message"]
+
+
+def test_rays_sandbox_api_runs_on_stasis_through_the_fleet(fleet: Fleet) -> None:
+    """Ray's released sandbox backend interface, served by stasis sandboxes on the fleet; plus what it lacks:
+    a pause that keeps memory and processes, and a checkpoint restored as a new sandbox going on from it."""
+    from ray.experimental.sandbox import SandboxStatus
+    from ray.experimental.sandbox.config import SandboxConfig
+
+    from stasis.integrations.ray_sandbox import StasisSandboxBackend
+
+    backend = StasisSandboxBackend(fleet.client())
+    config = SandboxConfig(image="default", cpu=1, memory="256Mi", env={"GREETING": "hello"}, workdir="/tmp")
+    sandbox_id = backend.create_sandbox(config)
+    restored = None
+    try:
+        assert backend.get_status(sandbox_id) == SandboxStatus.RUNNING
+        ran = backend.exec_command(sandbox_id, "echo $GREETING from $(pwd)")
+        assert (ran.exit_code, ran.stdout) == (0, "hello from /tmp\n")
+        assert backend.exec_command(sandbox_id, ["sh", "-c", "exit 3"]).exit_code == 3
+        backend.write_file(sandbox_id, "/tmp/notes", "one\n")
+        backend.write_file(sandbox_id, "/tmp/notes", b"two\n", append=True)
+        assert backend.read_file(sandbox_id, "/tmp/notes") == b"one\ntwo\n"
+        backend.exec_command(
+            sandbox_id, "python3 -c 'import time; time.sleep(3600)' > /dev/null 2>&1 & echo $! > /tmp/pid"
+        )
+        backend.pause_sandbox(sandbox_id)
+        assert backend.get_status(sandbox_id) == SandboxStatus.RUNNING  # paused, still alive: a command resumes it
+        pid = backend.read_file(sandbox_id, "/tmp/pid").decode().strip()
+        assert backend.exec_command(sandbox_id, f"kill -0 {pid}").exit_code == 0
+        restored = backend.restore_sandbox(backend.checkpoint_sandbox(sandbox_id))
+        assert backend.exec_command(restored, f"kill -0 {pid} && cat /tmp/notes").stdout == "one\ntwo\n"
+    finally:
+        backend.delete_sandbox(sandbox_id)
+        if restored is not None:
+            backend.delete_sandbox(restored)
+    assert backend.get_status(sandbox_id) == SandboxStatus.TERMINATED
+
+
+def test_stopping_the_fleet_leaves_nothing(fleet: Fleet) -> None:
+    """Last in this module (pytest runs its tests in order): SIGTERM removes every sandbox, stops every daemon,
+    agent and raylet."""
+    survivor = Sandbox.create("left-running", memory_mb=256, backend="gvisor", client=fleet.client())
+    assert survivor.info().status.value == "running"
+    fleet.process.send_signal(signal.SIGTERM)
+    assert fleet.process.wait(timeout=STARTUP) == 0
+    assert processes_with(fleet.marker) == []
+    for node in ("n1", "n2"):
+        paths = Paths(fleet.home / "nodes" / node, IMAGE_DIR)
+        assert not mountns.pinned(paths.mount_pin)
+        assert list(paths.sandboxes.glob("*")) == []
