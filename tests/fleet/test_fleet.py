@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stasis import Client, NameTaken, NetworkPolicy, Sandbox, mountns
+from stasis import Client, NameTaken, NetworkPolicy, Sandbox, StasisError, mountns
 from stasis.paths import Paths
 from tests.conftest import IMAGE_DIR, TEST_ROOT, require_default_image, wait_until
 
@@ -169,18 +169,7 @@ def test_a_move_keeps_a_counting_process_and_its_memory(fleet: Fleet) -> None:
     sbx = Sandbox.create("mover", memory_mb=256, backend="gvisor", client=fleet.client())
     try:
         start = sbx.info().node
-        counter = (
-            "import os, secrets, time\n"
-            "kept = secrets.token_hex(8)\n"  # only in this process's memory, and in /tmp/kept for the test
-            "open('/tmp/kept', 'w').write(kept)\n"
-            "i = 0\n"
-            "while True:\n"
-            "    i += 1\n"
-            "    open('/tmp/count.new', 'w').write(f'{i} {kept}')\n"
-            "    os.replace('/tmp/count.new', '/tmp/count')\n"
-            "    time.sleep(0.1)\n"
-        )
-        sbx.start_process(["python3", "-c", counter])
+        sbx.start_process(["python3", "-c", COUNTER])
         wait_until(lambda: sbx.run("test -s /tmp/count").exit_code == 0)
         kept = sbx.read_file("/tmp/kept").decode()
         before = int(sbx.run("cat /tmp/count").stdout.split()[0])
@@ -257,6 +246,42 @@ def test_rays_sandbox_api_runs_on_stasis_through_the_fleet(fleet: Fleet) -> None
     assert backend.get_status(sandbox_id) == SandboxStatus.TERMINATED
 
 
+COUNTER = (
+    "import os, secrets, time\n"
+    "kept = secrets.token_hex(8)\n"  # only in this process's memory, and in /tmp/kept for the test
+    "open('/tmp/kept', 'w').write(kept)\n"
+    "i = 0\n"
+    "while True:\n"
+    "    i += 1\n"
+    "    open('/tmp/count.new', 'w').write(f'{i} {kept}')\n"
+    "    os.replace('/tmp/count.new', '/tmp/count')\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+def test_a_lost_node_takes_its_running_sandboxes_and_the_store_gives_back_its_idle_ones(fleet: Fleet) -> None:
+    """A host's loss (`stasis fleet kill-node`: its raylet, agent, daemon and sandboxes killed): a sandbox that went
+    idle before (suspended, and on to the fleet's store) comes back on a live node at its next request, its
+    process counting on from its memory; one that was running, with nothing saved, is reported lost."""
+    client = fleet.client()
+    idle = Sandbox.create("idler", memory_mb=256, backend="gvisor", timeout_secs=2, node="n2", client=client)
+    idle.start_process(["python3", "-c", COUNTER])
+    wait_until(lambda: idle.run("test -s /tmp/count").exit_code == 0)
+    kept = idle.read_file("/tmp/kept").decode()
+    busy = Sandbox.create("busy", memory_mb=256, backend="gvisor", node="n2", client=client)
+    wait_until(lambda: (fleet.home / "store" / "sandboxes" / f"{idle.id}.json").exists(), timeout=240)
+    killed = fleet.cli("fleet", "kill-node", "n2")
+    assert killed.returncode == 0, killed.stderr
+    states = {n["name"]: n["state"] for n in json.loads(fleet.cli("fleet", "nodes", "--json").stdout)}
+    assert states == {"n1": "up", "n2": "lost"}
+    count, still = idle.run("cat /tmp/count").stdout.split()  # it comes back from the store, on n1
+    assert idle.info().node == "n1" and still == kept
+    wait_until(lambda: int(idle.run("cat /tmp/count").stdout.split()[0]) > int(count))
+    with pytest.raises(StasisError, match=rf"'{busy.id}' was on node n2, which was lost.*nothing of it was saved"):
+        busy.run("true")
+    idle.terminate()
+
+
 def test_stopping_the_fleet_leaves_nothing(fleet: Fleet) -> None:
     """Last in this module (pytest runs its tests in order): SIGTERM removes every sandbox, stops every daemon,
     agent and raylet."""
@@ -265,7 +290,7 @@ def test_stopping_the_fleet_leaves_nothing(fleet: Fleet) -> None:
     fleet.process.send_signal(signal.SIGTERM)
     assert fleet.process.wait(timeout=STARTUP) == 0
     assert processes_with(fleet.marker) == []
-    for node in ("n1", "n2"):
+    for node in ("n1", "n2"):  # n2 was lost: its files stay, as a dead host's disk would
         paths = Paths(fleet.home / "nodes" / node, IMAGE_DIR)
         assert not mountns.pinned(paths.mount_pin)
-        assert list(paths.sandboxes.glob("*")) == []
+        assert node == "n2" or list(paths.sandboxes.glob("*")) == []

@@ -44,10 +44,11 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     ports = Ports(core, tables.ports)
     secrets = SecretsRoom(core)
     front, ops = Front(core, checkpoints, pools, remote, secrets.check), GuestOperations(core)
+    idle_to_store = remote.push_sandbox if remote is not None and remote.config.idle_to_store else None
     e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets)
     rooms = Rooms(
         paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
-        ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints),
+        ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints, idle_to_store),
         e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
         desktop=DesktopRoom(core, ports, ops), secrets=secrets, token=token,
     )  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..errors import CheckpointNotFound, NameTaken, StasisError, Unsupported
+from ..errors import CheckpointNotFound, NameTaken, SandboxNotFound, StasisError, Unsupported
 from ..models import TEMPLATE_PREFIX
 from .nodes import Nodes
 from .placement import place
@@ -27,6 +28,13 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", 
               "authorization", "proxy-authorization"}  # fmt: skip
 DESCRIBES_A_SANDBOX = re.compile(r"^/v1/sandboxes/[^/]+(/(suspend|resume))?$")
 KillNode = Callable[[str], Awaitable[None]]
+log = logging.getLogger(__name__)
+
+
+class SandboxLost(StasisError):
+    status_code = 410  # Gone: it was, and will not be again
+
+
 REPLAYABLE = 1 << 20  # bytes of a request body the door holds (to send again after a stale lookup)
 
 
@@ -140,7 +148,7 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
     async def move(ref: str, request: Request) -> Response:
         """Suspended and pushed to the store on its node, pulled and resumed on the other: processes kept."""
         wanted = (await request.json() or {}).get("node")
-        source = await nodes.holder("sandboxes", ref)
+        source = await _holder(nodes, "sandboxes", ref)
         live = await nodes.live()
         target = place(live, wanted) if wanted else place([n for n in live if n["name"] != source["name"]])
         if target["name"] == source["name"]:
@@ -168,15 +176,15 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
         if kind not in ("sandboxes", "checkpoints"):
             return _not_routed(request)
         if not _replayable(request):  # an upload: its node asked first, the body streamed through once
-            return await _forward(nodes.client(await nodes.holder(kind, ref)), request)
+            return await _forward(nodes.client(await _holder(nodes, kind, ref)), request)
         body = await request.body()
         cached = nodes.cached(ref)
-        node = cached or await nodes.holder(kind, ref)
+        node = cached or await _holder(nodes, kind, ref)
         answer = await _send(nodes.client(node), request, body)
         if answer.status_code == 404 and cached is not None:  # gone from where it was: ask every node once more
             await answer.aclose()
             nodes.forget(ref)
-            node = await nodes.holder(kind, ref)
+            node = await _holder(nodes, kind, ref)
             answer = await _send(nodes.client(node), request, body)
         if request.method == "DELETE" and kind == "sandboxes" and not rest and answer.status_code == 200:
             nodes.forget(ref)
@@ -206,6 +214,32 @@ async def _gather(nodes: Nodes, path: str) -> list[dict[str, Any]]:
             nodes.remember(node["name"], item.get("id"), item.get("name"))
             found.append({**item, "node": node["name"]})
     return found
+
+
+async def _holder(nodes: Nodes, kind: str, ref: str) -> dict[str, Any]:
+    """The live node holding ``ref``; for a sandbox no live node holds, one that takes it back from the store (a
+    sandbox whose node was lost after it went there idle), or a clear word that it is lost with its node."""
+    try:
+        return await nodes.holder(kind, ref)
+    except SandboxNotFound:
+        if kind != "sandboxes":
+            raise
+        was_on = nodes.last_seen_on(ref)
+    target = place(await nodes.live())
+    answer = await nodes.client(target).post(f"/v1/sandboxes/{ref}/resume")
+    if answer.is_success:
+        revived = answer.json()
+        nodes.remember(target["name"], ref, revived["id"], revived.get("name"))
+        log.info("sandbox %s came back from the store on node %s", ref, target["name"])
+        return target
+    if was_on is not None and was_on["state"] == "lost" and answer.status_code == 404:
+        raise SandboxLost(
+            f"sandbox {ref[:80]!r} was on node {was_on['name']}, which was lost, and nothing of it was saved in the "
+            "fleet's store (it was running: never idle-suspended, pushed or checkpointed there); it is gone",
+            node=was_on["name"],
+        )
+    raise SandboxNotFound(f"no sandbox named or with id {ref[:80]!r} on any live node or in the fleet's store; "
+                          "`stasis ls` lists them")  # fmt: skip
 
 
 async def _holder_of_source(nodes: Nodes, body: dict[str, Any]) -> str | None:

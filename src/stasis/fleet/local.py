@@ -13,8 +13,10 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +24,11 @@ from typing import Any
 
 import uvicorn
 
+from .. import mountns
 from ..errors import InvalidRequest
 from ..fsutil import atomic_write
+from ..network.engine import NetworkEngine
+from ..paths import Paths
 from .agent import AGENT_PREFIX, NAMESPACE, NodeAgent, resource_of
 from .door import create_door
 from .nodes import Nodes
@@ -81,7 +86,9 @@ class LocalFleet:
         ray.init(address=self.cluster.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
         remote_agent = ray.remote(NodeAgent)
         # one machine: the nodes share its images, and a directory as the store sandboxes move through
-        env = {"STASIS_IMAGE_DIR": str(self.images), "STASIS_REMOTE": f"file://{self.home / 'store'}"}
+        # and idle sandboxes go on to the store, so they outlive their node
+        env = {"STASIS_IMAGE_DIR": str(self.images), "STASIS_REMOTE": f"file://{self.home / 'store'}",
+               "STASIS_IDLE_TO_STORE": "1"}  # fmt: skip
         for name in self.ray_nodes:
             self.agents[name] = remote_agent.options(  # type: ignore[attr-defined]
                 name=AGENT_PREFIX + name, namespace=NAMESPACE, num_cpus=0, resources={resource_of(name): 0.001},
@@ -91,9 +98,12 @@ class LocalFleet:
         log.info("local fleet: %d nodes up", len(self.agents))
 
     async def kill_node(self, name: str) -> None:
-        """A host's loss: its raylet and every process of it (the agent, and with it the daemon) killed."""
+        """A host's loss: its raylet and every process of it (the agent, and with it the daemon) killed, then
+        its sandboxes' processes, and what it held of this machine (network namespaces, its mount namespace's
+        pin): a real host's loss takes all of it with the host."""
         await asyncio.to_thread(self.cluster.remove_node, self.ray_nodes.pop(name))
         self.agents.pop(name, None)
+        await bury(Paths(self.home / "nodes" / name, self.images))
 
     def stop(self) -> None:
         """Every sandbox removed, every daemon, agent, raylet and the head stopped."""
@@ -111,6 +121,26 @@ class LocalFleet:
             self.cluster.shutdown()
             self.cluster = None
         self.ray_token_path.unlink(missing_ok=True)
+
+
+async def bury(paths: Paths) -> None:
+    """What a lost node left on this machine: every process naming its home or runtime directory (runsc, QEMU)
+    killed, its network namespaces and firewall removed, its mount namespace unpinned."""
+    marks = (str(paths.home) + "/", str(paths.runtime) + "/")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if any(mark in (entry / "cmdline").read_bytes().decode(errors="replace") for mark in marks):
+                    os.kill(int(entry.name), signal.SIGKILL)
+    network = NetworkEngine(paths.runtime.name, lambda _sandbox_id: None)
+    try:
+        await network.sweep(set())
+    finally:
+        network.close()
+    if mountns.pinned(paths.mount_pin):
+        await asyncio.to_thread(subprocess.run, ["umount", "--lazy", str(paths.mount_pin)], check=False)
+        paths.mount_pin.unlink(missing_ok=True)
+    shutil.rmtree(paths.runtime, ignore_errors=True)
 
 
 def listening_socket(listen: str) -> socket.socket:

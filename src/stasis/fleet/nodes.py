@@ -87,6 +87,10 @@ class Nodes:
         node = self._described.get(self._where.get(ref, ""))
         return node if node is not None and node["state"] == "up" else None
 
+    def last_seen_on(self, ref: str) -> dict[str, Any] | None:
+        """The node the cache last saw ``ref`` on, live or lost."""
+        return self._described.get(self._where.get(ref, ""))
+
     def forget(self, *refs: str | None) -> None:
         for ref in refs:
             if ref:

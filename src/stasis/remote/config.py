@@ -5,6 +5,7 @@ reads itself: MinIO, Ceph RGW, R2 and GCS's S3 API work through ``AWS_ENDPOINT_U
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
@@ -26,6 +27,7 @@ class RemoteConfig:
     prefix: str  # "" or ending in "/"
     cache_limit_bytes: int
     directory: Path | None = None  # a shared directory instead of a bucket
+    idle_to_store: bool = False  # STASIS_IDLE_TO_STORE=1 (a fleet's): idle suspends go on to the store
 
     @property
     def url(self) -> str:
@@ -37,6 +39,11 @@ class RemoteConfig:
         url = os.environ.get("STASIS_REMOTE", "").strip()
         if not url:
             return None
+        config = cls._parse(url)
+        return dataclasses.replace(config, idle_to_store=os.environ.get("STASIS_IDLE_TO_STORE") == "1")
+
+    @classmethod
+    def _parse(cls, url: str) -> RemoteConfig:
         parsed = urlparse(url)
         if parsed.scheme == "file":
             return cls._directory(url, parsed.netloc, parsed.path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from ...models import SandboxInfo, SandboxStatus
 from ..core.activity import idle_action
@@ -19,9 +20,17 @@ IDLE_TICK = 0.5  # seconds between looks for idle sandboxes
 
 
 class IdleReaper:
-    def __init__(self, service: SandboxService, checkpoints: Checkpoints) -> None:
+    def __init__(
+        self,
+        service: SandboxService,
+        checkpoints: Checkpoints,
+        to_store: Callable[[str], Awaitable[object]] | None = None,
+    ) -> None:
+        """``to_store`` (a fleet's setting, ``STASIS_IDLE_TO_STORE=1``): an idle-suspended sandbox goes on to the
+        remote store, so it outlives this host; any node resumes it at its next request."""
         self.service = service
         self.checkpoints = checkpoints
+        self.to_store = to_store
         self._task: asyncio.Task[None] | None = None
         self._busy: set[str] = set()
 
@@ -68,6 +77,9 @@ class IdleReaper:
                 acted = (await service.suspend(info.id, only_if_due=True)).status == S.SUSPENDED
             if acted:
                 service.metrics.idle_actions.labels(action).inc()
+            if acted and action == "suspend" and self.to_store is not None:
+                await self.to_store(info.id)
+                log.info("idle %s went to the remote store", info.id)
         except Exception as exc:  # a failed idle suspend leaves the sandbox running, with the error on record
             log.warning("idle %s of %s failed: %s", action, info.id, exc)
             service.metrics.idle_failures.inc()
