@@ -5,6 +5,7 @@ once it stops."""
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import json
 import os
@@ -185,6 +186,30 @@ def test_a_move_keeps_a_counting_process_and_its_memory(fleet: Fleet) -> None:
         sbx.terminate()
 
 
+def test_a_16_way_fork_spreads_over_both_nodes_and_its_children_diverge(fleet: Fleet) -> None:
+    """Rollouts: a live fork of a sandbox into 16, over both nodes (the checkpoint through the store once per
+    node), each child going on from the same memory, then on its own; and N more from a named checkpoint."""
+    client = fleet.client()
+    parent = Sandbox.create("rollout", memory_mb=256, backend="gvisor", client=client)
+    children: list[Sandbox] = []
+    try:
+        parent.run("python3 -c 'import secrets; print(secrets.token_hex(8))' > /root/seed")
+        seed = parent.read_file("/root/seed")
+        children = parent.copy(times=16)
+        assert collections.Counter(c.info().node for c in children) == {"n1": 8, "n2": 8}
+        assert {c.read_file("/root/seed") for c in children} == {seed}  # the same instant
+        drawn = {c.run("head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n'").stdout for c in children}
+        assert len(drawn) == 16  # then each its own
+        parent.checkpoint("memory", name="rollout-start")
+        more = Sandbox.fork("rollout-start", n=4, client=client)
+        children += more
+        assert {c.info().node for c in more} == {"n1", "n2"}
+        assert {c.read_file("/root/seed") for c in more} == {seed}
+    finally:
+        for sbx in [*children, parent]:
+            sbx.terminate()
+
+
 def test_no_sandbox_reaches_rays_ports(fleet: Fleet) -> None:
     """Ray's address is an authority: the local fleet binds every Ray port to loopback (token authentication on),
     and a sandbox with network, allowed everywhere, reaches none of them."""
@@ -208,6 +233,10 @@ def test_the_door_wants_the_token_and_says_what_it_does_not_route(fleet: Fleet) 
     headers = {"authorization": f"Bearer {fleet.token}"}
     answer = httpx.post(f"{fleet.url}/v1/pools", json={}, headers=headers, timeout=60)
     assert answer.status_code == 501 and "not served through the fleet yet" in answer.json()["message"]
+    for sneaky in ("/v1/sandboxes/x/%2e%2e/%2e%2e/secrets", "/v1/sandboxes/x/..%2F..%2Fremote%2Fpush"):
+        answer = httpx.post(fleet.url + sneaky, json={}, headers=headers, timeout=60)  # never another node endpoint
+        assert answer.status_code == 400 and "is not a sandbox's or checkpoint's name or id" in answer.json()["message"]
+    assert httpx.get(f"{fleet.url}/v1/sandboxes", headers={"authorization": fleet.token}, timeout=60).status_code == 401
 
 
 def test_rays_sandbox_api_runs_on_stasis_through_the_fleet(fleet: Fleet) -> None:

@@ -21,7 +21,10 @@ app.add_typer(image_app, name="image")
 
 @app.command()
 def serve(
-    tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (needs STASIS_TOKEN).")] = None,
+    tcp: Annotated[
+        str | None,
+        typer.Option(help="Also listen on HOST:PORT, or fd:N (a listening socket inherited); needs STASIS_TOKEN."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
 ) -> None:
     """Run the daemon in the foreground (the CLI and SDK start it on demand)."""

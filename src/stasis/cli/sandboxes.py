@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from ..backends import BACKENDS, DEFAULT_BACKEND
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, SandboxNotFound
 from ..models import ProcessInfo, SandboxInfo, SandboxSpec, build
 from ..netpolicy import NetworkPolicy
 from ..paths import Paths
@@ -331,11 +331,15 @@ def fork(
     name: Name,
     count: Annotated[int, typer.Option("--count", "-n", help="How many copies.")] = 1,
 ) -> None:
-    """Live copies of a running sandbox: they continue from now (memory, processes, files), then diverge."""
-    sbx = Sandbox.connect(name, client=client())
+    """Live copies of a running sandbox, or sandboxes from a checkpoint (rollouts): they continue from its instant
+    (memory, processes, files), then diverge. Through a fleet, spread over its nodes."""
+    daemon = client()
     with err.status(f"forking {name} x{count}..."):
         started = time.monotonic()
-        children = sbx.copy(times=count)
+        try:
+            children = Sandbox.connect(name, client=daemon).copy(times=count)
+        except SandboxNotFound:
+            children = Sandbox.fork(name, count, client=daemon)  # not a sandbox: a checkpoint's name or id
     err.print(f"{count} fork(s) of {name} in {time.monotonic() - started:.2f}s")
     for child in children:
         print(child.name or child.id)

@@ -71,6 +71,10 @@ def _unix_socket(path: Path) -> socket.socket:
 
 
 def _tcp_socket(address: str) -> socket.socket:
+    if address.startswith("fd:") and address[3:].isdigit():  # a listening socket its parent made (a fleet's agent)
+        sock = socket.socket(fileno=int(address[3:]))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise InvalidRequest(f"--tcp wants HOST:PORT, got {address!r}")

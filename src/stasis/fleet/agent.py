@@ -38,10 +38,13 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+def listening_socket() -> socket.socket:
+    """A loopback port held from the start and handed to the daemon (``--tcp fd:N``): no other process can take
+    it between a choice and a bind, and so none can be sent the fleet's token."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
 
 
 class NodeAgent:
@@ -50,14 +53,15 @@ class NodeAgent:
     def __init__(self, node: str, home: str, token: str, env: dict[str, str] | None = None) -> None:
         self.node, self.home, self.token = node, Path(home), token
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
-        daemon_env = {**os.environ, **(env or {}), "STASIS_HOME": str(self.home), "STASIS_TOKEN": token,
-                      "STASIS_NODE": node}  # fmt: skip
-        daemon_env.pop("STASIS_FLEET", None)
-        daemon_env.pop("STASIS_URL", None)
-        with open(self.home / "daemon-fleet.log", "ab") as out:
+        sock = listening_socket()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        # Ray's token stays with Ray: nothing the daemon starts (runsc, QEMU) sees it
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "STASIS_FLEET", "STASIS_URL"))}
+        ours = {"STASIS_HOME": str(self.home), "STASIS_TOKEN": token, "STASIS_NODE": node}
+        daemon_env = {**inherited, **(env or {}), **ours}
+        with sock, open(self.home / "daemon-fleet.log", "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "stasis", "serve", "--tcp", self.url.removeprefix("http://")],
+                [sys.executable, "-m", "stasis", "serve", "--tcp", f"fd:{sock.fileno()}"], pass_fds=(sock.fileno(),),
                 env=daemon_env, stdout=out, stderr=out, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
             )  # fmt: skip
         self.http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=60)

@@ -8,6 +8,7 @@ a 501 saying so, never answered by one node as if it were the fleet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import re
@@ -19,23 +20,19 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..errors import CheckpointNotFound, NameTaken, SandboxNotFound, StasisError, Unsupported
+from ..errors import CheckpointNotFound, NameTaken, StasisError, Unsupported
 from ..models import TEMPLATE_PREFIX
-from .nodes import Nodes
+from .forks import fork_routes
+from .nodes import Nodes, checked
 from .placement import place
+from .requests import replayable as _replayable
+from .requests import small_json as _small_json
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length",
               "authorization", "proxy-authorization"}  # fmt: skip
 DESCRIBES_A_SANDBOX = re.compile(r"^/v1/sandboxes/[^/]+(/(suspend|resume))?$")
 KillNode = Callable[[str], Awaitable[None]]
 log = logging.getLogger(__name__)
-
-
-class SandboxLost(StasisError):
-    status_code = 410  # Gone: it was, and will not be again
-
-
-REPLAYABLE = 1 << 20  # bytes of a request body the door holds (to send again after a stale lookup)
 
 
 def error(exc: StasisError) -> JSONResponse:
@@ -48,8 +45,8 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
 
     @app.middleware("http")
     async def bearer(request: Request, call_next):  # type: ignore[no-untyped-def]
-        given = request.headers.get("authorization", "").removeprefix("Bearer ")
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             return JSONResponse({"type": "Unauthorized", "message": "the fleet wants its token: set STASIS_TOKEN",
                                  "details": {}}, status_code=401)  # fmt: skip
         return await call_next(request)
@@ -64,6 +61,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
 
     _fleet_routes(app, nodes, kill_node)
     _sandbox_routes(app, nodes)
+    fork_routes(app, nodes)
     _routed_routes(app, nodes)
     return app
 
@@ -120,14 +118,14 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
 
     @app.post("/v1/sandboxes")
     async def create(request: Request) -> Response:
-        body = await request.json()
+        body = await _small_json(request)
         wanted = body.pop("node", None) if isinstance(body, dict) else None
         name = body.get("name") if isinstance(body, dict) else None
         if wanted is None and isinstance(body, dict):
             wanted = await _holder_of_source(nodes, body)
-        async with creating:
+        async with creating if name else contextlib.nullcontext():  # only a name is checked, then taken, at once
             if name:
-                holders = [n for n, held in await _holders(nodes, name) if held]
+                holders = [n for n, held in await _holders(nodes, checked(name)) if held]
                 if holders:
                     raise NameTaken(f"a sandbox named {name!r} already exists in the fleet (on node "
                                     f"{holders[0]['name']}); pick another name or remove it with `stasis rm {name}`",
@@ -147,8 +145,8 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
     @app.post("/v1/sandboxes/{ref}/move")
     async def move(ref: str, request: Request) -> Response:
         """Suspended and pushed to the store on its node, pulled and resumed on the other: processes kept."""
-        wanted = (await request.json() or {}).get("node")
-        source = await _holder(nodes, "sandboxes", ref)
+        wanted = (await _small_json(request) or {}).get("node")
+        source = await nodes.found("sandboxes", ref)
         live = await nodes.live()
         target = place(live, wanted) if wanted else place([n for n in live if n["name"] != source["name"]])
         if target["name"] == source["name"]:
@@ -175,31 +173,33 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
     async def one(request: Request, kind: str, ref: str, rest: str = "") -> Response:
         if kind not in ("sandboxes", "checkpoints"):
             return _not_routed(request)
+        path = _node_path(kind, ref, rest)  # rebuilt from checked segments: never another endpoint of the node
         if not _replayable(request):  # an upload: its node asked first, the body streamed through once
-            return await _forward(nodes.client(await _holder(nodes, kind, ref)), request)
+            return await _forward(nodes.client(await nodes.found(kind, ref)), request, path)
         body = await request.body()
         cached = nodes.cached(ref)
-        node = cached or await _holder(nodes, kind, ref)
-        answer = await _send(nodes.client(node), request, body)
-        if answer.status_code == 404 and cached is not None:  # gone from where it was: ask every node once more
-            await answer.aclose()
+        node = cached or await nodes.found(kind, ref)
+        answer = await _send(nodes.client(node), request, body, path)
+        if cached is not None and await _gone(answer):  # not where it was: ask every node once more
             nodes.forget(ref)
-            node = await _holder(nodes, kind, ref)
-            answer = await _send(nodes.client(node), request, body)
+            node = await nodes.found(kind, ref)
+            answer = await _send(nodes.client(node), request, body, path)
         if request.method == "DELETE" and kind == "sandboxes" and not rest and answer.status_code == 200:
             nodes.forget(ref)
-        if DESCRIBES_A_SANDBOX.match(request.url.path) and answer.status_code == 200:
+        if DESCRIBES_A_SANDBOX.match(path) and answer.status_code == 200:
             await answer.aread()
             await answer.aclose()
             return JSONResponse({**answer.json(), "node": node["name"]})
-        return _streamed(answer)
+        return _relay_whole(answer) if answer.is_stream_consumed else _streamed(answer)
 
     @app.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def anything_else(request: Request, rest: str) -> Response:
-        if request.method == "GET" and request.url.path.startswith(("/v1/images", "/v1/info")):
+        parts = rest.split("/")
+        if request.method == "GET" and parts[:2] in (["v1", "images"], ["v1", "info"]):
             live = await nodes.live()
             if live:  # every node of a local fleet shares the image directory; a real one's are built alike
-                return await _forward(nodes.client(live[0]), request)
+                path = "/" + "/".join(checked(part) for part in parts)
+                return await _forward(nodes.client(live[0]), request, path)
         return _not_routed(request)
 
 
@@ -214,32 +214,6 @@ async def _gather(nodes: Nodes, path: str) -> list[dict[str, Any]]:
             nodes.remember(node["name"], item.get("id"), item.get("name"))
             found.append({**item, "node": node["name"]})
     return found
-
-
-async def _holder(nodes: Nodes, kind: str, ref: str) -> dict[str, Any]:
-    """The live node holding ``ref``; for a sandbox no live node holds, one that takes it back from the store (a
-    sandbox whose node was lost after it went there idle), or a clear word that it is lost with its node."""
-    try:
-        return await nodes.holder(kind, ref)
-    except SandboxNotFound:
-        if kind != "sandboxes":
-            raise
-        was_on = nodes.last_seen_on(ref)
-    target = place(await nodes.live())
-    answer = await nodes.client(target).post(f"/v1/sandboxes/{ref}/resume")
-    if answer.is_success:
-        revived = answer.json()
-        nodes.remember(target["name"], ref, revived["id"], revived.get("name"))
-        log.info("sandbox %s came back from the store on node %s", ref, target["name"])
-        return target
-    if was_on is not None and was_on["state"] == "lost" and answer.status_code == 404:
-        raise SandboxLost(
-            f"sandbox {ref[:80]!r} was on node {was_on['name']}, which was lost, and nothing of it was saved in the "
-            "fleet's store (it was running: never idle-suspended, pushed or checkpointed there); it is gone",
-            node=was_on["name"],
-        )
-    raise SandboxNotFound(f"no sandbox named or with id {ref[:80]!r} on any live node or in the fleet's store; "
-                          "`stasis ls` lists them")  # fmt: skip
 
 
 async def _holder_of_source(nodes: Nodes, body: dict[str, Any]) -> str | None:
@@ -265,24 +239,33 @@ def _forwarded(request: Request) -> dict[str, str]:
     return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
 
 
-async def _forward(client: httpx.AsyncClient, request: Request) -> Response:
-    """The request as it came, to the node, its body streamed; the answer streamed back as it comes."""
-    upstream = client.build_request(request.method, request.url.path, params=request.query_params,
+def _node_path(kind: str, ref: str, rest: str) -> str:
+    segments = [checked(ref), *(checked(part) for part in rest.split("/") if rest)]
+    return f"/v1/{kind}/" + "/".join(segments)
+
+
+async def _gone(answer: httpx.Response) -> bool:
+    """Whether a node said it has no such sandbox or checkpoint (not: no such process or file in it)."""
+    if answer.status_code != 404:
+        return False
+    await answer.aread()
+    await answer.aclose()
+    with contextlib.suppress(ValueError, AttributeError):
+        return answer.json().get("type") in ("SandboxNotFound", "CheckpointNotFound")
+    return False
+
+
+async def _forward(client: httpx.AsyncClient, request: Request, path: str) -> Response:
+    """The request to the node at ``path``, its body streamed; the answer streamed back as it comes."""
+    upstream = client.build_request(request.method, path, params=request.query_params,
                                     content=request.stream(), headers=_forwarded(request))  # fmt: skip
     return _streamed(await client.send(upstream, stream=True))
 
 
-async def _send(client: httpx.AsyncClient, request: Request, body: bytes) -> httpx.Response:
-    upstream = client.build_request(request.method, request.url.path, params=request.query_params, content=body,
+async def _send(client: httpx.AsyncClient, request: Request, body: bytes, path: str) -> httpx.Response:
+    upstream = client.build_request(request.method, path, params=request.query_params, content=body,
                                     headers=_forwarded(request))  # fmt: skip
     return await client.send(upstream, stream=True)
-
-
-def _replayable(request: Request) -> bool:
-    """A body small enough to hold, so a request sent to a node that no longer has the sandbox can go again."""
-    length = request.headers.get("content-length")
-    chunked = "chunked" in request.headers.get("transfer-encoding", "")
-    return request.method in ("GET", "DELETE") or (not chunked and length is not None and int(length) <= REPLAYABLE)
 
 
 def _streamed(answer: httpx.Response) -> Response:

@@ -76,13 +76,17 @@ class LocalFleet:
         import ray
         from ray.cluster_utils import Cluster
 
-        head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": OBJECT_STORE}
+        # Ray makes its temp directories 0777: under the fleet's own 0700 home, no other user reaches them
+        head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": OBJECT_STORE,
+                "temp_dir": str(self.home / "r")}  # fmt: skip
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         for number in range(1, self.nodes + 1):
             name = f"n{number}"
             self.ray_nodes[name] = self.cluster.add_node(
                 num_cpus=self.cpus_per_node, object_store_memory=OBJECT_STORE, resources={resource_of(name): 1}
             )
+        if not self.cluster.address.startswith("127.0.0.1:"):  # Ray read the host's address: never serve on it
+            raise InvalidRequest(f"Ray bound {self.cluster.address}, not loopback: was ray imported before the fleet?")
         ray.init(address=self.cluster.address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
         remote_agent = ray.remote(NodeAgent)
         # one machine: the nodes share its images, and a directory as the store sandboxes move through
@@ -147,9 +151,11 @@ def listening_socket(listen: str) -> socket.socket:
     host, _, port = listen.rpartition(":")
     if host not in ("127.0.0.1", "localhost", "::1") or not port.isdigit():
         raise InvalidRequest(f"--listen wants a loopback HOST:PORT (127.0.0.1:0 for any free port), got {listen!r}")
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted sockets: no 40 ms Nagle stalls
     sock.bind((host, int(port)))
+    sock.listen(128)
     return sock
 
 

@@ -5,18 +5,36 @@ the truth, asked again whenever the cache does not answer)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import re
 from typing import Any
 
 import httpx
 
-from ..errors import CheckpointNotFound, SandboxNotFound
+from ..errors import CheckpointNotFound, InvalidRequest, SandboxNotFound, StasisError
 from .agent import AGENT_PREFIX, NAMESPACE
+from .placement import place
 
 log = logging.getLogger(__name__)
 
 DESCRIBE_TIMEOUT = 30.0
 FORWARD_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)  # a run may take as long as it takes
+
+
+REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")  # a name, an id, one segment of an API path
+REMEMBERED = 100_000  # ids and names whose node the door keeps in mind (the oldest go first)
+
+
+def checked(ref: str) -> str:
+    """``ref`` if it can only be one path segment of a node's API (no dot segments, slashes, escapes)."""
+    if not REF.fullmatch(ref) or ".." in ref:
+        raise InvalidRequest(f"{ref[:80]!r} is not a sandbox's or checkpoint's name or id")
+    return ref
+
+
+class SandboxLost(StasisError):
+    status_code = 410  # Gone: it was, and will not be again
 
 
 class Nodes:
@@ -25,7 +43,7 @@ class Nodes:
         self._agents: dict[str, Any] = {}  # node name -> its agent's actor handle
         self._described: dict[str, dict[str, Any]] = {}  # node name -> its last description
         self._clients: dict[str, httpx.AsyncClient] = {}  # node url -> a client of its daemon
-        self._where: dict[str, str] = {}  # sandbox or checkpoint id or name -> node name
+        self._where: collections.OrderedDict[str, str] = collections.OrderedDict()  # id or name -> node name
 
     async def close(self) -> None:
         for client in self._clients.values():
@@ -81,6 +99,9 @@ class Nodes:
         for ref in refs:
             if ref:
                 self._where[ref] = node
+                self._where.move_to_end(ref)
+        while len(self._where) > REMEMBERED:
+            self._where.popitem(last=False)
 
     def cached(self, ref: str) -> dict[str, Any] | None:
         """The live node the cache says holds ``ref`` (unchecked: a 404 from it sends the door asking all)."""
@@ -99,6 +120,7 @@ class Nodes:
     async def holder(self, kind: str, ref: str) -> dict[str, Any]:
         """The live node holding the sandbox (``kind`` "sandboxes") or checkpoint ("checkpoints") ``ref``: the
         cached one if it still has it, else the one of all live nodes that does."""
+        checked(ref)
         if not self._described:
             await self.describe()
         cached = self._described.get(self._where.get(ref, ""))
@@ -113,6 +135,31 @@ class Nodes:
         missing = SandboxNotFound if kind == "sandboxes" else CheckpointNotFound
         raise missing(f"no {kind[:-1]} named or with id {ref[:80]!r} on any live node of the fleet; "
                       f"`stasis {'ls' if kind == 'sandboxes' else 'checkpoints'}` lists them")  # fmt: skip
+
+    async def found(self, kind: str, ref: str) -> dict[str, Any]:
+        """The live node holding ``ref``; for a sandbox no live node holds, one that takes it back from the store
+        (a sandbox whose node was lost after it went there idle), or a clear word that it is lost with its node."""
+        try:
+            return await self.holder(kind, checked(ref))
+        except SandboxNotFound:
+            if kind != "sandboxes":
+                raise
+            was_on = self.last_seen_on(ref)
+        target = place(await self.live())
+        answer = await self.client(target).post(f"/v1/sandboxes/{ref}/resume")
+        if answer.is_success:
+            revived = answer.json()
+            self.remember(target["name"], ref, revived["id"], revived.get("name"))
+            log.info("sandbox %s came back from the store on node %s", ref, target["name"])
+            return target
+        if was_on is not None and was_on["state"] == "lost" and answer.status_code == 404:
+            raise SandboxLost(
+                f"sandbox {ref[:80]!r} was on node {was_on['name']}, which was lost, and nothing of it was saved in "
+                "the fleet's store (it was running: never idle-suspended, pushed or checkpointed there); it is gone",
+                node=was_on["name"],
+            )
+        raise SandboxNotFound(f"no sandbox named or with id {ref[:80]!r} on any live node or in the fleet's store; "
+                              "`stasis ls` lists them")  # fmt: skip
 
     async def _holds(self, node: dict[str, Any], kind: str, ref: str) -> bool:
         try:

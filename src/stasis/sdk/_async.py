@@ -75,7 +75,7 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     async def move(self, node: str | None = None) -> SandboxInfo:
         """Through a fleet's front door: suspend it, hand it over through the store and resume it on ``node`` (the
         roomiest other node if None), its memory and processes kept."""
-        return await self._client.call(self._move_call(node))
+        return await self._client.call(b.Call("POST", f"{self._url}/move", self._keep, json={"node": node}))
 
     async def push(self) -> TransferResult:
         """Suspend it (if it runs) and hand it to the daemon's remote store: it leaves this node, and any
@@ -115,6 +115,13 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     async def copy(self, times: int = 1) -> list[AsyncSandbox]:
         """Live forks: new running sandboxes that continue from this instant, then diverge."""
         return [AsyncSandbox(info, self._client) for info in await self._client.call(self._fork_call(times))]
+
+    @classmethod
+    async def fork(cls, checkpoint: str, n: int = 1, client: AsyncClient | None = None) -> list[AsyncSandbox]:
+        """Rollouts: ``n`` sandboxes from one checkpoint (id or name), each going on from its instant; through
+        a fleet's front door, spread over its nodes. All or none."""
+        client = client or AsyncClient()
+        return [AsyncSandbox(info, client) for info in await client.call(b.fork_checkpoint_call(checkpoint, n))]
 
     @classmethod
     async def list_checkpoints(cls, client: AsyncClient | None = None) -> list[CheckpointInfo]:

@@ -256,6 +256,10 @@ def list_call(include_terminated: bool, limit: int | None = None, after: str | N
     return Call("GET", "/v1/sandboxes", _models(SandboxInfo), params={k: v for k, v in params.items() if v} or None)
 
 
+def fork_checkpoint_call(checkpoint: str, times: int) -> Call:
+    return Call("POST", f"/v1/checkpoints/{checkpoint}/fork", _models(SandboxInfo), json={"times": times})
+
+
 def list_checkpoints_call() -> Call:
     return Call("GET", "/v1/checkpoints", _models(CheckpointInfo))
 
@@ -322,9 +326,6 @@ class SandboxBase:
 
     def _lifecycle_call(self, action: str) -> Call:
         return Call("POST", f"{self._url}/{action}", self._keep)
-
-    def _move_call(self, node: str | None) -> Call:
-        return Call("POST", f"{self._url}/move", self._keep, json={"node": node})
 
     def _terminate_call(self) -> Call:
         return Call("DELETE", self._url, self._keep)

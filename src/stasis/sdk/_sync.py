@@ -74,7 +74,7 @@ class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     def move(self, node: str | None = None) -> SandboxInfo:
         """Through a fleet's front door: suspend it, hand it over through the store and resume it on ``node`` (the
         roomiest other node if None), its memory and processes kept."""
-        return self._client.call(self._move_call(node))
+        return self._client.call(b.Call("POST", f"{self._url}/move", self._keep, json={"node": node}))
 
     def push(self) -> TransferResult:
         """Suspend it (if it runs) and hand it to the daemon's remote store: it leaves this node, and any
@@ -114,6 +114,13 @@ class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     def copy(self, times: int = 1) -> list[Sandbox]:
         """Live forks: new running sandboxes that continue from this instant, then diverge."""
         return [Sandbox(info, self._client) for info in self._client.call(self._fork_call(times))]
+
+    @classmethod
+    def fork(cls, checkpoint: str, n: int = 1, client: Client | None = None) -> list[Sandbox]:
+        """Rollouts: ``n`` sandboxes from one checkpoint (id or name), each going on from its instant; through
+        a fleet's front door, spread over its nodes. All or none."""
+        client = client or Client()
+        return [Sandbox(info, client) for info in client.call(b.fork_checkpoint_call(checkpoint, n))]
 
     @classmethod
     def list_checkpoints(cls, client: Client | None = None) -> list[CheckpointInfo]:

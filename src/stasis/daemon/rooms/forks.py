@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 
 from ... import faults
-from ...models import CheckpointType, CreateCheckpointRequest, SandboxInfo
+from ...models import CheckpointType, CreateCheckpointRequest, CreateSandboxRequest, SandboxInfo
 from ..core.service import SandboxService
 from ..core.sources import Restore
 from .checkpointing import Checkpoints
+from .front import Front
 
 
 async def fork(service: SandboxService, checkpoints: Checkpoints, ref: str, times: int) -> list[SandboxInfo]:
@@ -31,6 +33,24 @@ async def fork(service: SandboxService, checkpoints: Checkpoints, ref: str, time
         faults.point("fork.after_children")
     finally:
         checkpoints.delete(checkpoint.id)
+    return await _all_or_none(service, children)
+
+
+async def fork_checkpoint(
+    service: SandboxService, checkpoints: Checkpoints, front: Front, ref: str, times: int
+) -> list[SandboxInfo]:
+    """``times`` new sandboxes from one checkpoint (a MEMORY one: each going on from its instant, then
+    diverging): rollouts. All or none, as a live fork."""
+    checkpoint = checkpoints.get(ref)
+    source = await front.source(CreateSandboxRequest(snapshot_id=checkpoint.id, backend=checkpoint.backend))
+    if isinstance(source, Restore) and source.verify:  # its bytes checked once, not once per child
+        await asyncio.to_thread(checkpoints.files.verify, checkpoint.id, checkpoint.sha256)
+        source = dataclasses.replace(source, verify=False)
+    children = await asyncio.gather(*(service.create(None, source) for _ in range(times)), return_exceptions=True)
+    return await _all_or_none(service, children)
+
+
+async def _all_or_none(service: SandboxService, children: list[SandboxInfo | BaseException]) -> list[SandboxInfo]:
     failures = [c for c in children if isinstance(c, BaseException)]
     if failures:
         for child in children:

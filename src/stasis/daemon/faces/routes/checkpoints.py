@@ -1,10 +1,11 @@
-"""Checkpoints: take one of a sandbox, list, read, delete."""
+"""Checkpoints: take one of a sandbox, list, read, fork into new sandboxes, delete."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ....models import CheckpointInfo, CreateCheckpointRequest
+from ....models import CheckpointInfo, CreateCheckpointRequest, ForkRequest, SandboxInfo
+from ...rooms import forks
 from ..deps import RoomsDep
 
 router = APIRouter()
@@ -23,6 +24,12 @@ async def list_checkpoints(rooms: RoomsDep) -> list[CheckpointInfo]:
 @router.get("/v1/checkpoints/{ref}")
 async def get_checkpoint(ref: str, rooms: RoomsDep) -> CheckpointInfo:
     return rooms.checkpoints.get(ref)
+
+
+@router.post("/v1/checkpoints/{ref}/fork", status_code=201)
+async def fork_checkpoint(ref: str, request: ForkRequest, rooms: RoomsDep) -> list[SandboxInfo]:
+    """Rollouts: ``times`` sandboxes from one checkpoint, each going on from its instant (all or none)."""
+    return await forks.fork_checkpoint(rooms.core, rooms.checkpoints, rooms.front, ref, request.times)
 
 
 @router.delete("/v1/checkpoints/{ref}")

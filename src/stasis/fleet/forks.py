@@ -1,0 +1,107 @@
+"""Forks over the fleet (rollouts): a live fork of a sandbox, or N sandboxes from one checkpoint, spread over the
+nodes. The checkpoint goes through the fleet's store once to each node that gets children, and each node makes
+its share in one call (its daemon's own all-or-none fork of a checkpoint); if any share fails, every child made
+is removed."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from ..errors import StasisError
+from ..models import ForkRequest, build
+from .nodes import Nodes
+from .placement import place
+from .requests import small_json as _small_json
+
+log = logging.getLogger(__name__)
+
+
+class ForkFailed(StasisError):
+    status_code = 502
+
+
+def spread(nodes: list[dict[str, Any]], times: int, cpus: float, memory_mb: int) -> dict[str, int]:
+    """How many children each node gets: one placement per child, each counting the ones placed before it."""
+    room = {n["name"]: dict(n) for n in nodes}
+    plan: collections.Counter[str] = collections.Counter()
+    for _ in range(times):
+        chosen = place(list(room.values()))
+        plan[chosen["name"]] += 1
+        chosen["free_cpus"] -= cpus
+        chosen["free_memory_mb"] -= memory_mb
+        chosen["sandboxes"] += 1
+    return dict(plan)
+
+
+def fork_routes(app: FastAPI, nodes: Nodes) -> None:
+    @app.post("/v1/sandboxes/{ref}/fork", status_code=201)
+    async def fork_sandbox(ref: str, request: Request) -> JSONResponse:
+        """A live fork: a MEMORY checkpoint of this instant on its node, its children spread, the checkpoint gone."""
+        times = build(ForkRequest, **(await _small_json(request) or {})).times
+        source = await nodes.found("sandboxes", ref)
+        taken = await nodes.client(source).post(
+            f"/v1/sandboxes/{ref}/checkpoints", json={"type": "memory", "metadata": {"fleet_fork_of": ref}}
+        )
+        if not taken.is_success:
+            return JSONResponse(taken.json(), status_code=taken.status_code)
+        checkpoint = taken.json()
+        try:
+            return JSONResponse(await _fork(nodes, source, checkpoint, times), status_code=201)
+        finally:
+            await _drop(nodes, checkpoint["id"])
+
+    @app.post("/v1/checkpoints/{ref}/fork", status_code=201)
+    async def fork_checkpoint(ref: str, request: Request) -> JSONResponse:
+        """Rollouts: ``times`` sandboxes from one checkpoint, spread over the nodes."""
+        times = build(ForkRequest, **(await _small_json(request) or {})).times
+        source = await nodes.found("checkpoints", ref)
+        checkpoint = (await nodes.client(source).get(f"/v1/checkpoints/{ref}")).json()
+        return JSONResponse(await _fork(nodes, source, checkpoint, times), status_code=201)
+
+
+async def _fork(nodes: Nodes, source: dict[str, Any], checkpoint: dict[str, Any], times: int) -> list[dict[str, Any]]:
+    spec = checkpoint["spec"]
+    plan = spread(await nodes.live(), times, spec["cpus"], spec["memory_mb"])
+    by_name = {n["name"]: n for n in await nodes.live()}
+    elsewhere = [name for name in plan if name != source["name"]]
+    if elsewhere:  # to the store once, then into each node that makes children (a node's creates then find it)
+        handed = {"ref": checkpoint["id"], "kind": "checkpoint"}
+        await _call(nodes, source, "/v1/remote/push", handed)
+        await asyncio.gather(*(_call(nodes, by_name[name], "/v1/remote/pull", handed) for name in elsewhere))
+    shares = await asyncio.gather(
+        *(_call(nodes, by_name[name], f"/v1/checkpoints/{checkpoint['id']}/fork", {"times": count})
+          for name, count in plan.items()),
+        return_exceptions=True,
+    )  # fmt: skip
+    made = [(name, child) for name, share in zip(plan, shares, strict=True) if isinstance(share, list)
+            for child in share]  # fmt: skip
+    failed = [share for share in shares if isinstance(share, BaseException)]
+    if failed:
+        await asyncio.gather(*(nodes.client(by_name[name]).delete(f"/v1/sandboxes/{c['id']}") for name, c in made),
+                             return_exceptions=True)  # fmt: skip
+        raise failed[0]
+    for name, child in made:
+        nodes.remember(name, child["id"], child.get("name"))
+    log.info("forked %s into %d sandboxes over %s", checkpoint["id"], times, dict(plan))
+    return [{**child, "node": name} for name, child in made]
+
+
+async def _call(nodes: Nodes, node: dict[str, Any], path: str, body: dict[str, Any]) -> Any:
+    answer = await nodes.client(node).post(path, json=body)
+    if not answer.is_success:
+        message = answer.json().get("message", answer.text) if answer.content else answer.reason_phrase
+        raise ForkFailed(f"node {node['name']}: {path}: {message}")
+    return answer.json()
+
+
+async def _drop(nodes: Nodes, checkpoint_id: str) -> None:
+    """A live fork's passing checkpoint, gone from every node that has it (the store keeps its copy)."""
+    live = await nodes.live()
+    await asyncio.gather(*(nodes.client(n).delete(f"/v1/checkpoints/{checkpoint_id}") for n in live),
+                         return_exceptions=True)  # fmt: skip
