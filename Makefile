@@ -38,6 +38,7 @@ bench: setup
 	.venv/bin/python benchmarks/code.py
 	.venv/bin/python benchmarks/devloop.py --backends gvisor,gvisor:fast
 	.venv/bin/python benchmarks/storage.py
+	.venv/bin/python benchmarks/fleet.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30

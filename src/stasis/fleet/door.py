@@ -93,6 +93,7 @@ def _fleet_routes(app: FastAPI, nodes: Nodes, kill_node: KillNode | None) -> Non
         if name not in nodes.known():
             raise Unsupported(f"no node named {name[:80]!r} in the fleet; `stasis fleet nodes` lists them")
         await kill_node(name)
+        await nodes.describe()  # it is lost now: what it held is looked for elsewhere
         return {"removed": name}
 
 
@@ -179,9 +180,14 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
         body = await request.body()
         cached = nodes.cached(ref)
         node = cached or await nodes.found(kind, ref)
-        answer = await _send(nodes.client(node), request, body, path)
-        if cached is not None and await _gone(answer):  # not where it was: ask every node once more
-            nodes.forget(ref)
+        try:
+            answer = await _send(nodes.client(node), request, body, path)
+        except httpx.TransportError as exc:  # its daemon is gone (a host's loss the agents have not said yet)
+            nodes.mark_lost(node, str(exc))
+            answer = None
+        if answer is None or (cached is not None and await _gone(answer)):  # not where it was: ask all once more
+            if answer is not None:
+                nodes.forget(ref)
             node = await nodes.found(kind, ref)
             answer = await _send(nodes.client(node), request, body, path)
         if request.method == "DELETE" and kind == "sandboxes" and not rest and answer.status_code == 200:

@@ -108,6 +108,11 @@ class Nodes:
         node = self._described.get(self._where.get(ref, ""))
         return node if node is not None and node["state"] == "up" else None
 
+    def mark_lost(self, node: dict[str, Any], why: str) -> None:
+        """A node whose daemon stopped answering is lost until its agent describes it again."""
+        log.warning("node %s does not answer: %s", node["name"], why)
+        self._described[node["name"]] = {**node, "state": "lost", "error": why[:200]}
+
     def last_seen_on(self, ref: str) -> dict[str, Any] | None:
         """The node the cache last saw ``ref`` on, live or lost."""
         return self._described.get(self._where.get(ref, ""))
