@@ -196,7 +196,8 @@ def test_a_16_way_fork_spreads_over_both_nodes_and_its_children_diverge(fleet: F
         parent.run("python3 -c 'import secrets; print(secrets.token_hex(8))' > /root/seed")
         seed = parent.read_file("/root/seed")
         children = parent.copy(times=16)
-        assert collections.Counter(c.info().node for c in children) == {"n1": 8, "n2": 8}
+        spread = collections.Counter(c.info().node for c in children)  # by room: the parent's node counts it too
+        assert set(spread) == {"n1", "n2"} and abs(spread["n1"] - spread["n2"]) <= 2, spread
         assert {c.read_file("/root/seed") for c in children} == {seed}  # the same instant
         drawn = {c.run("head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n'").stdout for c in children}
         assert len(drawn) == 16  # then each its own
