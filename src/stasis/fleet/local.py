@@ -73,8 +73,11 @@ class LocalFleet:
         ray_token = secrets.token_hex(32)
         atomic_write(self.ray_token_path, ray_token.encode(), mode=0o600)  # for Ray clients of this cluster
         os.environ.update({**RAY_ENV, "RAY_AUTH_TOKEN": ray_token})
-        import ray
-        from ray.cluster_utils import Cluster
+        try:
+            import ray
+            from ray.cluster_utils import Cluster
+        except ImportError:
+            raise InvalidRequest("a fleet runs on Ray, which is not installed: pip install 'stasis[fleet]'") from None
 
         # Ray makes its temp directories 0777: under the fleet's own 0700 home, no other user reaches them
         head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": OBJECT_STORE,
