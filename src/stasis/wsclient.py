@@ -1,4 +1,5 @@
-"""Opening a WebSocket to the daemon: on its unix socket, or over TCP with the token (STASIS_URL, STASIS_TOKEN)."""
+"""Opening a WebSocket to the daemon: on its unix socket, or over TCP with the token (STASIS_URL or a fleet's
+STASIS_FLEET, with STASIS_TOKEN)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from .paths import Paths
 
 def open_websocket(paths: Paths, path: str) -> ClientConnection:
     """``path`` is the route with its query string, e.g. ``/v1/sandboxes/work/pty?cols=80``."""
-    url = os.environ.get("STASIS_URL")
+    url = os.environ.get("STASIS_FLEET") or os.environ.get("STASIS_URL")  # a fleet's door, or one daemon's
     if url:
         token = os.environ.get("STASIS_TOKEN", "")
         ws_url = url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + path

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
 
 from stasis import Client, NameTaken, NetworkPolicy, Sandbox, StasisError, mountns
 from stasis.paths import Paths
@@ -225,6 +227,25 @@ def test_no_sandbox_reaches_rays_ports(fleet: Fleet) -> None:
             probe = sbx.run(["python3", "-c", "import socket,sys; socket.create_connection((sys.argv[1], "
                              "int(sys.argv[2])), timeout=10); print('open')", host, str(gcs_port)])  # fmt: skip
             assert "open" not in probe.stdout and probe.exit_code != 0, (host, probe)
+    finally:
+        sbx.terminate()
+
+
+def test_a_terminal_through_the_door(fleet: Fleet) -> None:
+    """WebSockets (a terminal here; SSH and port-forward the same way) are relayed to the sandbox's node, frame by
+    frame, each checked for the token before anything else."""
+    sbx = Sandbox.create("terminal", memory_mb=256, backend="gvisor", client=fleet.client())
+    base = fleet.url.replace("http://", "ws://") + f"/v1/sandboxes/{sbx.id}/pty?cols=80&rows=24&cmd="
+    try:
+        with pytest.raises(InvalidStatus, match="403"):  # refused before the upgrade, as the daemon refuses it
+            ws_connect(base + "%5B%22cat%22%5D", additional_headers={"authorization": "Bearer nope"})
+        headers = {"authorization": f"Bearer {fleet.token}"}
+        with ws_connect(base + "%5B%22cat%22%5D", additional_headers=headers) as ws:
+            ws.send(b"through the door\r")
+            seen = b""
+            while b"through the door" not in seen:
+                message = ws.recv(timeout=60)
+                seen += message if isinstance(message, bytes) else b""
     finally:
         sbx.terminate()
 

@@ -23,10 +23,11 @@ from .. import __version__
 from ..errors import CheckpointNotFound, NameTaken, StasisError, Unsupported
 from ..models import TEMPLATE_PREFIX
 from .forks import fork_routes
-from .nodes import Nodes, checked
+from .nodes import Nodes, checked, node_path
 from .placement import place
 from .requests import replayable as _replayable
 from .requests import small_json as _small_json
+from .sockets import websocket_routes
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length",
               "authorization", "proxy-authorization"}  # fmt: skip
@@ -59,6 +60,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
     async def closing() -> None:
         await nodes.close()
 
+    websocket_routes(app, nodes, token)
     _fleet_routes(app, nodes, kill_node)
     _sandbox_routes(app, nodes)
     fork_routes(app, nodes)
@@ -174,7 +176,7 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
     async def one(request: Request, kind: str, ref: str, rest: str = "") -> Response:
         if kind not in ("sandboxes", "checkpoints"):
             return _not_routed(request)
-        path = _node_path(kind, ref, rest)  # rebuilt from checked segments: never another endpoint of the node
+        path = node_path(kind, ref, rest)  # rebuilt from checked segments: never another endpoint of the node
         if not _replayable(request):  # an upload: its node asked first, the body streamed through once
             return await _forward(nodes.client(await nodes.found(kind, ref)), request, path)
         body = await request.body()
@@ -243,11 +245,6 @@ async def _holders(nodes: Nodes, name: str) -> list[tuple[dict[str, Any], bool]]
 
 def _forwarded(request: Request) -> dict[str, str]:
     return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-
-
-def _node_path(kind: str, ref: str, rest: str) -> str:
-    segments = [checked(ref), *(checked(part) for part in rest.split("/") if rest)]
-    return f"/v1/{kind}/" + "/".join(segments)
 
 
 async def _gone(answer: httpx.Response) -> bool:

@@ -33,6 +33,12 @@ def checked(ref: str) -> str:
     return ref
 
 
+def node_path(kind: str, ref: str, rest: str) -> str:
+    """A node's API path rebuilt from checked segments: a request about one sandbox never reaches another endpoint."""
+    segments = [checked(ref), *(checked(part) for part in rest.split("/") if rest)]
+    return f"/v1/{kind}/" + "/".join(segments)
+
+
 class SandboxLost(StasisError):
     status_code = 410  # Gone: it was, and will not be again
 

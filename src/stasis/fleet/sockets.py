@@ -1,0 +1,71 @@
+"""WebSockets through the fleet's door: a terminal (`stasis shell`), an SSH connection, a raw TCP connection to a
+sandbox's port (`stasis port-forward`), each relayed to the node that holds the sandbox, frame by frame. The door's
+HTTP check does not run for a WebSocket: each is checked here, before anything else."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+from urllib.parse import urlencode
+
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from ..errors import StasisError
+from ..network.relay import until_first_done
+from .nodes import Nodes, node_path
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 16 << 20  # bytes of one message, as the daemon's own WebSockets allow
+OPEN_TIMEOUT = 60.0  # seconds for the node to answer the upgrade (it may resume the sandbox first)
+
+
+def websocket_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
+    @app.websocket("/v1/sandboxes/{ref}/{rest:path}")
+    async def relay(websocket: WebSocket, ref: str, rest: str) -> None:
+        sent = websocket.headers.get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+            await websocket.close(code=4401, reason="missing or wrong API token")
+            return
+        try:
+            path = node_path("sandboxes", ref, rest)
+            node = await nodes.found("sandboxes", ref)
+        except StasisError as exc:
+            await websocket.close(code=4400, reason=exc.message[:120])
+            return
+        query = urlencode(list(websocket.query_params.multi_items()))
+        url = node["url"].replace("http://", "ws://", 1) + path + (f"?{query}" if query else "")
+        try:
+            upstream = await connect(url, additional_headers={"authorization": f"Bearer {token}"},
+                                     max_size=MAX_MESSAGE, open_timeout=OPEN_TIMEOUT)  # fmt: skip
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            await websocket.close(code=4502, reason=f"node {node['name']}: {exc}"[:120])
+            return
+        await websocket.accept()
+        async with upstream:
+            await until_first_done(_to_node(websocket, upstream), _to_client(websocket, upstream))
+        await _close(websocket, upstream.close_code or 1000, upstream.close_reason or "")
+
+
+async def _to_node(websocket: WebSocket, upstream: ClientConnection) -> None:
+    while (message := await websocket.receive())["type"] == "websocket.receive":
+        await upstream.send(message["bytes"] if message.get("bytes") is not None else str(message.get("text") or ""))
+
+
+async def _to_client(websocket: WebSocket, upstream: ClientConnection) -> None:
+    try:
+        async for message in upstream:
+            if isinstance(message, bytes):
+                await websocket.send_bytes(message)
+            else:
+                await websocket.send_text(message)
+    except ConnectionClosed:
+        pass
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # the client left first
+        await websocket.close(code=code, reason=reason[:120])
