@@ -364,6 +364,9 @@ class RemoteEntry(BaseModel):
     generation: int | None = Field(None, description="how many times a sandbox changed hands")
     pushed_by: str
     pushed_at: float
+    sandbox: SandboxInfo | None = Field(
+        None, description="a sandbox's record as it left its node (`ls` through a fleet)"
+    )
 
 
 class ForkRequest(Strict):

@@ -321,6 +321,12 @@ def test_a_lost_node_takes_its_running_sandboxes_and_the_store_gives_back_its_id
     kept = idle.read_file("/tmp/kept").decode()
     busy = Sandbox.create("busy", memory_mb=256, backend="gvisor", node="n2", client=client)
     wait_until(lambda: (fleet.home / "store" / "sandboxes" / f"{idle.id}.json").exists(), timeout=240)
+
+    def idler_row() -> list[str]:
+        return {line.split()[0]: line.split() for line in fleet.cli("ls").stdout.splitlines()[1:]}["idler"]
+
+    wait_until(lambda: idler_row()[-1] == "store")  # no node holds it (once its node let go): the store does
+    assert idler_row()[2] == "suspended"
     killed = fleet.cli("fleet", "kill-node", "n2")
     assert killed.returncode == 0, killed.stderr
     states = {n["name"]: n["state"] for n in json.loads(fleet.cli("fleet", "nodes", "--json").stdout)}

@@ -187,7 +187,8 @@ def sandbox_table(sandboxes: list[dict[str, Any]]) -> str:
     titles = COLUMNS
     if any(s.get("node") for s in sandboxes):  # through a fleet's front door: where each one is
         titles = (*COLUMNS, "NODE")
-        rows = [[*row, s.get("node") or "-"] for row, s in zip(rows, sandboxes, strict=True)]
+        where = [s.get("node") or ("store" if s.get("moved_to") else "-") for s in sandboxes]
+        rows = [[*row, node] for row, node in zip(rows, where, strict=True)]
     widths = [max(len(cell) for cell in column) for column in zip(titles, *rows, strict=True)]
     header = "  ".join(title.ljust(width) for title, width in zip(titles, widths, strict=True)).rstrip()
     lines = [_paint(header, "1", sys.stdout)]

@@ -107,6 +107,8 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
     async def list_sandboxes(request: Request) -> list[dict[str, Any]]:
         every = request.query_params.get("all", "false").lower() in ("1", "true", "yes")
         found = await _gather(nodes, "/v1/sandboxes" + ("?all=true" if every else ""))
+        here = {s["id"] for s in found}
+        found += [s for s in await _waiting_in_store(nodes) if s["id"] not in here]
         merged = sorted(found, key=lambda s: (s["created_at"], s["id"]))
         if (after := request.query_params.get("after")) is not None:
             last = next((s for s in merged if s["id"] == after), None)
@@ -234,6 +236,20 @@ async def _holder_of_source(nodes: Nodes, body: dict[str, Any]) -> str | None:
         return str((await nodes.holder("checkpoints", snapshot))["name"])
     except CheckpointNotFound:
         return None
+
+
+async def _waiting_in_store(nodes: Nodes) -> list[dict[str, Any]]:
+    """Sandboxes no node holds that wait in the fleet's store (gone there idle, or pushed): suspended, and any
+    request brings one back on a live node."""
+    live = await nodes.live()
+    if not live:
+        return []
+    answer = await nodes.client(live[0]).get("/v1/remote")
+    if not answer.is_success:  # no store: nothing waits anywhere
+        return []
+    return [{**entry["sandbox"], "status": "suspended", "node": None, "moved_to": "the fleet's store"}
+            for entry in answer.json()
+            if entry["kind"] == "sandbox" and entry.get("owner") is None and entry.get("sandbox")]  # fmt: skip
 
 
 async def _holders(nodes: Nodes, name: str) -> list[tuple[dict[str, Any], bool]]:

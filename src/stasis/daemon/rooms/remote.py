@@ -21,6 +21,7 @@ own copy only after the store has taken it over; a push cut off by a daemon kill
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -31,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from ... import faults, hostpath
 from ...backends.base import External
@@ -261,9 +264,12 @@ class RemoteService:
                     log.warning("%s", exc)
                     continue
                 fields = ("kind", "id", "name", "backend", "owner", "generation", "pushed_by")
-                entries.append(
-                    RemoteEntry(**m.model_dump(include=set(fields)), image=m.image.ref, pushed_at=m.pushed_at)
-                )
+                record = None
+                if m.kind == "sandbox":  # the store's word, checked as any input: a bad record is shown without it
+                    with contextlib.suppress(ValidationError):
+                        record = SandboxInfo.model_validate(m.record)
+                entries.append(RemoteEntry(**m.model_dump(include=set(fields)), image=m.image.ref,
+                                           pushed_at=m.pushed_at, sandbox=record))  # fmt: skip
         return sorted(entries, key=lambda e: e.pushed_at)
 
     # ------------------------------------------------------------ after a restart
