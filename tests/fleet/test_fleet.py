@@ -23,7 +23,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from stasis import Client, NameTaken, NetworkPolicy, Sandbox, StasisError, mountns
+from stasis import Client, NameTaken, NetworkPolicy, Sandbox, Secret, StasisError, mountns
 from stasis.paths import Paths
 from tests.conftest import IMAGE_DIR, TEST_ROOT, require_default_image, wait_until
 
@@ -248,6 +248,21 @@ def test_a_terminal_through_the_door(fleet: Fleet) -> None:
                 seen += message if isinstance(message, bytes) else b""
     finally:
         sbx.terminate()
+
+
+def test_a_secret_is_the_fleets(fleet: Fleet) -> None:
+    """Added, rotated and removed through the door on every node (a sandbox may run, or move, on any)."""
+    Secret.add("fleet-key", "s3cr3t-value", hosts=["api.example.test"], client=fleet.client())
+    nodes = json.loads(fleet.cli("fleet", "nodes", "--json").stdout)
+    try:
+        for node in nodes:  # straight to each node's daemon
+            listed = Secret.list(client=Client(url=node["url"], token=fleet.token))
+            assert [s.name for s in listed] == ["fleet-key"] and listed[0].hosts == ["api.example.test"]
+        assert [s.name for s in Secret.list(client=fleet.client())] == ["fleet-key"]
+    finally:
+        Secret.remove("fleet-key", client=fleet.client())
+    for node in nodes:
+        assert Secret.list(client=Client(url=node["url"], token=fleet.token)) == []
 
 
 def test_the_door_wants_the_token_and_says_what_it_does_not_route(fleet: Fleet) -> None:

@@ -20,11 +20,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..errors import CheckpointNotFound, NameTaken, StasisError, Unsupported
+from ..errors import CheckpointNotFound, DaemonUnavailable, InvalidRequest, NameTaken, StasisError, Unsupported
 from ..models import TEMPLATE_PREFIX
 from .forks import fork_routes
 from .nodes import Nodes, checked, node_path
 from .placement import place
+from .requests import REPLAYABLE
 from .requests import replayable as _replayable
 from .requests import small_json as _small_json
 from .sockets import websocket_routes
@@ -64,6 +65,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
     _fleet_routes(app, nodes, kill_node)
     _sandbox_routes(app, nodes)
     fork_routes(app, nodes)
+    _secret_routes(app, nodes)
     _routed_routes(app, nodes)
     return app
 
@@ -142,6 +144,37 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
             nodes.remember(node["name"], made["id"], made.get("name"))
             return JSONResponse({**made, "node": node["name"]}, status_code=201)
         return _relay_whole(answer)
+
+
+def _secret_routes(app: FastAPI, nodes: Nodes) -> None:
+    """Secrets are the fleet's: added, rotated and removed on every live node (a sandbox may run, or move, on any),
+    read from one."""
+
+    @app.api_route("/v1/secrets/{name}", methods=["PUT", "DELETE"])
+    async def change_secret(request: Request, name: str) -> Response:
+        live = await nodes.live()
+        if not live:
+            raise DaemonUnavailable("no live node in the fleet: `stasis fleet nodes` says what became of them")
+        body, path = await request.body(), f"/v1/secrets/{checked(name)}"
+        if len(body) > REPLAYABLE:
+            raise InvalidRequest(f"a secret's request is at most {REPLAYABLE >> 20} MiB")
+        answers = await asyncio.gather(
+            *(nodes.client(n).request(request.method, path, content=body, headers=_forwarded(request)) for n in live)
+        )
+        failed = [(n["name"], a) for n, a in zip(live, answers, strict=True) if not a.is_success]
+        if failed and len(failed) < len(live):  # some have it and some not: say which, never half silently
+            where, why = ", ".join(n for n, _ in failed), failed[0][1].text[:200]
+            raise StasisError(f"secret {name!r}: {request.method} failed on node(s) {where}: {why}; run it again")
+        return _relay_whole(answers[0] if not failed else failed[0][1])
+
+    @app.get("/v1/secrets")
+    @app.get("/v1/secrets/{name}")
+    async def read_secrets(request: Request, name: str | None = None) -> Response:
+        live = await nodes.live()
+        if not live:
+            raise DaemonUnavailable("no live node in the fleet: `stasis fleet nodes` says what became of them")
+        path = "/v1/secrets" + (f"/{checked(name)}" if name else "")
+        return _relay_whole(await nodes.client(live[0]).get(path))
 
 
 def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
