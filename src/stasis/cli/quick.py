@@ -178,7 +178,8 @@ def sandbox_table(sandboxes: list[dict[str, Any]]) -> str:
         return "no sandboxes; create one with `stasis create NAME`\n"
     rows = [
         [
-            s.get("name") or "-", s["id"], s["status"], s["spec"]["backend"], s["spec"]["image"],
+            printable(s.get("name") or "-"), printable(s["id"]), s["status"], s["spec"]["backend"],
+            printable(s["spec"]["image"]),
             f"{s['spec']['cpus']:g}", f"{s['spec']['memory_mb']} MiB", ago(s.get("created_at")),
             ago(s.get("last_activity")),
         ]
@@ -187,7 +188,7 @@ def sandbox_table(sandboxes: list[dict[str, Any]]) -> str:
     titles = COLUMNS
     if any(s.get("node") for s in sandboxes):  # through a fleet's front door: where each one is
         titles = (*COLUMNS, "NODE")
-        where = [s.get("node") or ("store" if s.get("moved_to") else "-") for s in sandboxes]
+        where = [printable(s.get("node") or ("store" if s.get("moved_to") else "-")) for s in sandboxes]
         rows = [[*row, node] for row, node in zip(rows, where, strict=True)]
     widths = [max(len(cell) for cell in column) for column in zip(titles, *rows, strict=True)]
     header = "  ".join(title.ljust(width) for title, width in zip(titles, widths, strict=True)).rstrip()

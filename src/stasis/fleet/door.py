@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from .. import __version__
 from ..errors import CheckpointNotFound, DaemonUnavailable, InvalidRequest, NameTaken, StasisError, Unsupported
 from ..models import TEMPLATE_PREFIX
+from ..validation import ID_PATTERN, NAME_PATTERN
 from .forks import fork_routes
 from .nodes import Nodes, checked, node_path
 from .placement import place
@@ -282,7 +283,16 @@ async def _waiting_in_store(nodes: Nodes) -> list[dict[str, Any]]:
         return []
     return [{**entry["sandbox"], "status": "suspended", "node": None, "moved_to": "the fleet's store"}
             for entry in answer.json()
-            if entry["kind"] == "sandbox" and entry.get("owner") is None and entry.get("sandbox")]  # fmt: skip
+            if entry["kind"] == "sandbox" and entry.get("owner") is None and _sound(entry.get("sandbox"))]  # fmt: skip
+
+
+def _sound(record: Any) -> bool:
+    """A record from the store (anyone who wrote the store could have written it): an id and a name as the daemon
+    makes them, or it is not listed."""
+    if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+        return False
+    name = record.get("name")
+    return bool(ID_PATTERN.fullmatch(record["id"])) and (name is None or bool(NAME_PATTERN.fullmatch(str(name))))
 
 
 async def _holders(nodes: Nodes, name: str) -> list[tuple[dict[str, Any], bool]]:
