@@ -64,7 +64,8 @@ class NodeAgent:
                 [sys.executable, "-m", "stasis", "serve", "--tcp", f"fd:{sock.fileno()}"], pass_fds=(sock.fileno(),),
                 env=daemon_env, stdout=out, stderr=out, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
             )  # fmt: skip
-        self.http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=60)
+        self.http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=60,
+                                 trust_env=False)  # fmt: skip
         self._wait_ready()
         log.info("node %s: daemon pid %d on %s", node, self.process.pid, self.url)
 

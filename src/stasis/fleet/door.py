@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -110,8 +111,8 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
     async def list_sandboxes(request: Request) -> list[dict[str, Any]]:
         every = request.query_params.get("all", "false").lower() in ("1", "true", "yes")
         found = await _gather(nodes, "/v1/sandboxes" + ("?all=true" if every else ""))
-        here = {s["id"] for s in found}
-        found += [s for s in await _waiting_in_store(nodes) if s["id"] not in here]
+        here = {s["id"] for s in found} | {s["name"] for s in found if s.get("name")}
+        found += [s for s in await _waiting_in_store(nodes) if s["id"] not in here and s.get("name") not in here]
         merged = sorted(found, key=lambda s: (s["created_at"], s["id"]))
         if (after := request.query_params.get("after")) is not None:
             last = next((s for s in merged if s["id"] == after), None)
@@ -151,6 +152,8 @@ def _secret_routes(app: FastAPI, nodes: Nodes) -> None:
     """Secrets are the fleet's: added, rotated and removed on every live node (a sandbox may run, or move, on any),
     read from one."""
 
+    changing = asyncio.Lock()  # one change at a time reaches every node, so all apply them in one order
+
     @app.api_route("/v1/secrets/{name}", methods=["PUT", "DELETE"])
     async def change_secret(request: Request, name: str) -> Response:
         live = await nodes.live()
@@ -159,14 +162,22 @@ def _secret_routes(app: FastAPI, nodes: Nodes) -> None:
         body, path = await request.body(), f"/v1/secrets/{checked(name)}"
         if len(body) > REPLAYABLE:
             raise InvalidRequest(f"a secret's request is at most {REPLAYABLE >> 20} MiB")
-        answers = await asyncio.gather(
-            *(nodes.client(n).request(request.method, path, content=body, headers=_forwarded(request)) for n in live)
-        )
-        failed = [(n["name"], a) for n, a in zip(live, answers, strict=True) if not a.is_success]
+        async with changing:
+            answers = await asyncio.gather(
+                *(nodes.client(n).request(request.method, path, content=body, headers=_forwarded(request))
+                  for n in live),
+                return_exceptions=True,
+            )  # fmt: skip
+        failed = [(n["name"], a) for n, a in zip(live, answers, strict=True)
+                  if isinstance(a, BaseException) or not a.is_success]  # fmt: skip
         if failed and len(failed) < len(live):  # some have it and some not: say which, never half silently
-            where, why = ", ".join(n for n, _ in failed), failed[0][1].text[:200]
-            raise StasisError(f"secret {name!r}: {request.method} failed on node(s) {where}: {why}; run it again")
-        return _relay_whole(answers[0] if not failed else failed[0][1])
+            first = failed[0][1]
+            why = str(first) if isinstance(first, BaseException) else first.text
+            where = ", ".join(n for n, _ in failed)
+            raise StasisError(f"secret {name!r}: {request.method} failed on node(s) {where}: {why[:200]}; run it again")
+        if isinstance(answers[0], BaseException):
+            raise DaemonUnavailable(f"no node took the change of secret {name!r}: {answers[0]}")
+        return _relay_whole(answers[0])
 
     @app.get("/v1/secrets")
     @app.get("/v1/secrets/{name}")
@@ -220,7 +231,7 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
         node = cached or await nodes.found(kind, ref)
         try:
             answer = await _send(nodes.client(node), request, body, path)
-        except httpx.TransportError as exc:  # its daemon is gone (a host's loss the agents have not said yet)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # never sent: its daemon is gone (a host's loss)
             nodes.mark_lost(node, str(exc))
             answer = None
         if answer is None or (cached is not None and await _gone(answer)):  # not where it was: ask all once more
@@ -283,16 +294,21 @@ async def _waiting_in_store(nodes: Nodes) -> list[dict[str, Any]]:
         return []
     return [{**entry["sandbox"], "status": "suspended", "node": None, "moved_to": "the fleet's store"}
             for entry in answer.json()
-            if entry["kind"] == "sandbox" and entry.get("owner") is None and _sound(entry.get("sandbox"))]  # fmt: skip
+            if entry["kind"] == "sandbox" and entry.get("owner") is None and _sound(entry)]  # fmt: skip
 
 
-def _sound(record: Any) -> bool:
-    """A record from the store (anyone who wrote the store could have written it): an id and a name as the daemon
-    makes them, or it is not listed."""
-    if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+def _sound(entry: dict[str, Any]) -> bool:
+    """A record from the store (anyone who wrote the store could have written it) is listed only if it is the
+    entry's own (same id and name), with an id, a name and times as the daemon makes them."""
+    record = entry.get("sandbox")
+    if not isinstance(record, dict) or record.get("id") != entry.get("id") or record.get("name") != entry.get("name"):
         return False
-    name = record.get("name")
-    return bool(ID_PATTERN.fullmatch(record["id"])) and (name is None or bool(NAME_PATTERN.fullmatch(str(name))))
+    name, times = record.get("name"), (record.get("created_at"), record.get("last_activity"))
+    return (
+        isinstance(record["id"], str) and bool(ID_PATTERN.fullmatch(record["id"]))
+        and (name is None or bool(NAME_PATTERN.fullmatch(str(name))))
+        and all(isinstance(t, int | float) and math.isfinite(t) for t in times)
+    )  # fmt: skip
 
 
 async def _holders(nodes: Nodes, name: str) -> list[tuple[dict[str, Any], bool]]:

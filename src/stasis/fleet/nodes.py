@@ -92,7 +92,10 @@ class Nodes:
         url = node["url"]
         if url not in self._clients:
             headers = {"authorization": f"Bearer {self.token}"}
-            self._clients[url] = httpx.AsyncClient(base_url=url, headers=headers, timeout=FORWARD_TIMEOUT)
+            self._clients[url] = httpx.AsyncClient(
+                base_url=url, headers=headers, timeout=FORWARD_TIMEOUT, trust_env=False,  # no proxy sees the token
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),  # long runs starve nothing
+            )  # fmt: skip
         return self._clients[url]
 
     def known(self) -> dict[str, dict[str, Any]]:

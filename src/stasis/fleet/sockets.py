@@ -39,15 +39,17 @@ def websocket_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
         query = urlencode(list(websocket.query_params.multi_items()))
         url = node["url"].replace("http://", "ws://", 1) + path + (f"?{query}" if query else "")
         try:
-            upstream = await connect(url, additional_headers={"authorization": f"Bearer {token}"},
-                                     max_size=MAX_MESSAGE, open_timeout=OPEN_TIMEOUT)  # fmt: skip
+            upstream = await connect(url, additional_headers={"authorization": f"Bearer {token}"}, proxy=None,
+                                     max_size=MAX_MESSAGE, max_queue=4, open_timeout=OPEN_TIMEOUT)  # fmt: skip
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             await websocket.close(code=4502, reason=f"node {node['name']}: {exc}"[:120])
             return
         await websocket.accept()
         async with upstream:
             await until_first_done(_to_node(websocket, upstream), _to_client(websocket, upstream))
-        await _close(websocket, upstream.close_code or 1000, upstream.close_reason or "")
+        code = upstream.close_code or 1000
+        sendable = (1000 <= code <= 1014 and code not in (1005, 1006)) or 3000 <= code <= 4999
+        await _close(websocket, code if sendable else 1011, upstream.close_reason or "")
 
 
 async def _to_node(websocket: WebSocket, upstream: ClientConnection) -> None:

@@ -191,6 +191,8 @@ class RemoteService:
         self._check_runnable(manifest)
         info = SandboxInfo.model_validate(manifest.record)
         _check_id(info.id, ID_PATTERN, key)
+        if info.id != manifest.id or info.name != manifest.name:  # the store's word: one manifest, one sandbox
+            raise CheckpointCorrupt(f"{self.objects.url(key)} describes {manifest.id}, but its record another sandbox")
         if self.unsettled(info.id):
             await self.settle()  # a push of ours the daemon did not see through: finish it first
         local = self._local(info.id)
