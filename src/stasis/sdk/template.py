@@ -76,7 +76,10 @@ class Template:
                 log.debug("template %s: ready check %d failed (%s)", name, attempt, said)
                 if on_check is not None:
                     on_check(attempt, time.monotonic() - started_at, said)
-                if time.monotonic() > deadline or sbx.get_process(server.id).exit_code is not None:
+                exited = sbx.get_process(server.id).exit_code is not None
+                if exited and sbx.run(["/bin/sh", "-c", ready_cmd], timeout=30).exit_code == 0:
+                    break  # it started its server in the background and exited: ready since the check above
+                if time.monotonic() > deadline or exited:
                     started = sbx.process_output(server.id)
                     output = base64.b64decode(started.data_b64).decode(errors="replace")[-1000:]
                     raise TemplateNotReady(
