@@ -312,6 +312,67 @@ def test_rays_sandbox_api_runs_on_stasis_through_the_fleet(fleet: Fleet) -> None
     assert backend.get_status(sandbox_id) == SandboxStatus.TERMINATED
 
 
+def e2b_face(fleet: Fleet) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """`stasis e2b serve --fleet URL`: the exports it prints, and its process."""
+    env = {k: v for k, v in fleet.env.items() if k != "STASIS_FLEET"}  # --fleet says it
+    served = subprocess.Popen(
+        [sys.executable, "-m", "stasis", "e2b", "serve", "--fleet", fleet.url, "--listen", "127.0.0.1:0",
+         "--backend", "gvisor", "--memory-mb", "256"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert served.stdout is not None
+    exports: dict[str, str] = {}
+    while len(exports) < 3:
+        line = served.stdout.readline()
+        assert line, served.stderr.read() if served.stderr else ""
+        name, _, value = line.strip().removeprefix("export ").partition("=")
+        exports[name] = value
+    return served, exports
+
+
+def test_the_e2b_sdk_through_the_fleets_face(fleet: Fleet) -> None:
+    """E2B's own SDK, unchanged, against `stasis e2b serve --fleet`: its sandboxes placed over both nodes, each
+    one's commands, files, pause and connect on whichever node holds it, one listing of them all, and a sandbox
+    request without a credential refused before any node is asked."""
+    from e2b import Sandbox as E2bSandbox
+
+    served, exports = e2b_face(fleet)
+    opts = {"api_key": exports["E2B_API_KEY"], "api_url": exports["E2B_API_URL"],
+            "sandbox_url": exports["E2B_SANDBOX_URL"]}  # fmt: skip
+    made: list[E2bSandbox] = []
+    try:
+        made = [E2bSandbox.create(timeout=900, metadata={"rollout": str(i)}, **opts) for i in range(4)]
+        nodes = {s.sandbox_id: Sandbox.connect(s.sandbox_id, client=fleet.client()).info().node for s in made}
+        assert set(nodes.values()) == {"n1", "n2"}, nodes
+        for i, sbx in enumerate(made):
+            assert sbx.commands.run(f"echo {i} $(whoami)").stdout == f"{i} user\n"
+            sbx.files.write("/home/user/note", f"rollout {i}")
+            assert sbx.files.read("/home/user/note") == f"rollout {i}"
+        listed = {s.sandbox_id: s.metadata for s in E2bSandbox.list(query=None, **opts).next_items()}
+        assert {sid: listed.get(sid) for sid in nodes} == {s.sandbox_id: s.get_info().metadata for s in made}
+        assert sorted(listed[sid]["rollout"] for sid in nodes) == ["0", "1", "2", "3"]
+        counting = made[0]
+        counting.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done'",
+                              background=True)  # fmt: skip
+        wait_until(lambda: counting.commands.run("cat /tmp/n").stdout.strip() not in ("", "0"))
+        counting.pause()
+        again = E2bSandbox.connect(counting.sandbox_id, **opts)
+        before = int(again.commands.run("cat /tmp/n").stdout)
+        wait_until(lambda: int(again.commands.run("cat /tmp/n").stdout) > before)
+        envd = f"{exports['E2B_SANDBOX_URL']}/process.Process/List"
+        nobody, unknown = (
+            httpx.post(envd, json={}, headers={"e2b-sandbox-id": ref, "content-type": "application/json"}, timeout=60)
+            for ref in (counting.sandbox_id, "no-such-sandbox")
+        )
+        assert nobody.status_code == unknown.status_code == 401
+    finally:
+        for sbx in made:
+            sbx.kill()
+        os.killpg(served.pid, signal.SIGINT)
+        served.wait(timeout=120)
+    assert not set(nodes) & {s.id for s in Sandbox.list(client=fleet.client())}  # killed on their nodes
+
+
 COUNTER = (
     "import os, secrets, time\n"
     "kept = secrets.token_hex(8)\n"  # only in this process's memory, and in /tmp/kept for the test

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import httpx
@@ -28,9 +29,14 @@ def serve(
     domain: Annotated[
         str | None, typer.Option("--domain", help="Also route Host PORT-ID.DOMAIN (a wildcard DNS name of yours).")
     ] = None,
+    fleet: Annotated[
+        str | None, typer.Option("--fleet", help="A fleet's front door (default: $STASIS_FLEET, if set).")
+    ] = None,
 ) -> None:
     """Serve E2B's API until interrupted; prints the three variables to export for the SDKs."""
     request = E2bServeRequest(listen=listen, backend=backend, memory_mb=memory_mb, domain=domain)
+    if fleet:
+        os.environ["STASIS_FLEET"] = fleet
     daemon = client()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err, transient=True) as progress:
         task = progress.add_task("the base template's image (e2b-base)")
@@ -39,9 +45,12 @@ def serve(
             state = "cached" if cached else "building"
             progress.update(task, description=f"e2b-base: step {number}/{total} {state}: {description[:60]}")
 
-        e2b.base_image(daemon, on_step=step)
-    lines = e2b.serve(request, daemon)
-    first = next(lines)
+        if os.environ.get("STASIS_FLEET"):  # each node's image, made by the door as it opens that node's face
+            progress.update(task, description="E2B's face on every node of the fleet (e2b-base built once per node)")
+        else:
+            e2b.base_image(daemon, on_step=step)
+        lines = e2b.serve(request, daemon)
+        first = next(lines)
     for name, value in first["exports"].items():
         out.print(f"export {name}={value}", highlight=False, soft_wrap=True)
     err.print(f"[dim]E2B's API on {first['listening']} (backend {backend}); Ctrl-C stops it[/dim]")

@@ -24,6 +24,7 @@ from .. import __version__
 from ..errors import CheckpointNotFound, DaemonUnavailable, InvalidRequest, NameTaken, StasisError, Unsupported
 from ..models import TEMPLATE_PREFIX
 from ..validation import ID_PATTERN, NAME_PATTERN
+from .e2b import e2b_routes
 from .forks import fork_routes
 from .nodes import Nodes, checked, node_path
 from .placement import place
@@ -68,6 +69,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
     _sandbox_routes(app, nodes)
     fork_routes(app, nodes)
     _secret_routes(app, nodes)
+    e2b_routes(app, nodes, token)
     _routed_routes(app, nodes)
     return app
 

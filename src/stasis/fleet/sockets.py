@@ -25,7 +25,7 @@ OPEN_TIMEOUT = 60.0  # seconds for the node to answer the upgrade (it may resume
 
 def websocket_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
     @app.websocket("/v1/sandboxes/{ref}/{rest:path}")
-    async def relay(websocket: WebSocket, ref: str, rest: str) -> None:
+    async def relayed(websocket: WebSocket, ref: str, rest: str) -> None:
         sent = websocket.headers.get("authorization", "")
         if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
             await websocket.close(code=4401, reason="missing or wrong API token")
@@ -45,19 +45,24 @@ def websocket_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
             await websocket.close(code=4502, reason=f"node {node['name']}: {exc}"[:120])
             return
         await websocket.accept()
-        async with upstream:
-            await until_first_done(_to_node(websocket, upstream), _to_client(websocket, upstream))
-        code = upstream.close_code or 1000
-        sendable = (1000 <= code <= 1014 and code not in (1005, 1006)) or 3000 <= code <= 4999
-        await _close(websocket, code if sendable else 1011, upstream.close_reason or "")
+        await relay(websocket, upstream)
 
 
-async def _to_node(websocket: WebSocket, upstream: ClientConnection) -> None:
+async def relay(websocket: WebSocket, upstream: ClientConnection) -> None:
+    """Frames both ways until either side closes; the client is closed as the upstream was."""
+    async with upstream:
+        await until_first_done(to_upstream(websocket, upstream), to_client(websocket, upstream))
+    code = upstream.close_code or 1000
+    sendable = (1000 <= code <= 1014 and code not in (1005, 1006)) or 3000 <= code <= 4999
+    await close_websocket(websocket, code if sendable else 1011, upstream.close_reason or "")
+
+
+async def to_upstream(websocket: WebSocket, upstream: ClientConnection) -> None:
     while (message := await websocket.receive())["type"] == "websocket.receive":
         await upstream.send(message["bytes"] if message.get("bytes") is not None else str(message.get("text") or ""))
 
 
-async def _to_client(websocket: WebSocket, upstream: ClientConnection) -> None:
+async def to_client(websocket: WebSocket, upstream: ClientConnection) -> None:
     try:
         async for message in upstream:
             if isinstance(message, bytes):
@@ -68,6 +73,6 @@ async def _to_client(websocket: WebSocket, upstream: ClientConnection) -> None:
         pass
 
 
-async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+async def close_websocket(websocket: WebSocket, code: int, reason: str) -> None:
     with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # the client left first
         await websocket.close(code=code, reason=reason[:120])

@@ -13,7 +13,6 @@ of a sandbox made with ``allowPublicTraffic`` needs none.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
@@ -23,6 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from ....desktop import VNC_PORT, VNC_VIEW_PORT
+from ....e2b_wire import ENVD_PORT, sandbox_target
 from ....errors import InvalidRequest, StasisError, clip
 from ....kernels import PORT as KERNEL_PORT
 from ...core.service import SandboxService
@@ -33,13 +33,11 @@ from .filesystem import FilesystemService, create_files_app
 from .port_proxy import proxy_http
 from .port_websocket import proxy_websocket
 from .process import ProcessService
-from .requests import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
+from .requests import SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from .room import Defaults, E2bRoom
 
 log = logging.getLogger(__name__)
 
-ENVD_PORT = 49983
-HOST_FORM = re.compile(r"^(\d{1,5})-([A-Za-z0-9][A-Za-z0-9_.-]{0,127}?)\.")
 UNAUTHORIZED = (
     "a sandbox request needs the sandbox's envd access token (X-Access-Token), for a port other than envd's "
     "its traffic access token (e2b-traffic-access-token), or the API key (X-API-Key)"
@@ -127,13 +125,7 @@ class E2bApp:
 
     def target(self, headers: Headers) -> tuple[str, int] | None:
         """(sandbox ref, port) a request names, or None for the control plane."""
-        if (sandbox := headers.get(SANDBOX_HEADER)) is not None:
-            port = headers.get(PORT_HEADER, str(ENVD_PORT))
-            return sandbox, int(port) if port.isascii() and port.isdigit() and len(port) <= 5 else -1
-        host = headers.get("host", "")
-        if self.domain and host.split(":")[0].endswith("." + self.domain) and (m := HOST_FORM.match(host)):
-            return m.group(2), int(m.group(1))
-        return None
+        return sandbox_target(headers, self.domain)
 
     @staticmethod
     async def refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:

@@ -4,11 +4,11 @@ nothing else: what a preview URL's user is given)."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 from pathlib import Path
 
+from ....e2b_wire import derived_token
 from ....fsutil import atomic_write
 
 KEY_FILE = "e2b-api-key"
@@ -38,7 +38,7 @@ class E2bKeys:
         return presented is not None and hmac.compare_digest(presented.encode(), self.api_key.encode())
 
     def _derived(self, kind: str, sandbox_id: str) -> str:
-        return hmac.new(self.api_key.encode(), f"{kind}:{sandbox_id}".encode(), hashlib.sha256).hexdigest()[:40]
+        return derived_token(self.api_key, kind, sandbox_id)
 
     def envd_token(self, sandbox_id: str) -> str:
         return self._derived("envd", sandbox_id)

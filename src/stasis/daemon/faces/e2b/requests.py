@@ -12,13 +12,11 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
+from ....e2b_wire import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from ....errors import InvalidRequest, StasisError, clip
 from ....validation import validate_user
 
-SANDBOX_HEADER = "e2b-sandbox-id"
-PORT_HEADER = "e2b-sandbox-port"
-TOKEN_HEADER = "x-access-token"
-TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
+__all__ = ["PORT_HEADER", "SANDBOX_HEADER", "TOKEN_HEADER", "TRAFFIC_TOKEN_HEADER", "user_of"]
 
 
 def user_of(headers: Mapping[str, str]) -> str | None:

@@ -1,0 +1,355 @@
+"""E2B's API in front of a fleet (`stasis e2b serve` with ``STASIS_FLEET``, or ``--fleet``): one listener in the
+door; behind it each node's own E2B face (:mod:`.e2b_faces`). A request about a sandbox (its envd, its ports,
+its control-plane routes) goes to the node that holds it, brought back from the store when no live node does;
+a create goes where placement says (a snapshot's restore where the snapshot is); a listing is every node's,
+merged in E2B's order; a secret's change reaches every node.
+
+Credentials are checked here before any lookup, as one daemon's face does: the API key (the fleet's token), or
+the sandbox's envd or traffic token (derived from that key). A request with neither is only sent on to a node
+that already holds the sandbox (a port of one made with ``allowPublicTraffic`` needs none; the node decides),
+and never brings one back from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidHandshake
+from websockets.typing import Subprotocol
+
+from ..e2b_wire import (
+    API_KEY_HEADER,
+    PORT_HEADER,
+    SANDBOX_HEADER,
+    TOKEN_HEADER,
+    TRAFFIC_TOKEN_HEADER,
+    derived_token,
+    sandbox_target,
+)
+from ..errors import CheckpointNotFound, InvalidRequest, SandboxNotFound, StasisError, clip
+from ..models import E2bServeRequest
+from .e2b_faces import NodeFaces
+from .nodes import REF, Nodes, checked
+from .placement import place
+from .requests import small_json
+from .sockets import MAX_MESSAGE, OPEN_TIMEOUT, relay
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT = 15.0
+PASSED_ON = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host",
+                       "content-length", "proxy-authorization"})  # not authorization: envd's user is in it  # fmt: skip
+WEBSOCKET_OWN = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+                           "sec-websocket-protocol"})  # fmt: skip
+UNAUTHORIZED = ("a sandbox request needs the sandbox's envd access token (X-Access-Token), its traffic access "
+                "token (e2b-traffic-access-token), or the API key (X-API-Key)")  # fmt: skip
+
+
+def e2b_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": clip(message)}, status_code=status)
+
+
+def e2b_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
+    """The door's ``/v1/e2b/serve``: the router's listener, open while the caller's stream is."""
+
+    @app.post("/v1/e2b/serve")
+    async def serve(request: E2bServeRequest) -> StreamingResponse:
+        faces = NodeFaces(nodes, request.model_dump(mode="json"))
+        router = FleetE2b(nodes, faces, token, request.domain)
+        server, sock, ticking = await _listen(router, request.listen)
+        host, port = sock.getsockname()[:2]
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        log.info("the fleet's E2B face listens on %s", url)
+
+        async def lines() -> AsyncIterator[str]:
+            try:
+                exports = {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": token}
+                yield json.dumps({"listening": url, "exports": exports}) + "\n"
+                while True:
+                    await asyncio.sleep(HEARTBEAT)
+                    yield json.dumps({"alive": True}) + "\n"
+            finally:
+                server.should_exit = True
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ticking
+                await server.shutdown(sockets=[sock])
+                await faces.close()
+                log.info("the fleet's E2B face on %s closed", url)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def _listen(app: FleetE2b, listen: str) -> tuple[uvicorn.Server, socket.socket, asyncio.Task[None]]:
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise InvalidRequest(f"listen {listen[:80]!r}: give HOST:PORT, e.g. 127.0.0.1:3000")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        raise InvalidRequest(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --listen") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=5)
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)
+    await server.startup(sockets=[sock])  # not serve(): the door's process owns the signal handlers
+    return server, sock, asyncio.create_task(server.main_loop())
+
+
+class FleetE2b:
+    def __init__(self, nodes: Nodes, faces: NodeFaces, token: str, domain: str | None) -> None:
+        self.nodes, self.faces, self.token, self.domain = nodes, faces, token, domain
+        self.control = _control_app(nodes, faces, token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return
+        headers = Headers(scope=scope)
+        target = sandbox_target(headers, self.domain)
+        if target is None:
+            await self.control(scope, receive, send)
+            return
+        ref, port = target
+        try:
+            client = await self.faces.client(await self._holder(headers, checked(ref)))
+        except StasisError as exc:
+            await _refuse(scope, receive, send, exc.status_code, exc.message)
+            return
+        # named in headers from here: the node's face needs no domain, and the Host is the node's
+        kept = [(k, v) for k, v in scope["headers"] if k.decode().lower() not in (SANDBOX_HEADER, PORT_HEADER, "host")]
+        named = [(SANDBOX_HEADER.encode(), ref.encode()), (PORT_HEADER.encode(), str(port).encode())]
+        scope = {**scope, "headers": kept + named}
+        if scope["type"] == "websocket":
+            await _relay_websocket(client, scope, receive, send)
+        else:
+            await _proxy(client, Request(scope, receive), scope["raw_path"].decode("latin-1"), send, scope, receive)
+
+    async def _holder(self, headers: Headers, ref: str) -> dict[str, Any]:
+        """The node of ``ref``: with a credential, wherever it is (back from the store if need be); without one,
+        only a live node that holds it now, and an unknown id is refused as a wrong token is."""
+        if self._credited(headers, ref):
+            return await self.nodes.found("sandboxes", ref)
+        try:
+            return await self.nodes.holder("sandboxes", ref)
+        except SandboxNotFound:
+            raise _Unauthorized(UNAUTHORIZED) from None
+
+    def _credited(self, headers: Headers, ref: str) -> bool:
+        if _same(headers.get(API_KEY_HEADER), self.token):
+            return True
+        presented = (headers.get(TOKEN_HEADER), headers.get(TRAFFIC_TOKEN_HEADER))
+        wanted = (derived_token(self.token, "envd", ref), derived_token(self.token, "traffic", ref))
+        return any(_same(given, expected) for given in presented for expected in wanted)
+
+
+class _Unauthorized(StasisError):
+    status_code = 401
+
+
+def _same(given: str | None, expected: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _control_app(nodes: Nodes, faces: NodeFaces, token: str) -> FastAPI:
+    app = FastAPI(title="stasis fleet: E2B's API", openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.middleware("http")
+    async def api_key(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if not _same(request.headers.get(API_KEY_HEADER), token):
+            return e2b_error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed")
+        return await call_next(request)
+
+    @app.exception_handler(StasisError)
+    async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
+        return e2b_error(exc.status_code, str(exc))
+
+    _merged_routes(app, nodes, faces)
+    _routed_routes(app, nodes, faces)
+    return app
+
+
+def _merged_routes(app: FastAPI, nodes: Nodes, faces: NodeFaces) -> None:
+    """What is every node's: a create placed, listings merged, secrets changed on all."""
+
+    @app.post("/sandboxes")
+    @app.post("/v2/sandboxes")
+    async def create(request: Request) -> Response:
+        body = await small_json(request)
+        template = body.get("templateID") if isinstance(body, dict) else None
+        node = place(await nodes.live(), await _snapshot_holder(nodes, template))
+        client = await faces.client(node)
+        answer = await client.post(request.url.path, content=json.dumps(body), headers=_passed_on(request.headers))
+        if answer.status_code == 201:
+            nodes.remember(node["name"], answer.json().get("sandboxID"))
+        return _whole(answer)
+
+    @app.get("/v2/sandboxes")
+    async def list_v2(request: Request) -> Response:
+        answers = await _everyone(nodes, faces, request)
+        rows = sorted((row for a in answers for row in a.json()), key=lambda r: (r["startedAt"], r["sandboxID"]))
+        limit = (
+            int(request.query_params.get("limit", "100")) if request.query_params.get("limit", "").isdigit() else 100
+        )
+        page, more = rows[:limit], len(rows) > limit or any("x-next-token" in a.headers for a in answers)
+        headers = {"x-next-token": f"{page[-1]['startedAt']}|{page[-1]['sandboxID']}"} if more and page else {}
+        return JSONResponse(page, headers=headers)
+
+    @app.get("/sandboxes")
+    @app.get("/snapshots")
+    async def list_all(request: Request) -> Response:
+        if (sandbox := request.query_params.get("sandboxID")) is not None:  # one sandbox's snapshots: its node's
+            return await _forward(faces, request, await nodes.found("sandboxes", checked(sandbox)))
+        return JSONResponse([row for a in await _everyone(nodes, faces, request) for row in a.json()])
+
+    _secret_routes(app, nodes, faces)
+
+
+def _secret_routes(app: FastAPI, nodes: Nodes, faces: NodeFaces) -> None:
+
+    changing = asyncio.Lock()
+
+    @app.post("/secrets")
+    @app.api_route("/secrets/{secret_id}", methods=["POST", "DELETE"])
+    async def change_secret(request: Request, secret_id: str | None = None) -> Response:
+        """Every live node in turn (a sandbox may run on any); the first refusal stops it and is said."""
+        body, answer = await request.body(), None
+        async with changing:
+            for node in await nodes.live():
+                client = await faces.client(node)
+                answer = await client.request(request.method, request.url.path, content=body,
+                                              headers=_passed_on(request.headers))  # fmt: skip
+                if not answer.is_success:
+                    return _whole(answer)
+        return _whole(answer) if answer is not None else e2b_error(503, "no live node in the fleet")
+
+    @app.get("/secrets")
+    @app.get("/secrets/{secret_id}")
+    async def read_secrets(request: Request, secret_id: str | None = None) -> Response:
+        live = await nodes.live()
+        return await _forward(faces, request, live[0]) if live else e2b_error(503, "no live node in the fleet")
+
+
+def _routed_routes(app: FastAPI, nodes: Nodes, faces: NodeFaces) -> None:
+    """One sandbox's or snapshot's routes, to its node."""
+
+    @app.delete("/templates/{template_id}")
+    async def delete_snapshot(request: Request, template_id: str) -> Response:
+        return await _forward(faces, request, await nodes.holder("checkpoints", checked(template_id)))
+
+    @app.api_route("/sandboxes/{sandbox_id}", methods=["GET", "DELETE"])
+    @app.api_route("/sandboxes/{sandbox_id}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    @app.api_route("/v2/sandboxes/{sandbox_id}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def one(request: Request, sandbox_id: str, rest: str = "") -> Response:
+        node = await nodes.found("sandboxes", checked(sandbox_id))
+        if request.method == "DELETE" and not rest:
+            nodes.forget(sandbox_id)
+        return await _forward(faces, request, node)
+
+    @app.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def anything_else(request: Request, rest: str) -> Response:
+        return e2b_error(404, f"{request.method[:16]} /{rest[:80]}: not part of E2B's API as a stasis fleet serves it")
+
+
+async def _forward(faces: NodeFaces, request: Request, node: dict[str, Any]) -> Response:
+    return await _proxy_response(await faces.client(node), request, request.url.path)
+
+
+async def _snapshot_holder(nodes: Nodes, template: object) -> str | None:
+    """The node holding the snapshot a create names (E2B's ``templateID`` may be one), or None."""
+    if not isinstance(template, str) or not REF.fullmatch(template) or ".." in template:
+        return None
+    with contextlib.suppress(CheckpointNotFound):
+        return str((await nodes.holder("checkpoints", template))["name"])
+    return None
+
+
+async def _everyone(nodes: Nodes, faces: NodeFaces, request: Request) -> list[httpx.Response]:
+    """Every live node's face's answer to this GET; a node's refusal is the answer."""
+    live = await nodes.live()
+    clients = [await faces.client(node) for node in live]
+    headers = _passed_on(request.headers)
+    answers = await asyncio.gather(*(c.get(request.url.path, params=request.query_params, headers=headers)
+                                     for c in clients))  # fmt: skip
+    for answer in answers:
+        if not answer.is_success:
+            raise _Relayed(answer)
+    return list(answers)
+
+
+class _Relayed(StasisError):
+    def __init__(self, answer: httpx.Response) -> None:
+        body = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else {}
+        super().__init__(str(body.get("message") or answer.text[:300]))
+        self.status_code = answer.status_code
+
+
+def _passed_on(headers: Headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in PASSED_ON}
+
+
+async def _proxy_response(client: httpx.AsyncClient, request: Request, path: str) -> Response:
+    upstream = client.build_request(request.method, path, params=request.query_params, content=request.stream(),
+                                    headers=_passed_on(request.headers))  # fmt: skip
+    answer = await client.send(upstream, stream=True)
+    headers = {k: v for k, v in answer.headers.items() if k.lower() not in PASSED_ON}
+    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=headers,
+                             background=BackgroundTask(answer.aclose))  # fmt: skip
+
+
+async def _proxy(
+    client: httpx.AsyncClient, request: Request, path: str, send: Send, scope: Scope, receive: Receive
+) -> None:
+    try:
+        response = await _proxy_response(client, request, path)
+    except httpx.HTTPError as exc:
+        response = e2b_error(502, f"the sandbox's node did not answer: {exc}")
+    await response(scope, receive, send)
+
+
+def _whole(answer: httpx.Response) -> Response:
+    headers = {k: v for k, v in answer.headers.items() if k.lower() not in PASSED_ON}
+    return Response(answer.content, status_code=answer.status_code, headers=headers)
+
+
+async def _relay_websocket(client: httpx.AsyncClient, scope: Scope, receive: Receive, send: Send) -> None:
+    websocket = WebSocket(scope, receive, send)
+    headers = {k: v for k, v in websocket.headers.items() if k.lower() not in PASSED_ON | WEBSOCKET_OWN}
+    query = scope.get("query_string", b"").decode("latin-1")
+    url = str(client.base_url).replace("http://", "ws://", 1).rstrip("/") + scope["raw_path"].decode("latin-1")
+    try:
+        upstream = await connect(url + (f"?{query}" if query else ""), additional_headers=headers, proxy=None,
+                                 subprotocols=[Subprotocol(p) for p in scope.get("subprotocols", [])] or None,
+                                 max_size=MAX_MESSAGE, max_queue=4, open_timeout=OPEN_TIMEOUT)  # fmt: skip
+    except (OSError, InvalidHandshake, TimeoutError) as exc:
+        await websocket.close(code=1011, reason=f"the sandbox's node: {exc}"[:120])
+        return
+    await websocket.accept(subprotocol=upstream.subprotocol)
+    await relay(websocket, upstream)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+        return
+    await e2b_error(status, message)(scope, receive, send)
