@@ -91,3 +91,57 @@ def move(
     with err.status(f"moving {name}..."):
         info = Sandbox.connect(name, client=client()).move(node)
     out.print(f"[bold]{shown(info.name or info.id)}[/bold] runs on node [bold]{shown(info.node)}[/bold] now")
+
+
+@fleet_app.command()
+def join(
+    address: Annotated[str, typer.Option("--address", help="The fleet's Ray cluster, HOST:PORT (its RAY_ADDRESS).")],
+    name: Annotated[str, typer.Option("--name", help="This node's name in the fleet.")],
+    store: Annotated[
+        str | None, typer.Option("--store", help="The fleet's store (default: $STASIS_REMOTE): s3://… or file://…")
+    ] = None,
+    home: Annotated[Path | None, typer.Option("--home", help="Where this node keeps its state.")] = None,
+    cpus: Annotated[int | None, typer.Option("--cpus", help="Ray CPUs this node offers (default: the host's).")] = None,
+) -> None:
+    """Make this host a node of a fleet, until Ctrl-C, SIGTERM or `stasis fleet leave NAME`; then hand every
+    sandbox to the fleet's store (nothing lost) and stop all it started. Wants STASIS_TOKEN (the fleet's) and
+    RAY_AUTH_TOKEN_PATH, as the fleet printed them."""
+    import signal
+    import threading
+
+    from ..fleet.join import Join
+
+    token = os.environ.get("STASIS_TOKEN")
+    if not token:
+        raise InvalidRequest("a node takes the fleet's token: export STASIS_TOKEN as the fleet printed it")
+    place = home or Path(os.environ.get("STASIS_HOME") or default_home()) / "node"
+    images = Path(os.environ["STASIS_IMAGE_DIR"]) if os.environ.get("STASIS_IMAGE_DIR") else None
+    node = Join(address, name, place.absolute(), token, store or os.environ.get("STASIS_REMOTE", ""), cpus, images)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with err.status(f"joining the fleet at {address} as node {name}..."):
+            described = node.start()
+        out.print(f"node [bold]{shown(name)}[/bold] joined: its daemon on {shown(described['url'])}", highlight=False)
+        node.wait(stop)
+        if not node.left.is_set():
+            with err.status(f"node {name} leaves: its sandboxes go to the fleet's store..."):
+                result = node.leave()
+            if not result["left"]:
+                err.print(f"[red]{len(result['kept'])} could not be handed to the store; they stay in {place}: "
+                          "join again with the same --name and --home to bring them back[/red]")  # fmt: skip
+                raise typer.Exit(1)
+        out.print(f"node [bold]{shown(name)}[/bold] left the fleet")
+    finally:
+        node.stop()
+
+
+@fleet_app.command()
+def leave(node: Annotated[str, typer.Argument(help="The node that leaves.")]) -> None:
+    """A node leaves the fleet on purpose: its sandboxes suspended and handed to the store (any request brings
+    one back on a live node), its daemon stopped; its `stasis fleet join` then stops."""
+    with err.status(f"node {node} hands its sandboxes to the fleet's store..."):
+        result = _door().request("POST", f"/v1/fleet/nodes/{node}/leave").json()
+    handed = ", ".join(shown(h) for h in result["handed"]) or "none"
+    out.print(f"node [bold]{shown(node)}[/bold] left; sandboxes handed to the store: {handed}")

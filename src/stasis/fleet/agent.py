@@ -64,6 +64,7 @@ class NodeAgent:
                 [sys.executable, "-m", "stasis", "serve", "--tcp", f"fd:{sock.fileno()}"], pass_fds=(sock.fileno(),),
                 env=daemon_env, stdout=out, stderr=out, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
             )  # fmt: skip
+        self.state = "up"  # then "leaving" and "left" (`stasis fleet leave`): no new sandbox is placed here
         self.http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=60,
                                  trust_env=False)  # fmt: skip
         self._wait_ready()
@@ -87,8 +88,10 @@ class NodeAgent:
         """The node as the front door places by: where its daemon answers, what it holds, what is left."""
         import ray
 
-        total = ray.get_runtime_context().get_assigned_resources()  # this actor's share: none of the node's
         node_id = ray.get_runtime_context().get_node_id()
+        if self.state == "left":  # its daemon stopped: nothing here to place on or route to
+            return {"name": self.node, "url": None, "pid": None, "ray_node_id": node_id, "sandboxes": 0, "running": 0,
+                    "cpus": 0.0, "memory_mb": 0, "free_cpus": 0.0, "free_memory_mb": 0, "state": "left"}  # fmt: skip
         resources = next((n["Resources"] for n in ray.nodes() if n["NodeID"] == node_id), {})
         sandboxes = self.http.get("/v1/sandboxes").json()
         live = [s for s in sandboxes if s["status"] in ("running", "pending", "resuming", "snapshotting")]
@@ -98,12 +101,48 @@ class NodeAgent:
         return {
             "name": self.node, "url": self.url, "pid": self.process.pid, "ray_node_id": node_id,
             "sandboxes": len(sandboxes), "running": len(live), "cpus": cpus, "memory_mb": memory_mb,
-            "free_cpus": cpus - used_cpus, "free_memory_mb": memory_mb - used_mb, "state": "up",
-            "assigned": total,
+            "free_cpus": cpus - used_cpus, "free_memory_mb": memory_mb - used_mb, "state": self.state,
         }  # fmt: skip
+
+    def current_state(self) -> str:
+        return self.state
+
+    def leave(self) -> dict[str, Any]:
+        """Leave on purpose, losing nothing: every checkpoint pushed to the fleet's store, every sandbox
+        suspended and handed to it (memory and processes kept: any request brings it back on a live node), then
+        the daemon stopped. If anything could not be handed over, the node stays up and says what."""
+        self.state = "leaving"
+        kept: dict[str, str] = {}
+        checkpoints = self.http.get("/v1/checkpoints").json()
+        for checkpoint in checkpoints:
+            if error := self._push("checkpoint", checkpoint["id"]):
+                kept[checkpoint["id"]] = error
+        handed = []
+        for sandbox in self.http.get("/v1/sandboxes").json():
+            if sandbox.get("pool") is None:  # a pool's spares are made again elsewhere, never moved
+                if error := self._push("sandbox", sandbox["id"]):
+                    kept[sandbox["id"]] = error
+                else:
+                    handed.append(sandbox["name"] or sandbox["id"])
+        if kept:
+            self.state = "up"
+            return {"left": False, "handed": handed, "kept": kept}
+        self.stop()
+        self.state = "left"
+        return {"left": True, "handed": handed, "checkpoints": len(checkpoints), "kept": {}}
+
+    def _push(self, kind: str, ref: str) -> str | None:
+        """None once the store has it, else why not."""
+        try:
+            answer = self.http.post("/v1/remote/push", json={"ref": ref, "kind": kind}, timeout=STOP_TIMEOUT * 10)
+        except httpx.HTTPError as exc:
+            return str(exc)
+        return None if answer.is_success else answer.text[:300]
 
     def stop(self) -> int:
         """Leave on purpose: every sandbox of this node removed, then its daemon stopped. The count removed."""
+        if self.process.poll() is not None:
+            return 0
         removed = 0
         for sandbox in self.http.get("/v1/sandboxes").json():
             try:

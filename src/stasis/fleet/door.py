@@ -21,7 +21,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..errors import CheckpointNotFound, DaemonUnavailable, InvalidRequest, NameTaken, StasisError, Unsupported
+from ..errors import (
+    CheckpointNotFound,
+    Conflict,
+    DaemonUnavailable,
+    InvalidRequest,
+    NameTaken,
+    StasisError,
+    Unsupported,
+)
 from ..models import TEMPLATE_PREFIX
 from ..validation import ID_PATTERN, NAME_PATTERN
 from .e2b import e2b_routes
@@ -90,6 +98,26 @@ def _fleet_routes(app: FastAPI, nodes: Nodes, kill_node: KillNode | None) -> Non
     @app.get("/v1/fleet/nodes")
     async def list_nodes() -> list[dict[str, Any]]:
         return await nodes.describe()
+
+    @app.post("/v1/fleet/nodes/{name}/leave")
+    async def leave(name: str) -> dict[str, Any]:
+        """A node leaves on purpose (`stasis fleet leave`): its sandboxes handed to the store, then its daemon
+        stopped; its `stasis fleet join` (or local fleet) then stops its raylet."""
+        if name not in nodes.known():
+            await nodes.describe()
+        node = nodes.known().get(name)
+        if node is None or node["state"] != "up":
+            state = node["state"] if node else "not in the fleet"
+            raise InvalidRequest(f"node {name[:80]!r} is {state}; `stasis fleet nodes` lists the live ones")
+        result: dict[str, Any] = await nodes.agent(name).leave.remote()
+        if result["left"]:
+            nodes.mark_left(name)
+        else:
+            await nodes.describe()
+            kept = "; ".join(f"{ref}: {why[:120]}" for ref, why in list(result["kept"].items())[:5])
+            raise Conflict(f"node {name} stays: {len(result['kept'])} could not be handed to the store ({kept}); "
+                           "fix that and leave again", kept=result["kept"])  # fmt: skip
+        return result
 
     @app.delete("/v1/fleet/nodes/{name}")
     async def remove_node(name: str) -> dict[str, Any]:

@@ -72,8 +72,11 @@ class Nodes:
         answers = await asyncio.gather(*(self._describe(name) for name in names), return_exceptions=True)
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, BaseException):
-                log.warning("node %s does not answer: %s", name, answer)
                 previous = self._described.get(name, {"name": name, "url": None, "sandboxes": 0})
+                if previous.get("state") in ("leaving", "left"):  # it left on purpose: gone, and nothing lost
+                    self._described[name] = {**previous, "state": "left", "sandboxes": 0, "running": 0}
+                    continue
+                log.warning("node %s does not answer: %s", name, answer)
                 self._described[name] = {**previous, "state": "lost", "error": str(answer)[:200]}
             else:
                 self._described[name] = answer
@@ -83,7 +86,12 @@ class Nodes:
         return await asyncio.wait_for(self._agents[name].describe.remote(), DESCRIBE_TIMEOUT)  # type: ignore[no-any-return]
 
     async def live(self) -> list[dict[str, Any]]:
+        """The nodes new sandboxes may go to."""
         return [n for n in await self.describe() if n["state"] == "up"]
+
+    async def reachable(self) -> list[dict[str, Any]]:
+        """The nodes whose sandboxes answer: live ones, and those leaving (until each sandbox is handed over)."""
+        return [n for n in await self.describe() if n["state"] in ("up", "leaving")]
 
     def agent(self, name: str) -> Any:
         return self._agents[name]
@@ -115,12 +123,16 @@ class Nodes:
     def cached(self, ref: str) -> dict[str, Any] | None:
         """The live node the cache says holds ``ref`` (unchecked: a 404 from it sends the door asking all)."""
         node = self._described.get(self._where.get(ref, ""))
-        return node if node is not None and node["state"] == "up" else None
+        return node if node is not None and node["state"] in ("up", "leaving") else None
 
     def mark_lost(self, node: dict[str, Any], why: str) -> None:
         """A node whose daemon stopped answering is lost until its agent describes it again."""
         log.warning("node %s does not answer: %s", node["name"], why)
         self._described[node["name"]] = {**node, "state": "lost", "error": why[:200]}
+
+    def mark_left(self, name: str) -> None:
+        """A node that handed everything to the store and stopped: gone, nothing lost."""
+        self._described[name] = {**self._described[name], "state": "left", "url": None, "sandboxes": 0, "running": 0}
 
     def last_seen_on(self, ref: str) -> dict[str, Any] | None:
         """The node the cache last saw ``ref`` on, live or lost."""
@@ -138,9 +150,9 @@ class Nodes:
         if not self._described:
             await self.describe()
         cached = self._described.get(self._where.get(ref, ""))
-        if cached is not None and cached["state"] == "up" and await self._holds(cached, kind, ref):
+        if cached is not None and cached["state"] in ("up", "leaving") and await self._holds(cached, kind, ref):
             return cached
-        nodes = await self.live()
+        nodes = await self.reachable()
         holds = await asyncio.gather(*(self._holds(n, kind, ref) for n in nodes))
         for node, held in zip(nodes, holds, strict=True):
             if held:
