@@ -29,6 +29,9 @@ def local(
     listen: Annotated[str, typer.Option("--listen", help="The front door's loopback HOST:PORT (port 0: any).")] = (
         "127.0.0.1:0"
     ),
+    store: Annotated[
+        str | None, typer.Option("--store", help="The fleet's store (s3://… if hosts join; default: a directory)")
+    ] = None,
 ) -> None:
     """Start a real Ray cluster on this machine, a daemon per node and the front door; print the exports;
     on Ctrl-C or SIGTERM remove its sandboxes and stop everything it started."""
@@ -42,7 +45,7 @@ def local(
         err.print(f"[dim]a fleet of {nodes} nodes under {place}; Ctrl-C stops it all[/dim]")
 
     with err.status(f"starting a Ray cluster of {nodes} nodes and their daemons..."):
-        fleet = LocalFleet(place.absolute(), Paths.from_env().images, nodes=nodes, cpus_per_node=cpus)
+        fleet = LocalFleet(place.absolute(), Paths.from_env().images, nodes=nodes, cpus_per_node=cpus, store=store)
     serve(fleet, listen, announce)
 
 

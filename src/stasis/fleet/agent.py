@@ -38,11 +38,12 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def listening_socket() -> socket.socket:
-    """A loopback port held from the start and handed to the daemon (``--tcp fd:N``): no other process can take
-    it between a choice and a bind, and so none can be sent the fleet's token."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+def listening_socket(host: str) -> socket.socket:
+    """A port held from the start and handed to the daemon (``--tcp fd:N``): no other process can take it between
+    a choice and a bind, and so none can be sent the fleet's token. ``host`` is the node's address in the Ray
+    cluster: loopback on one machine, the host's address on the cluster's network on several."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.bind((host, 0))
     sock.listen(128)
     return sock
 
@@ -53,8 +54,11 @@ class NodeAgent:
     def __init__(self, node: str, home: str, token: str, env: dict[str, str] | None = None) -> None:
         self.node, self.home, self.token = node, Path(home), token
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        sock = listening_socket()
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        sock = listening_socket(host)
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
         # Ray's token stays with Ray: nothing the daemon starts (runsc, QEMU) sees it
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "STASIS_FLEET", "STASIS_URL"))}
         ours = {"STASIS_HOME": str(self.home), "STASIS_TOKEN": token, "STASIS_NODE": node}

@@ -56,6 +56,7 @@ class LocalFleet:
     images: Path  # one machine: every node's daemon uses this machine's images
     nodes: int = 2
     cpus_per_node: int = 1
+    store: str | None = None  # the fleet's store; default a directory in its home (one machine)
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     cluster: Any = None
     ray_nodes: dict[str, Any] = field(default_factory=dict)  # node name -> cluster_utils' node handle
@@ -94,7 +95,7 @@ class LocalFleet:
         remote_agent = ray.remote(NodeAgent)
         # one machine: the nodes share its images, and a directory as the store sandboxes move through
         # and idle sandboxes go on to the store, so they outlive their node
-        env = {"STASIS_IMAGE_DIR": str(self.images), "STASIS_REMOTE": f"file://{self.home / 'store'}",
+        env = {"STASIS_IMAGE_DIR": str(self.images), "STASIS_REMOTE": self.store or f"file://{self.home / 'store'}",
                "STASIS_IDLE_TO_STORE": "1"}  # fmt: skip
         for name in self.ray_nodes:
             self.agents[name] = remote_agent.options(  # type: ignore[attr-defined]
