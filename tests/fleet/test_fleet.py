@@ -23,7 +23,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from stasis import Client, NameTaken, NetworkPolicy, Sandbox, Secret, StasisError, mountns
+from stasis import Client, NameTaken, NetworkPolicy, Pool, Sandbox, Secret, StasisError, mountns
 from stasis.paths import Paths
 from tests.conftest import IMAGE_DIR, TEST_ROOT, require_default_image, wait_until
 
@@ -277,12 +277,36 @@ def test_a_secret_is_the_fleets(fleet: Fleet) -> None:
 def test_the_door_wants_the_token_and_says_what_it_does_not_route(fleet: Fleet) -> None:
     assert httpx.get(f"{fleet.url}/v1/sandboxes", timeout=60).status_code == 401
     headers = {"authorization": f"Bearer {fleet.token}"}
-    answer = httpx.post(f"{fleet.url}/v1/pools", json={}, headers=headers, timeout=60)
+    answer = httpx.post(f"{fleet.url}/v1/remote/push", json={}, headers=headers, timeout=60)
     assert answer.status_code == 501 and "not served through the fleet yet" in answer.json()["message"]
     for sneaky in ("/v1/sandboxes/x/%2e%2e/%2e%2e/secrets", "/v1/sandboxes/x/..%2F..%2Fremote%2Fpush"):
         answer = httpx.post(fleet.url + sneaky, json={}, headers=headers, timeout=60)  # never another node endpoint
         assert answer.status_code == 400 and "is not a sandbox's or checkpoint's name or id" in answer.json()["message"]
     assert httpx.get(f"{fleet.url}/v1/sandboxes", headers={"authorization": fleet.token}, timeout=60).status_code == 401
+
+
+def test_a_pool_is_made_on_every_node_and_a_create_anywhere_claims_from_it(fleet: Fleet) -> None:
+    """A pool through the door keeps `size` members started on each node; a create placed on either node takes
+    one of that node's instead of booting; removing the pool removes its waiting members everywhere."""
+    client = fleet.client()
+    made = Pool.create("warm", size=1, backend="gvisor", memory_mb=256, client=client)
+    claimed: list[Sandbox] = []
+    try:
+        assert made.spec.size == 2  # one per node
+        ready = Pool.wait_ready("warm", timeout=240, client=client)
+        assert ready.ready == 2 and len(ready.members) == 2
+        for node in ("n1", "n2"):
+            sbx = Sandbox.create(backend="gvisor", memory_mb=256, node=node, client=client)
+            claimed.append(sbx)
+            info = sbx.info()
+            assert (info.from_pool, info.node, info.id in ready.members) == ("warm", node, True)
+    finally:
+        removed = Pool.remove("warm", client=client)
+        for sbx in claimed:
+            sbx.terminate()
+    assert removed.name == "warm" and [p.name for p in Pool.list(client=client)] == []
+    every = client.request("GET", "/v1/sandboxes", params={"all": "true"}).json()
+    assert [s["id"] for s in every if s.get("pool") == "warm" and s["status"] != "terminated"] == []  # none waits
 
 
 def test_rays_sandbox_api_runs_on_stasis_through_the_fleet(fleet: Fleet) -> None:

@@ -36,6 +36,7 @@ from .e2b import e2b_routes
 from .forks import fork_routes
 from .nodes import Nodes, checked, node_path
 from .placement import place
+from .pools import pool_routes
 from .requests import REPLAYABLE
 from .requests import replayable as _replayable
 from .requests import small_json as _small_json
@@ -77,6 +78,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
     _sandbox_routes(app, nodes)
     fork_routes(app, nodes)
     _secret_routes(app, nodes)
+    pool_routes(app, nodes)
     e2b_routes(app, nodes, token)
     _routed_routes(app, nodes)
     return app
