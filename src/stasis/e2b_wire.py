@@ -14,6 +14,10 @@ TOKEN_HEADER = "x-access-token"
 TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 API_KEY_HEADER = "x-api-key"
 ENVD_PORT = 49983
+UNAUTHORIZED = (
+    "a sandbox request needs the sandbox's envd access token (X-Access-Token), for a port other than envd's "
+    "its traffic access token (e2b-traffic-access-token), or the API key (X-API-Key)"
+)
 HOST_FORM = re.compile(r"^(\d{1,5})-([A-Za-z0-9][A-Za-z0-9_.-]{0,127}?)\.")
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -285,6 +286,43 @@ def test_the_door_wants_the_token_and_says_what_it_does_not_route(fleet: Fleet) 
     assert httpx.get(f"{fleet.url}/v1/sandboxes", headers={"authorization": fleet.token}, timeout=60).status_code == 401
 
 
+def test_the_console_through_the_door_shows_and_drives_every_nodes_sandboxes(fleet: Fleet) -> None:
+    """The web console at the door's /ui in a real browser: one login (the fleet's token), the live list with the
+    sandboxes of both nodes, a terminal in a sandbox of n2, a suspend from the list on n1; nothing without a
+    login, before any node is asked."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.console.conftest import CHROMIUM
+    from tests.console.test_console import echo_in_terminal
+
+    assert httpx.get(f"{fleet.url}/ui/sandboxes/anything", timeout=60).headers["location"] == "/ui/login"
+    assert httpx.get(f"{fleet.url}/ui/events", timeout=60).status_code == 401
+    client = fleet.client()
+    boxes = {node: Sandbox.create(f"ui-{node}", memory_mb=256, backend="gvisor", node=node, client=client)
+             for node in ("n1", "n2")}  # fmt: skip
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_context(base_url=fleet.url).new_page()
+            page.on("dialog", lambda dialog: dialog.accept())
+            page.goto("/ui/")
+            page.fill("#token", fleet.token)
+            page.click("button[type=submit]")
+            for node in boxes:
+                expect(page.locator("#sandboxes tr", has_text=f"ui-{node}")).to_be_visible(timeout=30_000)
+            page.goto(f"/ui/sandboxes/{boxes['n2'].id}")
+            echo_in_terminal(page, "from-n2")
+            page.goto("/ui/")
+            row = page.locator("#sandboxes tr", has_text="ui-n1")
+            row.locator("button[data-action=suspend]").click()
+            expect(row.locator(".status")).to_have_text("suspended", timeout=60_000)
+            browser.close()
+        assert boxes["n1"].info().status.value == "suspended"
+    finally:
+        for sbx in boxes.values():
+            sbx.terminate()
+
+
 def test_a_pool_is_made_on_every_node_and_a_create_anywhere_claims_from_it(fleet: Fleet) -> None:
     """A pool through the door keeps `size` members started on each node; a create placed on either node takes
     one of that node's instead of booting; removing the pool removes its waiting members everywhere."""
@@ -398,6 +436,11 @@ def test_the_e2b_sdk_through_the_fleets_face(fleet: Fleet) -> None:
             for ref in (counting.sandbox_id, "no-such-sandbox")
         )
         assert nobody.status_code == unknown.status_code == 401
+        host, port = exports["E2B_SANDBOX_URL"].removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=60) as conn:  # a target that is a URL, not a path
+            conn.sendall(f"GET http://127.0.0.1:9/x HTTP/1.1\r\nHost: {host}\r\nE2b-Sandbox-Id: "
+                         f"{counting.sandbox_id}\r\nX-API-Key: {exports['E2B_API_KEY']}\r\n\r\n".encode())  # fmt: skip
+            assert conn.recv(100).startswith(b"HTTP/1.1 400")  # never fetched by the door
     finally:
         for sbx in made:
             sbx.kill()

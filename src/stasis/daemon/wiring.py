@@ -64,4 +64,5 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     rooms.settling = [checkpoints.recover, *([remote.settle] if remote is not None else [])]
     if token:
         rooms.logins.tokens.add(token)
+        rooms.logins.keyed_by(token)
     return rooms

@@ -5,6 +5,7 @@ the daemon ran are ended with it only when the agent is stopped on purpose (:met
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -25,7 +26,9 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 READY_TIMEOUT = 120.0  # seconds a node's daemon may take to answer (recovery of what it had runs first)
 STOP_TIMEOUT = 60.0
+LEAVE_ROUNDS = 5  # of pushes, until one finds nothing new
 NAMESPACE = "stasis"  # Ray's namespace of the fleet's named actors
+AGENT_CONCURRENCY = 8  # calls an agent serves at once: a describe answers while a leave runs for minutes
 AGENT_PREFIX = "stasis-node-"  # an agent's actor name and the custom resource that pins it: this + node name
 
 
@@ -113,27 +116,37 @@ class NodeAgent:
 
     def leave(self) -> dict[str, Any]:
         """Leave on purpose, losing nothing: every checkpoint pushed to the fleet's store, every sandbox
-        suspended and handed to it (memory and processes kept: any request brings it back on a live node), then
-        the daemon stopped. If anything could not be handed over, the node stays up and says what."""
+        suspended and handed to it (memory and processes kept: any request brings it back on a live node), again
+        until a round finds nothing new (a fork or checkpoint made meanwhile), then the daemon stopped with only
+        a pool's spares removed. If anything could not be handed over, the node stays up and says what."""
         self.state = "leaving"
         kept: dict[str, str] = {}
-        checkpoints = self.http.get("/v1/checkpoints").json()
-        for checkpoint in checkpoints:
-            if error := self._push("checkpoint", checkpoint["id"]):
-                kept[checkpoint["id"]] = error
-        handed = []
-        for sandbox in self.http.get("/v1/sandboxes").json():
-            if sandbox.get("pool") is None:  # a pool's spares are made again elsewhere, never moved
-                if error := self._push("sandbox", sandbox["id"]):
-                    kept[sandbox["id"]] = error
-                else:
-                    handed.append(sandbox["name"] or sandbox["id"])
-        if kept:
+        handed: list[str] = []
+        pushed: set[str] = set()
+        for _ in range(LEAVE_ROUNDS):
+            checkpoints = [c["id"] for c in self.http.get("/v1/checkpoints").json() if c["id"] not in pushed]
+            sandboxes = [s for s in self.http.get("/v1/sandboxes").json()
+                         if s.get("pool") is None and s["status"] != "failed"]  # fmt: skip
+            if not checkpoints and not sandboxes:
+                break
+            for ref, kind in [*((c, "checkpoint") for c in checkpoints), *((s["id"], "sandbox") for s in sandboxes)]:
+                if error := self._push(kind, ref):
+                    kept[ref] = error
+                elif kind == "sandbox":
+                    handed.append(next(s["name"] or s["id"] for s in sandboxes if s["id"] == ref))
+                pushed.add(ref)
+            if kept:
+                self.state = "up"
+                return {"left": False, "handed": handed, "kept": kept}
+        else:
             self.state = "up"
-            return {"left": False, "handed": handed, "kept": kept}
-        self.stop()
+            return {"left": False, "handed": handed, "kept": {"-": f"still busy after {LEAVE_ROUNDS} rounds"}}
+        for spare in self.http.get("/v1/sandboxes").json():  # a pool's: made again on a live node, never moved
+            with contextlib.suppress(httpx.HTTPError):
+                self.http.delete(f"/v1/sandboxes/{spare['id']}", timeout=STOP_TIMEOUT)
+        self._stop_daemon()
         self.state = "left"
-        return {"left": True, "handed": handed, "checkpoints": len(checkpoints), "kept": {}}
+        return {"left": True, "handed": handed, "checkpoints": len(pushed) - len(handed), "kept": {}}
 
     def _push(self, kind: str, ref: str) -> str | None:
         """None once the store has it, else why not."""
@@ -154,6 +167,10 @@ class NodeAgent:
                 removed += 1
             except httpx.HTTPError as exc:
                 log.warning("node %s: removing %s failed: %s", self.node, sandbox["id"], exc)
+        self._stop_daemon()
+        return removed
+
+    def _stop_daemon(self) -> None:
         self.http.close()
         self.process.send_signal(signal.SIGTERM)
         try:
@@ -161,4 +178,3 @@ class NodeAgent:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        return removed

@@ -32,6 +32,7 @@ from ..errors import (
 )
 from ..models import TEMPLATE_PREFIX
 from ..validation import ID_PATTERN, NAME_PATTERN
+from .console import console_routes
 from .e2b import e2b_routes
 from .forks import fork_routes
 from .nodes import Nodes, checked, node_path
@@ -59,6 +60,8 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
 
     @app.middleware("http")
     async def bearer(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if request.url.path == "/ui" or request.url.path.startswith("/ui/"):  # the console's: its own login
+            return await call_next(request)
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             return JSONResponse({"type": "Unauthorized", "message": "the fleet wants its token: set STASIS_TOKEN",
@@ -74,6 +77,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
         await nodes.close()
 
     websocket_routes(app, nodes, token)
+    console_routes(app, nodes, token)
     _fleet_routes(app, nodes, kill_node)
     _sandbox_routes(app, nodes)
     fork_routes(app, nodes)
@@ -111,9 +115,10 @@ def _fleet_routes(app: FastAPI, nodes: Nodes, kill_node: KillNode | None) -> Non
         if node is None or node["state"] != "up":
             state = node["state"] if node else "not in the fleet"
             raise InvalidRequest(f"node {name[:80]!r} is {state}; `stasis fleet nodes` lists the live ones")
+        nodes.mark(name, "leaving")  # from now no create goes there, and a describe failing meanwhile is no loss
         result: dict[str, Any] = await nodes.agent(name).leave.remote()
         if result["left"]:
-            nodes.mark_left(name)
+            nodes.mark(name, "left")
         else:
             await nodes.describe()
             kept = "; ".join(f"{ref}: {why[:120]}" for ref, why in list(result["kept"].items())[:5])

@@ -21,6 +21,7 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
@@ -39,10 +40,11 @@ from ..e2b_wire import (
     SANDBOX_HEADER,
     TOKEN_HEADER,
     TRAFFIC_TOKEN_HEADER,
+    UNAUTHORIZED,
     derived_token,
     sandbox_target,
 )
-from ..errors import CheckpointNotFound, InvalidRequest, SandboxNotFound, StasisError, clip
+from ..errors import CheckpointNotFound, InvalidRequest, StasisError, clip
 from ..models import E2bServeRequest
 from .e2b_faces import NodeFaces
 from .nodes import REF, Nodes, checked
@@ -57,8 +59,6 @@ PASSED_ON = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "t
                        "content-length", "proxy-authorization"})  # not authorization: envd's user is in it  # fmt: skip
 WEBSOCKET_OWN = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
                            "sec-websocket-protocol"})  # fmt: skip
-UNAUTHORIZED = ("a sandbox request needs the sandbox's envd access token (X-Access-Token), its traffic access "
-                "token (e2b-traffic-access-token), or the API key (X-API-Key)")  # fmt: skip
 
 
 def e2b_error(status: int, message: str) -> JSONResponse:
@@ -85,11 +85,12 @@ def e2b_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
                     await asyncio.sleep(HEARTBEAT)
                     yield json.dumps({"alive": True}) + "\n"
             finally:
-                server.should_exit = True
-                with contextlib.suppress(asyncio.CancelledError):
-                    await ticking
-                await server.shutdown(sockets=[sock])
-                await faces.close()
+                with anyio.CancelScope(shield=True):  # the caller left: this runs in a cancelled scope
+                    server.should_exit = True
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ticking
+                    await server.shutdown(sockets=[sock])
+                    await faces.close()
                 log.info("the fleet's E2B face on %s closed", url)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
@@ -131,10 +132,17 @@ class FleetE2b:
             await self.control(scope, receive, send)
             return
         ref, port = target
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        if not raw_path.startswith(b"/") or raw_path.startswith(b"//"):  # an absolute-form target: never a URL
+            await _refuse(scope, receive, send, 400, "the request's target must be a path (/...)")
+            return
         try:
             client = await self.faces.client(await self._holder(headers, checked(ref)))
         except StasisError as exc:
             await _refuse(scope, receive, send, exc.status_code, exc.message)
+            return
+        except httpx.HTTPError as exc:
+            await _refuse(scope, receive, send, 502, f"the sandbox's node did not answer: {exc}")
             return
         # named in headers from here: the node's face needs no domain, and the Host is the node's
         kept = [(k, v) for k, v in scope["headers"] if k.decode().lower() not in (SANDBOX_HEADER, PORT_HEADER, "host")]
@@ -143,17 +151,17 @@ class FleetE2b:
         if scope["type"] == "websocket":
             await _relay_websocket(client, scope, receive, send)
         else:
-            await _proxy(client, Request(scope, receive), scope["raw_path"].decode("latin-1"), send, scope, receive)
+            await _proxy(client, Request(scope, receive), send, scope, receive)
 
     async def _holder(self, headers: Headers, ref: str) -> dict[str, Any]:
-        """The node of ``ref``: with a credential, wherever it is (back from the store if need be); without one,
-        only a live node that holds it now, and an unknown id is refused as a wrong token is."""
+        """The node of ``ref``: with a credential, wherever it is (back from the store if need be); without one
+        (a public sandbox's port), only the node the door already knows holds it, asking no node, and otherwise
+        refused in the words a node uses for a wrong token."""
         if self._credited(headers, ref):
             return await self.nodes.found("sandboxes", ref)
-        try:
-            return await self.nodes.holder("sandboxes", ref)
-        except SandboxNotFound:
-            raise _Unauthorized(UNAUTHORIZED) from None
+        if (node := self.nodes.cached(ref)) is None:  # no lookup for whoever has no credential
+            raise _Unauthorized(UNAUTHORIZED)
+        return node
 
     def _credited(self, headers: Headers, ref: str) -> bool:
         if _same(headers.get(API_KEY_HEADER), self.token):
@@ -272,7 +280,7 @@ def _routed_routes(app: FastAPI, nodes: Nodes, faces: NodeFaces) -> None:
 
 
 async def _forward(faces: NodeFaces, request: Request, node: dict[str, Any]) -> Response:
-    return await _proxy_response(await faces.client(node), request, request.url.path)
+    return await _proxy_response(await faces.client(node), request)
 
 
 async def _snapshot_holder(nodes: Nodes, template: object) -> str | None:
@@ -308,20 +316,28 @@ def _passed_on(headers: Headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in PASSED_ON}
 
 
-async def _proxy_response(client: httpx.AsyncClient, request: Request, path: str) -> Response:
-    upstream = client.build_request(request.method, path, params=request.query_params, content=request.stream(),
-                                    headers=_passed_on(request.headers))  # fmt: skip
+def _upstream(client: httpx.AsyncClient, scope: Scope) -> httpx.URL:
+    """The node face's URL for this request: its raw path and query as sent (checked to be a path), on the
+    face's own address."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string", b"")
+    return client.base_url.copy_with(raw_path=raw + (b"?" + query if query else b""))
+
+
+async def _proxy_response(client: httpx.AsyncClient, request: Request) -> Response:
+    headers = _passed_on(request.headers)
+    headers.setdefault("accept-encoding", "identity")  # what the client asked for, never httpx's own default
+    upstream = client.build_request(request.method, _upstream(client, request.scope), content=request.stream(),
+                                    headers=headers)  # fmt: skip
     answer = await client.send(upstream, stream=True)
-    headers = {k: v for k, v in answer.headers.items() if k.lower() not in PASSED_ON}
-    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=headers,
+    kept = {k: v for k, v in answer.headers.items() if k.lower() not in PASSED_ON}
+    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code, headers=kept,
                              background=BackgroundTask(answer.aclose))  # fmt: skip
 
 
-async def _proxy(
-    client: httpx.AsyncClient, request: Request, path: str, send: Send, scope: Scope, receive: Receive
-) -> None:
+async def _proxy(client: httpx.AsyncClient, request: Request, send: Send, scope: Scope, receive: Receive) -> None:
     try:
-        response = await _proxy_response(client, request, path)
+        response = await _proxy_response(client, request)
     except httpx.HTTPError as exc:
         response = e2b_error(502, f"the sandbox's node did not answer: {exc}")
     await response(scope, receive, send)
@@ -335,10 +351,9 @@ def _whole(answer: httpx.Response) -> Response:
 async def _relay_websocket(client: httpx.AsyncClient, scope: Scope, receive: Receive, send: Send) -> None:
     websocket = WebSocket(scope, receive, send)
     headers = {k: v for k, v in websocket.headers.items() if k.lower() not in PASSED_ON | WEBSOCKET_OWN}
-    query = scope.get("query_string", b"").decode("latin-1")
-    url = str(client.base_url).replace("http://", "ws://", 1).rstrip("/") + scope["raw_path"].decode("latin-1")
+    url = str(_upstream(client, scope).copy_with(scheme="ws"))
     try:
-        upstream = await connect(url + (f"?{query}" if query else ""), additional_headers=headers, proxy=None,
+        upstream = await connect(url, additional_headers=headers, proxy=None,
                                  subprotocols=[Subprotocol(p) for p in scope.get("subprotocols", [])] or None,
                                  max_size=MAX_MESSAGE, max_queue=4, open_timeout=OPEN_TIMEOUT)  # fmt: skip
     except (OSError, InvalidHandshake, TimeoutError) as exc:

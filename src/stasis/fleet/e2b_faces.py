@@ -32,7 +32,7 @@ class Face:
 
 class NodeFaces:
     def __init__(self, nodes: Nodes, ask: dict[str, Any]) -> None:
-        self.nodes, self.ask = nodes, {**ask, "listen": "127.0.0.1:0"}  # a node's face is the router's alone
+        self.nodes, self.ask = nodes, ask
         self._faces: dict[str, Face] = {}
         self._opening: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
 
@@ -51,17 +51,19 @@ class NodeFaces:
     async def _open(self, node: dict[str, Any]) -> Face:
         await asyncio.to_thread(_base_image, node["url"], self.nodes.token)
         daemon = self.nodes.client(node)
-        stream = await daemon.send(daemon.build_request("POST", "/v1/e2b/serve", json=self.ask), stream=True)
+        host = httpx.URL(node["url"]).host  # where the door reaches the node's daemon reaches its face too
+        ask = {**self.ask, "listen": f"[{host}]:0" if ":" in host else f"{host}:0"}
+        stream = await daemon.send(daemon.build_request("POST", "/v1/e2b/serve", json=ask), stream=True)
         lines = stream.aiter_lines()
         try:
             first = json.loads(await anext(lines)) if stream.is_success else None
-        except (StopAsyncIteration, ValueError):
-            first = None
-        if first is None:
-            await stream.aread()
+            url = str(first["listening"]) if isinstance(first, dict) else None
+        except (StopAsyncIteration, ValueError, KeyError, httpx.HTTPError):
+            url = None
+        if url is None:
             await stream.aclose()
-            raise DaemonUnavailable(f"node {node['name']} did not open its E2B face: {stream.text[:300]}")
-        url = str(first["listening"])
+            raise DaemonUnavailable(f"node {node['name']} did not open its E2B face (HTTP {stream.status_code}); "
+                                    "its daemon's log says why")  # fmt: skip
         log.info("node %s: its E2B face is on %s", node["name"], url)
         client = httpx.AsyncClient(base_url=url, timeout=FORWARD_TIMEOUT, trust_env=False,
                                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))  # fmt: skip

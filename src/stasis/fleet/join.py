@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidRequest, StasisError
-from .agent import AGENT_PREFIX, NAMESPACE, NodeAgent, resource_of
+from .agent import AGENT_CONCURRENCY, AGENT_PREFIX, NAMESPACE, NodeAgent, resource_of
 from .local import OBJECT_STORE, RAY_ENV
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Join:
             env["STASIS_IMAGE_DIR"] = str(self.images)
         self.agent = ray.remote(NodeAgent).options(  # type: ignore[attr-defined]
             name=AGENT_PREFIX + self.name, namespace=NAMESPACE, num_cpus=0,
-            resources={resource_of(self.name): 0.001}, max_restarts=0,
+            resources={resource_of(self.name): 0.001}, max_restarts=0, max_concurrency=AGENT_CONCURRENCY,
         ).remote(self.name, str(self.home), self.token, env)  # fmt: skip
         return ray.get(self.agent.describe.remote())  # type: ignore[no-any-return]
 
@@ -108,12 +108,15 @@ class Join:
     def wait(self, stop: threading.Event) -> None:
         """Until ``stop`` is set (a signal here) or the node left through the door (`stasis fleet leave`)."""
         import ray
+        from ray.exceptions import GetTimeoutError
 
         while not stop.wait(POLL):
             try:
                 if ray.get(self.agent.current_state.remote(), timeout=60) == "left":
                     self.left.set()
                     return
+            except GetTimeoutError:  # busy (a loaded host): ask again
+                continue
             except Exception as exc:  # the agent is gone: its daemon died with it
                 raise StasisError(f"node {self.name}: its agent is gone ({exc}); this host left the fleet") from None
 

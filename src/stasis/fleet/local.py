@@ -29,7 +29,7 @@ from ..errors import InvalidRequest
 from ..fsutil import atomic_write
 from ..network.engine import NetworkEngine
 from ..paths import Paths
-from .agent import AGENT_PREFIX, NAMESPACE, NodeAgent, resource_of
+from .agent import AGENT_CONCURRENCY, AGENT_PREFIX, NAMESPACE, NodeAgent, resource_of
 from .door import create_door
 from .nodes import Nodes
 
@@ -100,7 +100,7 @@ class LocalFleet:
         for name in self.ray_nodes:
             self.agents[name] = remote_agent.options(  # type: ignore[attr-defined]
                 name=AGENT_PREFIX + name, namespace=NAMESPACE, num_cpus=0, resources={resource_of(name): 0.001},
-                max_restarts=0,
+                max_restarts=0, max_concurrency=AGENT_CONCURRENCY,
             ).remote(name, str(self.home / "nodes" / name), self.token, env)  # fmt: skip
         ray.get([agent.describe.remote() for agent in self.agents.values()])  # each daemon answers
         log.info("local fleet: %d nodes up", len(self.agents))

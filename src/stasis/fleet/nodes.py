@@ -130,9 +130,11 @@ class Nodes:
         log.warning("node %s does not answer: %s", node["name"], why)
         self._described[node["name"]] = {**node, "state": "lost", "error": why[:200]}
 
-    def mark_left(self, name: str) -> None:
-        """A node that handed everything to the store and stopped: gone, nothing lost."""
-        self._described[name] = {**self._described[name], "state": "left", "url": None, "sandboxes": 0, "running": 0}
+    def mark(self, name: str, state: str) -> None:
+        """A node ``leaving`` (no creates go there; its sandboxes still answer) or ``left`` (it handed everything
+        to the store and stopped: gone, nothing lost)."""
+        gone = {"url": None, "sandboxes": 0, "running": 0} if state == "left" else {}
+        self._described[name] = {**self._described[name], "state": state, **gone}
 
     def last_seen_on(self, ref: str) -> dict[str, Any] | None:
         """The node the cache last saw ``ref`` on, live or lost."""

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from ...console_sessions import Sessions
 from ...paths import Paths
 from ..core.service import SandboxService
 from ..rooms.checkpointing import Checkpoints
@@ -24,7 +25,6 @@ from ..rooms.ports import Ports
 from ..rooms.remote import RemoteService
 from ..rooms.secrets import SecretsRoom
 from ..rooms.ssh import HostKeys
-from .console.sessions import Sessions
 from .e2b.listener import E2bListeners
 from .e2b.room import E2bRoom
 

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
+from ....console_sessions import COOKIE, LIFETIME_SECS
 from ....errors import StasisError
 from .live import describe
 from .render import FeedDep, RoomsDep, page, pages, session_of, to_login
-from .sessions import COOKIE, LIFETIME_SECS
 from .tree import lineage
 
 router = APIRouter()

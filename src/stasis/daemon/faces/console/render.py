@@ -12,10 +12,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.requests import HTTPConnection
 
+from ....console_sessions import COOKIE, Session
 from ....origin import same_origin
 from ..deps import Rooms, RoomsDep
 from .live import Feed
-from .sessions import COOKIE, Session
 
 HERE = Path(__file__).parent
 pages = Jinja2Templates(directory=HERE / "pages")

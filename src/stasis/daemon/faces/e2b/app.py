@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from ....desktop import VNC_PORT, VNC_VIEW_PORT
-from ....e2b_wire import ENVD_PORT, sandbox_target
+from ....e2b_wire import ENVD_PORT, UNAUTHORIZED, sandbox_target
 from ....errors import InvalidRequest, StasisError, clip
 from ....kernels import PORT as KERNEL_PORT
 from ...core.service import SandboxService
@@ -38,10 +38,6 @@ from .room import Defaults, E2bRoom
 
 log = logging.getLogger(__name__)
 
-UNAUTHORIZED = (
-    "a sandbox request needs the sandbox's envd access token (X-Access-Token), for a port other than envd's "
-    "its traffic access token (e2b-traffic-access-token), or the API key (X-API-Key)"
-)
 
 
 def envd_only(port: int, path: str) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
+import anyio
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
@@ -34,6 +35,7 @@ async def serve(request: E2bServeRequest, rooms: RoomsDep) -> StreamingResponse:
                 await asyncio.sleep(HEARTBEAT)
                 yield json.dumps({"alive": True}) + "\n"
         finally:
-            await rooms.e2b_listeners.close(listener)
+            with anyio.CancelScope(shield=True):  # the caller left: this runs in a cancelled scope
+                await rooms.e2b_listeners.close(listener)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -1,0 +1,66 @@
+"""Console logins: a token typed into the login form becomes a cookie session.
+
+The cookie is HttpOnly and SameSite=Strict; every action also carries the session's CSRF token in a
+header (the page reads it from a meta tag). A session is signed, not stored: its id names its expiry and is
+an HMAC under the daemon's session key, its CSRF token an HMAC of the id. A daemon with a TCP token keys
+sessions by it, so every node of a fleet (one token) accepts the same login and a restart keeps it; one on the
+Unix socket alone keys them per run (a restarted daemon asks for the token again). A logout is remembered
+until the session would have expired.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass, field
+
+COOKIE = "stasis_console"
+LIFETIME_SECS = 12 * 3600
+
+
+@dataclass
+class Session:
+    id: str
+    csrf: str
+    expires_at: float
+
+
+@dataclass
+class Sessions:
+    tokens: set[str] = field(default_factory=set)  # the daemon's token, and those `stasis ui` registered
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    _ended: dict[str, float] = field(default_factory=dict)  # logged-out session ids -> their expiry
+
+    def keyed_by(self, token: str) -> None:
+        """Sign sessions under ``token`` (the daemon's TCP token): any daemon with it accepts them."""
+        self.key = hmac.new(token.encode(), b"stasis console sessions", hashlib.sha256).digest()
+
+    def login(self, token: str) -> Session | None:
+        if not token or not any(hmac.compare_digest(token.encode(), known.encode()) for known in self.tokens):
+            return None
+        body = f"{int(time.time() + LIFETIME_SECS)}.{secrets.token_urlsafe(16)}"
+        return self._session(f"{body}.{self._sign('session', body)}")
+
+    def get(self, session_id: str | None) -> Session | None:
+        body, _, signature = (session_id or "").rpartition(".")
+        expiry = body.partition(".")[0]
+        if not expiry.isdigit() or not hmac.compare_digest(signature, self._sign("session", body)):
+            return None
+        session = self._session(session_id or "")
+        if session.expires_at < time.time() or session.id in self._ended:
+            return None
+        return session
+
+    def logout(self, session_id: str | None) -> None:
+        if (session := self.get(session_id)) is not None:
+            now = time.time()
+            self._ended = {s: t for s, t in self._ended.items() if t > now}
+            self._ended[session.id] = session.expires_at
+
+    def _session(self, session_id: str) -> Session:
+        return Session(session_id, self._sign("csrf", session_id)[:32], float(session_id.partition(".")[0]))
+
+    def _sign(self, kind: str, text: str) -> str:
+        return hmac.new(self.key, f"{kind}:{text}".encode(), hashlib.sha256).hexdigest()
