@@ -373,6 +373,17 @@ class ForkRequest(Strict):
     times: int = Field(1, ge=1, le=64)
 
 
+class RemoveRequest(Strict):
+    """Several sandboxes removed in one call (a rollout's forks)."""
+
+    refs: list[str] = Field(min_length=1, max_length=1024, description="names or ids")
+
+
+class RemoveResult(BaseModel):
+    removed: list[str] = Field(description="ids of the sandboxes removed (or gone already)")
+    failed: dict[str, str] = Field(default_factory=dict, description="each ref not removed, and why")
+
+
 class DiskUsage(BaseModel):
     sandboxes_bytes: int
     checkpoints_bytes: int

@@ -200,7 +200,8 @@ def test_a_move_keeps_a_counting_process_and_its_memory(fleet: Fleet) -> None:
 
 def test_a_16_way_fork_spreads_over_both_nodes_and_its_children_diverge(fleet: Fleet) -> None:
     """Rollouts: a live fork of a sandbox into 16, over both nodes (the checkpoint through the store once per
-    node), each child going on from the same memory, then on its own; and N more from a named checkpoint."""
+    node), each child going on from the same memory, then on its own; N more from a named checkpoint; all of
+    them removed in one call."""
     client = fleet.client()
     parent = Sandbox.create("rollout", memory_mb=256, backend="gvisor", client=client)
     children: list[Sandbox] = []
@@ -218,6 +219,10 @@ def test_a_16_way_fork_spreads_over_both_nodes_and_its_children_diverge(fleet: F
         children += more
         assert {c.info().node for c in more} == {"n1", "n2"}
         assert {c.read_file("/root/seed") for c in more} == {seed}
+        removed = Sandbox.terminate_all(children)  # one call, each node removing its own
+        assert sorted(removed) == sorted(c.id for c in children)
+        assert {s.id for s in Sandbox.list(client=client)}.isdisjoint(removed)
+        children = []
     finally:
         for sbx in [*children, parent]:
             sbx.terminate()

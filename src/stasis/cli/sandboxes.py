@@ -318,12 +318,16 @@ def info_table(data: SandboxInfo) -> Table:
 
 @app.command("rm")
 def remove(names: Annotated[list[str], typer.Argument(help="Sandbox names or ids.")]) -> None:
-    """Terminate sandboxes and delete their files."""
+    """Terminate sandboxes and delete their files (several in one call: a rollout's forks)."""
     connection = client()
-    for name in names:
-        with err.status(f"removing {name}..."):
-            Sandbox.connect(name, client=connection).terminate()
-        out.print(f"removed [bold]{name}[/bold]")
+    if len(names) == 1:
+        with err.status(f"removing {names[0]}..."):
+            Sandbox.connect(names[0], client=connection).terminate()
+        out.print(f"removed [bold]{shown(names[0])}[/bold]")
+        return
+    with err.status(f"removing {len(names)} sandboxes..."):
+        removed = Sandbox.terminate_all(names, client=connection)
+    out.print(f"removed {len(removed)} sandboxes")
 
 
 @app.command()

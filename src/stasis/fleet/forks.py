@@ -1,7 +1,7 @@
 """Forks over the fleet (rollouts): a live fork of a sandbox, or N sandboxes from one checkpoint, spread over the
 nodes. The checkpoint goes through the fleet's store once to each node that gets children, and each node makes
 its share in one call (its daemon's own all-or-none fork of a checkpoint); if any share fails, every child made
-is removed."""
+is removed. And the rollouts' end: many sandboxes removed in one call, each node removing its own."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..errors import StasisError
-from ..models import ForkRequest, build
+from ..models import ForkRequest, RemoveRequest, build
 from .nodes import Nodes
 from .placement import place
 from .requests import small_json as _small_json
@@ -55,6 +55,33 @@ def fork_routes(app: FastAPI, nodes: Nodes) -> None:
             return JSONResponse(await _fork(nodes, source, checkpoint, times), status_code=201)
         finally:
             await _drop(nodes, checkpoint["id"])
+
+    @app.post("/v1/sandboxes/remove")
+    async def remove_many(request: Request) -> JSONResponse:
+        """Many sandboxes (a rollout's forks) in one call: each node removes its own, all nodes at once."""
+        refs = build(RemoveRequest, **(await _small_json(request) or {})).refs
+        where = await asyncio.gather(*(nodes.found("sandboxes", ref) for ref in refs), return_exceptions=True)
+        failed = {ref: str(node) for ref, node in zip(refs, where, strict=True) if isinstance(node, StasisError)}
+        for node in where:
+            if isinstance(node, BaseException) and not isinstance(node, StasisError):
+                raise node
+        per_node: dict[str, list[str]] = {}
+        by_name: dict[str, dict[str, Any]] = {}
+        for ref, node in zip(refs, where, strict=True):
+            if isinstance(node, dict):
+                per_node.setdefault(node["name"], []).append(ref)
+                by_name[node["name"]] = node
+        answers = await asyncio.gather(*(_call(nodes, by_name[name], "/v1/sandboxes/remove", {"refs": mine})
+                                         for name, mine in per_node.items()), return_exceptions=True)  # fmt: skip
+        removed: list[str] = []
+        for (name, mine), answer in zip(per_node.items(), answers, strict=True):
+            if isinstance(answer, BaseException):
+                failed |= {ref: f"node {name}: {answer}" for ref in mine}
+            else:
+                removed += answer["removed"]
+                failed |= answer["failed"]
+        nodes.forget(*refs, *removed)
+        return JSONResponse({"removed": removed, "failed": failed})
 
     @app.post("/v1/checkpoints/{ref}/fork", status_code=201)
     async def fork_checkpoint(ref: str, request: Request) -> JSONResponse:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,17 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
         a fleet's front door, spread over its nodes. All or none."""
         client = client or AsyncClient()
         return [AsyncSandbox(info, client) for info in await client.call(b.fork_checkpoint_call(checkpoint, n))]
+
+    @classmethod
+    async def terminate_all(
+        cls, sandboxes: Iterable[AsyncSandbox | str], client: AsyncClient | None = None
+    ) -> list[str]:
+        """Every sandbox given (objects, names or ids) removed in one call, e.g. a rollout's forks; through a
+        fleet, each on its node. The ids removed; StasisError naming those that could not be (the rest go)."""
+        items = list(sandboxes)
+        refs = [s if isinstance(s, str) else s.id for s in items]
+        client = client or next((s._client for s in items if not isinstance(s, str)), None) or AsyncClient()
+        return await client.call(b.remove_many_call(refs)) if refs else []
 
     @classmethod
     async def list_checkpoints(cls, client: AsyncClient | None = None) -> list[CheckpointInfo]:

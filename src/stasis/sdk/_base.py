@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 import httpx
 
-from ..errors import GuestDisconnected, InvalidRequest
+from ..errors import GuestDisconnected, InvalidRequest, StasisError
 from ..models import (
     CheckpointInfo,
     CheckpointType,
@@ -26,6 +26,7 @@ from ..models import (
     FileEntry,
     ProcessInfo,
     ProcessOutput,
+    RemoveResult,
     RunRequest,
     RunResult,
     SandboxInfo,
@@ -258,6 +259,18 @@ def list_call(include_terminated: bool, limit: int | None = None, after: str | N
 
 def fork_checkpoint_call(checkpoint: str, times: int) -> Call:
     return Call("POST", f"/v1/checkpoints/{checkpoint}/fork", _models(SandboxInfo), json={"times": times})
+
+
+def remove_many_call(refs: list[str]) -> Call:
+    def parsed(response: httpx.Response) -> list[str]:
+        result = RemoveResult.model_validate(response.json())
+        if result.failed:
+            ref, why = next(iter(result.failed.items()))
+            raise StasisError(f"{len(result.failed)} of {len(refs)} not removed ({ref}: {why})", failed=result.failed,
+                              removed=result.removed)  # fmt: skip
+        return result.removed
+
+    return Call("POST", "/v1/sandboxes/remove", parsed, json={"refs": refs})
 
 
 def list_checkpoints_call() -> Call:

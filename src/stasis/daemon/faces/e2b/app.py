@@ -39,7 +39,6 @@ from .room import Defaults, E2bRoom
 log = logging.getLogger(__name__)
 
 
-
 def envd_only(port: int, path: str) -> bool:
     """Whether ``port`` (and ``path`` on it) runs commands or code, or takes the desktop's keyboard: the envd
     token's. The kernel server runs code only at ``/execute`` (matched exactly, on the raw path); its contexts

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ....models import CreateSandboxRequest, ForkRequest, SandboxInfo
+from ....errors import StasisError
+from ....models import CreateSandboxRequest, ForkRequest, RemoveRequest, RemoveResult, SandboxInfo
 from ....netpolicy import NetworkPolicy
 from ...rooms.forks import fork as fork_sandbox
 from ..deps import RoomsDep
 
 router = APIRouter()
+REMOVING_AT_ONCE = 8
 
 
 @router.post("/v1/sandboxes", status_code=201)
@@ -31,6 +34,23 @@ async def list_sandboxes(
         last = rooms.core.record(after)
         cursor = (last.created_at, last.id)
     return rooms.core.list(include_terminated=all, limit=limit, after=cursor)
+
+
+@router.post("/v1/sandboxes/remove")
+async def remove_many(request: RemoveRequest, rooms: RoomsDep) -> RemoveResult:
+    """Every sandbox named, removed at once (a few at a time); one that cannot be is said, the rest still go."""
+    limit = asyncio.Semaphore(REMOVING_AT_ONCE)
+
+    async def remove(ref: str) -> SandboxInfo:
+        async with limit:
+            return await rooms.core.terminate(ref)
+
+    results = await asyncio.gather(*(remove(ref) for ref in request.refs), return_exceptions=True)
+    failed = {ref: str(r) for ref, r in zip(request.refs, results, strict=True) if isinstance(r, BaseException)}
+    for outcome in results:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, StasisError):
+            raise outcome
+    return RemoveResult(removed=[r.id for r in results if isinstance(r, SandboxInfo)], failed=failed)
 
 
 @router.get("/v1/sandboxes/{ref}")
