@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, SandboxException
+from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, SandboxException, SandboxQuery
 from e2b.exceptions import AuthenticationException, TimeoutException
 
 from stasis import Client
@@ -180,13 +180,43 @@ def test_pause_then_connect_finds_a_background_process_still_counting(e2b: Liste
         assert sbx.commands.run("echo woken").stdout == "woken\n"  # any envd call resumes a paused sandbox
         before = count(sbx)
         sbx.pause()
+        assert sbx.is_running() is False  # E2B's: a paused sandbox is not running (asking wakes nothing)
         states = {s.sandbox_id: s.state.value for s in Sandbox.list(query=None).next_items()}
         assert states[sbx.sandbox_id] == "paused"
         again = Sandbox.connect(sbx.sandbox_id)
+        assert again.is_running() is True
         wait_until(lambda: count(again) > before, timeout=60)
         assert before < count(again) < before + 10_000  # counting on from where it was in memory, not from 0
     finally:
         sbx.kill()
+
+
+def test_files_and_commands_behave_as_envd_does(e2b: Listener, shared: Sandbox) -> None:
+    """What agent code meets first: removing a missing path is no error, a relative cwd starts at the user's
+    home, and a listing with depth walks the tree (each directory followed by what is in it)."""
+    shared.files.remove("/tmp/never-was-here")
+    shared.files.make_dir("/home/user/sub")
+    assert shared.commands.run("pwd", cwd="sub").stdout == "/home/user/sub\n"
+    shared.commands.run("rm -rf /tmp/tree && mkdir -p /tmp/tree/a/deep /tmp/tree/b && touch /tmp/tree/a/x /tmp/tree/c")
+    walked = [e.path.removeprefix("/tmp/tree/") for e in shared.files.list("/tmp/tree", depth=2)]
+    assert walked == ["a", "a/deep", "a/x", "b", "c"]
+
+
+def test_the_listing_pages_newest_first_and_filters_as_e2b_does(e2b: Listener, shared: Sandbox) -> None:
+    later = Sandbox.create(timeout=300, metadata={"suite": "e2b-order"})
+    try:
+        mine = {shared.sandbox_id, later.sandbox_id}
+        newest = [s.sandbox_id for s in Sandbox.list(query=None).next_items() if s.sandbox_id in mine]
+        oldest = [s.sandbox_id for s in Sandbox.list(query=None, order="asc").next_items() if s.sandbox_id in mine]
+        assert newest == [later.sandbox_id, shared.sandbox_id] and oldest == newest[::-1]
+        in_base = {s.sandbox_id for s in Sandbox.list(query=SandboxQuery(template="base")).next_items()}
+        assert mine <= in_base
+        assert Sandbox.list(query=SandboxQuery(template="no-such-template")).next_items() == []
+        after = shared.get_info().started_at
+        since = {s.sandbox_id for s in Sandbox.list(query=SandboxQuery(started_after=after)).next_items()}
+        assert later.sandbox_id in since and shared.sandbox_id not in since
+    finally:
+        later.kill()
 
 
 def test_set_timeout_extends_and_a_lifetime_that_ends_kills_the_sandbox(e2b: Listener) -> None:
@@ -234,6 +264,9 @@ def test_a_fork_and_a_snapshot_restored_twice_keep_a_running_process_and_its_mem
         assert sbx.commands.run("cat state.txt").stdout == "on-disk\n"  # a child's write stays its own
         listed = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()
         assert snapshot.snapshot_id in [s.snapshot_id for s in listed]
+        by_name = Sandbox.list_snapshots(name=snapshot.snapshot_id).next_items()
+        assert [s.snapshot_id for s in by_name] == [snapshot.snapshot_id]
+        assert Sandbox.list_snapshots(name="no-such-snapshot").next_items() == []
         assert Sandbox.delete_snapshot(snapshot.snapshot_id) is True
         assert snapshot.snapshot_id not in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
     finally:

@@ -215,7 +215,9 @@ def _merged_routes(app: FastAPI, nodes: Nodes, faces: NodeFaces) -> None:
     @app.get("/v2/sandboxes")
     async def list_v2(request: Request) -> Response:
         answers = await _everyone(nodes, faces, request)
-        rows = sorted((row for a in answers for row in a.json()), key=lambda r: (r["startedAt"], r["sandboxID"]))
+        newest_first = request.query_params.get("order", "desc") != "asc"  # as each node pages them
+        rows = sorted((row for a in answers for row in a.json()), key=lambda r: (r["startedAt"], r["sandboxID"]),
+                      reverse=newest_first)  # fmt: skip
         limit = (
             int(request.query_params.get("limit", "100")) if request.query_params.get("limit", "").isdigit() else 100
         )

@@ -34,7 +34,7 @@ from .port_proxy import proxy_http
 from .port_websocket import proxy_websocket
 from .process import ProcessService
 from .requests import SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
-from .room import Defaults, E2bRoom
+from .room import PAUSED, Defaults, E2bRoom
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,9 @@ class E2bApp:
             await self.refuse(scope, receive, send, 502, str(exc))
             return
         scope = with_header(scope, SANDBOX_HEADER, info.id)
+        if port == ENVD_PORT and scope["type"] == "http" and scope.get("path") == "/health" and info.status in PAUSED:
+            await self.refuse(scope, receive, send, 502, f"sandbox {info.id} is paused")  # E2B's: not running
+            return
         if port != ENVD_PORT:
             proxy = proxy_websocket if scope["type"] == "websocket" else proxy_http
             await proxy(self.ports, info.id, port, scope, receive, send)

@@ -93,21 +93,25 @@ class FilesystemService:
         if depth > MAX_DEPTH:
             raise ConnectError(Code.INVALID_ARGUMENT, f"depth {depth} is more than {MAX_DEPTH}")
         found: list[pb.EntryInfo] = []
-        directories = [path]
-        for _ in range(depth):
-            below = []
-            for directory in directories:
-                listing = await self._call(sandbox_id, P.ListDir(path=directory))
-                for item in sorted(listing.entries, key=lambda e: e.name):
-                    found.append(entry(item))
-                    if item.type == "directory":
-                        below.append(item.path)
-            directories = below
+
+        async def walk(directory: str, level: int) -> None:
+            """envd's order (a walk of the tree): each entry, then what is below it, before its next sibling."""
+            listing = await self._call(sandbox_id, P.ListDir(path=directory))
+            for item in sorted(listing.entries, key=lambda e: e.name):
+                found.append(entry(item))
+                if item.type == "directory" and level < depth:
+                    await walk(item.path, level + 1)
+
+        await walk(path, 1)
         return pb.ListDirResponse(entries=found)
 
     async def remove(self, request: pb.RemoveRequest, ctx: RequestContext[Any, Any]) -> pb.RemoveResponse:
         sandbox_id, path, _ = self._target(ctx, request.path)
-        await self._call(sandbox_id, P.DeleteFile(path=path, recursive=True))
+        try:
+            await self._call(sandbox_id, P.DeleteFile(path=path, recursive=True))
+        except ConnectError as exc:
+            if exc.code != Code.NOT_FOUND:  # envd's: removing what is not there is no error
+                raise
         return pb.RemoveResponse()
 
     async def create_watcher(

@@ -25,7 +25,7 @@ from ....guest import protocol as P
 from ...core.service import SandboxService
 from ...rooms.operations import GuestOperations
 from .records import Records
-from .requests import caller, home_of, rpc_error
+from .requests import absolute, caller, home_of, rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,10 @@ class ProcessService:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is empty: name the program to run")
         record = self.records.get(sandbox_id)
         env = {**(record.envs if record else {}), **dict(config.envs)}
-        defaults = self.ops.command_defaults(sandbox_id, env, config.cwd if config.has_field("cwd") else None, user)
-        if user is not None and not config.has_field("cwd"):
+        defaults = self.ops.command_defaults(sandbox_id, env, None, user)
+        if config.has_field("cwd") and config.cwd:  # envd's: a relative cwd starts at the user's home
+            defaults["cwd"] = absolute(config.cwd, defaults["user"])
+        elif user is not None:
             defaults["cwd"] = home_of(user)
         cmd = [config.cmd, *config.args]
         start: P.OpenPty | P.StartProcess

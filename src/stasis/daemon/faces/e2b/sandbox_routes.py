@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Annotated, Any
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Query
@@ -43,18 +44,33 @@ async def list_v2(
     state: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     next_token: Annotated[str | None, Query(alias="nextToken")] = None,
+    order: Annotated[Literal["asc", "desc"], Query(description="by start time; E2B's default: newest first")] = "desc",
+    started_after: Annotated[datetime | None, Query(alias="startedAfter")] = None,
+    template: str | None = None,
 ) -> list[dict[str, Any]]:
     wanted = dict(parse_qsl(metadata)) if metadata else {}
     states = set(state.split(",")) if state else {"running", "paused"}
+    if started_after is not None and started_after.tzinfo is None:
+        started_after = started_after.replace(tzinfo=UTC)
     rows = [plane.listed(info, record) for info, record in plane.room.listing()]
-    rows = [r for r in rows if r["state"] in states and wanted.items() <= r["metadata"].items()]
-    rows.sort(key=lambda r: (r["startedAt"], r["sandboxID"]))
+    rows = [r for r in rows if r["state"] in states and wanted.items() <= r["metadata"].items()
+            and (template is None or template in (r["templateID"], r["alias"]))
+            and (started_after is None or info_started(r) > started_after)]  # fmt: skip
+    newest_first = order == "desc"
+    rows.sort(key=lambda r: (r["startedAt"], r["sandboxID"]), reverse=newest_first)
     if next_token:
-        rows = [r for r in rows if (r["startedAt"], r["sandboxID"]) > tuple(next_token.split("|", 1))]
+        after = tuple(next_token.split("|", 1))
+        rows = [r for r in rows if ((r["startedAt"], r["sandboxID"]) < after) == newest_first
+                and (r["startedAt"], r["sandboxID"]) != after]  # fmt: skip
     page = rows[:limit]
     if len(rows) > limit:
         response.headers["x-next-token"] = f"{page[-1]['startedAt']}|{page[-1]['sandboxID']}"
     return page
+
+
+def info_started(row: dict[str, Any]) -> datetime:
+    started = datetime.fromisoformat(row["startedAt"].replace("Z", "+00:00"))
+    return started if started.tzinfo else started.replace(tzinfo=UTC)
 
 
 @router.get("/sandboxes")

@@ -21,11 +21,17 @@ async def snapshot(sandbox_id: str, plane: PlaneDep, body: Snapshot | None = Non
 
 @router.get("/snapshots")
 async def snapshots(
-    plane: PlaneDep, sandbox_id: Annotated[str | None, Query(alias="sandboxID")] = None
+    plane: PlaneDep,
+    sandbox_id: Annotated[str | None, Query(alias="sandboxID")] = None,
+    name: Annotated[str | None, Query(description="a snapshot's name or id (a ':tag' after it is ignored)")] = None,
 ) -> list[dict[str, Any]]:
     if sandbox_id is not None:
         sandbox_id = plane.room.sandbox(sandbox_id).id
-    return [plane.snapshot_info(c) for c in plane.room.snapshots(sandbox_id)]
+    found = plane.room.snapshots(sandbox_id)
+    if name is not None:
+        wanted = name.rpartition("/")[2].partition(":")[0]  # E2B's [team/]name[:tag]: stasis has neither
+        found = [c for c in found if wanted in (c.name, c.id)]
+    return [plane.snapshot_info(c) for c in found]
 
 
 @router.delete("/templates/{template_id}", status_code=204)
