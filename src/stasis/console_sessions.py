@@ -44,11 +44,13 @@ class Sessions:
         return self._session(f"{body}.{self._sign('session', body)}")
 
     def get(self, session_id: str | None) -> Session | None:
-        body, _, signature = (session_id or "").rpartition(".")
-        expiry = body.partition(".")[0]
-        if not expiry.isdigit() or not hmac.compare_digest(signature, self._sign("session", body)):
+        if not session_id or not session_id.isascii():  # a cookie anyone set (a sandbox's port shares the host)
             return None
-        session = self._session(session_id or "")
+        body, _, signature = session_id.rpartition(".")
+        expiry = body.partition(".")[0]
+        if not expiry.isdigit() or not hmac.compare_digest(signature.encode(), self._sign("session", body).encode()):
+            return None
+        session = self._session(session_id)
         if session.expires_at < time.time() or session.id in self._ended:
             return None
         return session

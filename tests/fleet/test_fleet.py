@@ -302,6 +302,10 @@ def test_the_console_through_the_door_shows_and_drives_every_nodes_sandboxes(fle
 
     assert httpx.get(f"{fleet.url}/ui/sandboxes/anything", timeout=60).headers["location"] == "/ui/login"
     assert httpx.get(f"{fleet.url}/ui/events", timeout=60).status_code == 401
+    odd = [(b"cookie", "stasis_console=\u00e9t\u00e9".encode())]  # a cookie a sandbox's port could set: no 500
+    assert httpx.get(f"{fleet.url}/ui/", headers=odd, timeout=60).status_code == 303
+    login = fleet.client().request("POST", "/v1/console/tokens").json()["token"]  # what `stasis ui` opens with
+    assert login != fleet.token  # a console login only, never the fleet's own token in a browser's history
     client = fleet.client()
     boxes = {node: Sandbox.create(f"ui-{node}", memory_mb=256, backend="gvisor", node=node, client=client)
              for node in ("n1", "n2")}  # fmt: skip
@@ -311,7 +315,7 @@ def test_the_console_through_the_door_shows_and_drives_every_nodes_sandboxes(fle
             page = browser.new_context(base_url=fleet.url).new_page()
             page.on("dialog", lambda dialog: dialog.accept())
             page.goto("/ui/")
-            page.fill("#token", fleet.token)
+            page.fill("#token", login)
             page.click("button[type=submit]")
             for node in boxes:
                 expect(page.locator("#sandboxes tr", has_text=f"ui-{node}")).to_be_visible(timeout=30_000)

@@ -26,11 +26,18 @@ def serve(
         typer.Option(help="Also listen on HOST:PORT, or fd:N (a listening socket inherited); needs STASIS_TOKEN."),
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+    e2b: Annotated[
+        str | None,
+        typer.Option(help="Also serve E2B's API on HOST:PORT for the daemon's life (exports in HOME/e2b-exports)."),
+    ] = None,
+    e2b_domain: Annotated[str | None, typer.Option(help="With --e2b: route Host PORT-ID.DOMAIN too.")] = None,
 ) -> None:
     """Run the daemon in the foreground (the CLI and SDK start it on demand)."""
     from ..daemon.server import serve as run_server
+    from ..models import E2bServeRequest
 
-    run_server(Paths.from_env(), tcp=tcp, token=os.environ.get("STASIS_TOKEN"), log_level=log_level.upper())
+    face = E2bServeRequest(listen=e2b, domain=e2b_domain) if e2b else None
+    run_server(Paths.from_env(), tcp=tcp, token=os.environ.get("STASIS_TOKEN"), log_level=log_level.upper(), e2b=face)
 
 
 @app.command()

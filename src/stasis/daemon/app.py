@@ -11,12 +11,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from .. import __version__
+from ..models import E2bServeRequest
 from ..paths import Paths
 from .core.recovery import Recovery
 from .core.service import SandboxService
 from .faces import mcp_http
 from .faces.accepts import quiet_accept_failures
 from .faces.console import create_console
+from .faces.e2b.resident import serve_e2b
 from .faces.guards import map_errors, require_token
 from .faces.limits import BodyLimit
 from .faces.routes import ROUTERS
@@ -30,8 +32,10 @@ def create_app(
     token: str | None = None,
     on_shutdown: Callable[[], None] | None = None,
     service: SandboxService | None = None,
+    e2b: E2bServeRequest | None = None,
 ) -> FastAPI:
-    """The daemon's app; ``service`` may be given (one with a test's fake backend, or its own clock)."""
+    """The daemon's app; ``service`` may be given (one with a test's fake backend, or its own clock); ``e2b``
+    opens E2B's face for as long as the daemon runs (`stasis serve --e2b`)."""
     rooms = build(paths, service or SandboxService(paths), token)
     mcp_app: mcp_http.LazyMcpApp | None = None
 
@@ -44,6 +48,8 @@ def create_app(
         await rooms.pools.start()
         rooms.reaper.start()
         await rooms.e2b.sweep()
+        if e2b is not None:
+            await serve_e2b(rooms, paths, e2b)
         yield
         await rooms.e2b_listeners.close_all()
         if mcp_app is not None:

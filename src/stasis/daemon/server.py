@@ -15,6 +15,7 @@ import uvicorn
 from .. import mountns
 from ..errors import DaemonRunning, InvalidRequest
 from ..fsutil import atomic_write
+from ..models import E2bServeRequest
 from ..paths import Paths
 from .app import create_app
 
@@ -86,7 +87,10 @@ def _tcp_socket(address: str) -> socket.socket:
     return sock
 
 
-def serve(paths: Paths, tcp: str | None = None, token: str | None = None, log_level: str = "INFO") -> None:
+def serve(
+    paths: Paths, tcp: str | None = None, token: str | None = None, log_level: str = "INFO",
+    e2b: E2bServeRequest | None = None,
+) -> None:  # fmt: skip
     """Run the daemon in the foreground until SIGTERM/SIGINT."""
     configure_logging(log_level)
     _raise_fd_limit()
@@ -106,7 +110,7 @@ def serve(paths: Paths, tcp: str | None = None, token: str | None = None, log_le
         paths.socket.unlink(missing_ok=True)
         paths.pidfile.unlink(missing_ok=True)  # last: its absence means the daemon is fully gone
 
-    app = create_app(paths, token=token if tcp else None, on_shutdown=remove_traces)
+    app = create_app(paths, token=token if tcp else None, on_shutdown=remove_traces, e2b=e2b)
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5)
     log.info("stasis daemon pid %d serving %s%s", os.getpid(), paths.socket, f" and tcp {tcp}" if tcp else "")
     try:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
@@ -24,15 +25,16 @@ from starlette.background import BackgroundTask
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake
 
-from ..console_sessions import COOKIE, Sessions
+from ..console_sessions import COOKIE, LIFETIME_SECS, Sessions
 from ..errors import DaemonUnavailable, StasisError
 from ..origin import same_origin
 from .nodes import Nodes, checked
+from .requests import REPLAYABLE, replayable
 from .sockets import MAX_MESSAGE, OPEN_TIMEOUT, relay
 
 log = logging.getLogger(__name__)
 
-OPEN = ("login", "static")  # what a node serves before any login: the form and its files
+OPEN = ("login", "static")  # what is served before any login: the form (a node's page, the door's check), its files
 PASSED = ("cookie", "content-type", "accept", "x-stasis-csrf", "x-requested-with")
 KEPT = ("content-type", "location", "set-cookie", "cache-control", "content-disposition")
 
@@ -43,8 +45,24 @@ def console_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
 
     @app.post("/v1/console/tokens", include_in_schema=False)
     async def console_token() -> dict[str, str]:
-        """`stasis ui` through the fleet: the console's login is the fleet's token its caller already holds."""
-        return {"token": token}
+        """`stasis ui` through the fleet: a login token for the door's console only (never the fleet's own, which
+        would land in a browser's history), lasting while the door runs."""
+        new = secrets.token_urlsafe(24)
+        sessions.tokens.add(new)
+        return {"token": new}
+
+    @app.post("/ui/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        """Taken here, not by a node: the door signs the session every node accepts (one key, the fleet's token)."""
+        if not replayable(request):
+            return JSONResponse({"error": "a login form is small"}, status_code=413)
+        form = await request.form()
+        session = sessions.login(str(form.get("token") or ""))
+        if session is None:
+            return RedirectResponse("/ui/login?failed=1", status_code=303)
+        response = RedirectResponse("/ui/", status_code=303)
+        response.set_cookie(COOKIE, session.id, max_age=LIFETIME_SECS, httponly=True, samesite="strict", path="/ui")
+        return response
 
     @app.get("/ui", include_in_schema=False)
     async def home() -> RedirectResponse:
@@ -67,6 +85,9 @@ def console_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
             for node in await nodes.live():  # every node forgets it (the door already did)
                 with contextlib.suppress(httpx.HTTPError):
                     await nodes.client(node).post(path, headers=_passed(request))
+        if not replayable(request) and not (parts[0] == "sandboxes" and parts[-1] == "upload"):
+            too_large = f"a console request's body is at most {REPLAYABLE >> 20} MiB"
+            return JSONResponse({"error": too_large}, status_code=413)
         return await _forward(nodes, await _node_for(nodes, parts), request, path)
 
     @app.websocket("/ui/sandboxes/{ref}/{rest:path}")
@@ -75,7 +96,7 @@ def console_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
             await websocket.close(code=4401, reason="log in first (the console's own page opens this)")
             return
         try:
-            node = await nodes.found("sandboxes", checked(ref))
+            node = await nodes.holder("sandboxes", checked(ref))
             path = "/ui/sandboxes/" + "/".join(checked(p) for p in [ref, *rest.split("/")] if p)
         except StasisError as exc:
             await websocket.close(code=4400, reason=exc.message[:120])
@@ -96,7 +117,7 @@ def console_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
 async def _node_for(nodes: Nodes, parts: list[str]) -> dict[str, Any]:
     """The node a page is about: a sandbox's or a checkpoint's holder, else any live one."""
     if len(parts) >= 2 and parts[1] and parts[0] in ("sandboxes", "checkpoints"):
-        return await nodes.found(parts[0], checked(parts[1]))
+        return await nodes.holder(parts[0], checked(parts[1]))  # never a resume from the store: a page only looks
     live = await nodes.live()
     if not live:
         raise DaemonUnavailable("no live node in the fleet: `stasis fleet nodes` says what became of them")
@@ -109,7 +130,8 @@ def _passed(request: Request) -> dict[str, str]:
 
 async def _forward(nodes: Nodes, node: dict[str, Any], request: Request, path: str) -> Response:
     client = nodes.client(node)
-    sent = client.build_request(request.method, path, params=request.query_params, content=await request.body(),
+    body = await request.body() if replayable(request) else request.stream()  # an upload streams through
+    sent = client.build_request(request.method, path, params=request.query_params, content=body,
                                 headers=_passed(request))  # fmt: skip
     answer = await client.send(sent, stream=True, follow_redirects=False)
     kept = [(k, v) for k, v in answer.headers.multi_items() if k.lower() in KEPT]

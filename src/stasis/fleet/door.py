@@ -60,7 +60,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
 
     @app.middleware("http")
     async def bearer(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if request.url.path == "/ui" or request.url.path.startswith("/ui/"):  # the console's: its own login
+        if request.scope["path"] == "/ui" or request.scope["path"].startswith("/ui/"):  # the console's: its own login
             return await call_next(request)
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):

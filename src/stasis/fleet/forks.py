@@ -13,13 +13,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ..errors import StasisError
+from ..errors import InvalidRequest, StasisError
 from ..models import ForkRequest, RemoveRequest, build
 from .nodes import Nodes
 from .placement import place
 from .requests import small_json as _small_json
 
 log = logging.getLogger(__name__)
+LOOKUPS_AT_ONCE = 16  # of a bulk removal: each asks every node
 
 
 class ForkFailed(StasisError):
@@ -59,12 +60,18 @@ def fork_routes(app: FastAPI, nodes: Nodes) -> None:
     @app.post("/v1/sandboxes/remove")
     async def remove_many(request: Request) -> JSONResponse:
         """Many sandboxes (a rollout's forks) in one call: each node removes its own, all nodes at once."""
-        refs = build(RemoveRequest, **(await _small_json(request) or {})).refs
-        where = await asyncio.gather(*(nodes.found("sandboxes", ref) for ref in refs), return_exceptions=True)
-        failed = {ref: str(node) for ref, node in zip(refs, where, strict=True) if isinstance(node, StasisError)}
-        for node in where:
-            if isinstance(node, BaseException) and not isinstance(node, StasisError):
-                raise node
+        body = await _small_json(request)
+        if not isinstance(body, dict):
+            raise InvalidRequest('give {"refs": [NAME-OR-ID, ...]}')
+        refs = list(dict.fromkeys(build(RemoveRequest, **body).refs))
+        looking = asyncio.Semaphore(LOOKUPS_AT_ONCE)
+
+        async def holder(ref: str) -> dict[str, Any]:
+            async with looking:  # where each is now: a removal brings nothing back from the store first
+                return await nodes.holder("sandboxes", ref)
+
+        where = await asyncio.gather(*(holder(ref) for ref in refs), return_exceptions=True)
+        failed = {ref: str(node) for ref, node in zip(refs, where, strict=True) if isinstance(node, BaseException)}
         per_node: dict[str, list[str]] = {}
         by_name: dict[str, dict[str, Any]] = {}
         for ref, node in zip(refs, where, strict=True):

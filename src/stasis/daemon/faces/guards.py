@@ -32,7 +32,8 @@ def require_token(app: FastAPI, token: str) -> None:
         server = request.scope.get("server")
         if server is not None and server[1] is None:
             return await call_next(request)
-        if request.url.path == "/ui" or request.url.path.startswith("/ui/"):
+        # the path routing uses (scope's), never one rebuilt from the Host header
+        if request.scope["path"] == "/ui" or request.scope["path"].startswith("/ui/"):
             return await call_next(request)
         sent = request.headers.get("authorization", "")
         if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):

@@ -21,7 +21,9 @@ EGRESS_SHOWN = 50  # the newest lines of the egress audit on a sandbox's page (`
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request) -> HTMLResponse:
-    return pages.TemplateResponse(request, "login.html", {"error": None})
+    failed = request.query_params.get("failed") is not None  # a fleet's door took the form, and refused it
+    error = "That is not this daemon's token." if failed else None
+    return pages.TemplateResponse(request, "login.html", {"error": error})
 
 
 @router.post("/login", response_model=None)

@@ -47,7 +47,7 @@ async def admitted(websocket: WebSocket, csrf: str, what: str) -> bool:
     cookie goes to every port of the host (a sandbox's exposed port too): the page must prove it is the console's
     own (its CSRF token, which no other origin can read) and the browser must say it opened it from here."""
     session = session_of(websocket)
-    if session is None or not hmac.compare_digest(csrf, session.csrf) or not same_origin(websocket):
+    if session is None or not hmac.compare_digest(csrf.encode(), session.csrf.encode()) or not same_origin(websocket):
         await websocket.close(code=4401, reason=f"log in first (the console's own page opens {what})")
         return False
     await websocket.accept()

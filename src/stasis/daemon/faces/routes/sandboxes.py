@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -14,6 +15,7 @@ from ...rooms.forks import fork as fork_sandbox
 from ..deps import RoomsDep
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 REMOVING_AT_ONCE = 8
 
 
@@ -45,11 +47,14 @@ async def remove_many(request: RemoveRequest, rooms: RoomsDep) -> RemoveResult:
         async with limit:
             return await rooms.core.terminate(ref)
 
-    results = await asyncio.gather(*(remove(ref) for ref in request.refs), return_exceptions=True)
-    failed = {ref: str(r) for ref, r in zip(request.refs, results, strict=True) if isinstance(r, BaseException)}
-    for outcome in results:
-        if isinstance(outcome, BaseException) and not isinstance(outcome, StasisError):
-            raise outcome
+    refs = list(dict.fromkeys(request.refs))
+    results = await asyncio.gather(*(remove(ref) for ref in refs), return_exceptions=True)
+    failed = {}
+    for ref, outcome in zip(refs, results, strict=True):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, StasisError):  # said with the rest: the ones removed stay reported
+                log.error("removing %s failed", ref, exc_info=outcome)
+            failed[ref] = str(outcome) or type(outcome).__name__
     return RemoveResult(removed=[r.id for r in results if isinstance(r, SandboxInfo)], failed=failed)
 
 

@@ -1,0 +1,43 @@
+"""E2B's face as part of the daemon (`stasis serve --e2b HOST:PORT`): opened at start and kept for the daemon's
+life, so a restart (systemd's, or a crash's) brings it back on the same address with the same key, and a
+connected E2B client's next call succeeds. What to export is written to ``HOME/e2b-exports`` (0600)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ....fsutil import atomic_write
+from ....models import E2bServeRequest
+from ....paths import Paths
+from ..deps import Rooms
+from .room import Defaults
+
+log = logging.getLogger(__name__)
+EXPORTS_FILE = "e2b-exports"
+
+
+async def serve_e2b(rooms: Rooms, paths: Paths, request: E2bServeRequest) -> None:
+    defaults = Defaults(backend=request.backend, memory_mb=request.memory_mb, cpus=request.cpus)
+    listener = await rooms.e2b_listeners.open(request.listen, defaults, request.domain)
+    exports = {"E2B_API_URL": listener.url, "E2B_SANDBOX_URL": listener.url, "E2B_API_KEY": rooms.e2b.keys.api_key}
+    text = "".join(f"export {name}={value}\n" for name, value in exports.items())
+    atomic_write(paths.home / EXPORTS_FILE, text.encode(), mode=0o600)
+    log.info("E2B's face on %s for the daemon's life; its exports in %s", listener.url, paths.home / EXPORTS_FILE)
+    # a thread of its own: a build takes minutes, and must never hold the daemon's stop
+    threading.Thread(target=_base_image, args=(paths,), name="e2b-base-image", daemon=True).start()
+
+
+def _base_image(paths: Paths) -> None:
+    """E2B's ``base`` template's image, built once (as `stasis e2b serve` does) through the daemon's own socket,
+    which answers once the daemon has started: until then E2B's creates of ``base`` wait for nothing, they fail
+    saying the image is missing."""
+    from ....sdk import Client
+    from ....sdk.e2b import base_image
+
+    try:
+        with Client(paths=paths) as client:
+            base_image(client)
+        log.info("E2B's base template's image is ready")
+    except Exception as exc:  # logged: the face still serves every other template
+        log.warning("E2B's base template's image could not be built: %s", exc)
