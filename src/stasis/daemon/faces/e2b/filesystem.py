@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import re
 import stat
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,6 +34,7 @@ EVENT_TYPES = {
     "create": pb.EventType.CREATE, "write": pb.EventType.WRITE, "remove": pb.EventType.REMOVE,
     "rename": pb.EventType.RENAME, "chmod": pb.EventType.CHMOD,
 }  # fmt: skip
+WRITE_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.stasis-[A-Za-z0-9_-]+$")  # the agent's, beside a file it writes
 WATCH_WAIT = 10.0  # seconds a watch read waits before a keepalive goes out
 MAX_DEPTH = 32
 
@@ -126,7 +128,7 @@ class FilesystemService:
     ) -> pb.GetWatcherEventsResponse:
         sandbox_id, _ = caller(ctx)
         batch = await self._call(sandbox_id, P.ReadWatch(id=request.watcher_id, wait=0))
-        return pb.GetWatcherEventsResponse(events=[fs_event(e) for e in batch.events])
+        return pb.GetWatcherEventsResponse(events=fs_events(batch.events))
 
     async def remove_watcher(
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[Any, Any]
@@ -149,8 +151,8 @@ class FilesystemService:
                 yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
                 while True:
                     batch = await channel.call(P.ReadWatch(id=watch.id, wait=WATCH_WAIT), timeout=WATCH_WAIT + 60)
-                    for item in batch.events:
-                        yield pb.WatchDirResponse(event=Oneof("filesystem", fs_event(item)))
+                    for item in fs_events(batch.events):
+                        yield pb.WatchDirResponse(event=Oneof("filesystem", item))
                     if batch.closed:
                         return
                     if not batch.events:
@@ -162,6 +164,25 @@ class FilesystemService:
 
 def fs_event(item: P.WatchEvent) -> pb.FilesystemEvent:
     return pb.FilesystemEvent(name=item.name, type=EVENT_TYPES.get(item.type, pb.EventType.UNSPECIFIED))
+
+
+def fs_events(items: list[P.WatchEvent]) -> list[pb.FilesystemEvent]:
+    """A batch of the agent's events as envd reports them: a file written is written in place on E2B, where
+    stasis writes a temporary beside it and renames it over: its temporary's events are dropped, and the
+    rename that lands it is the file's WRITE."""
+    events, landed = [], set()
+    for item in items:
+        folder, _, base = item.name.rpartition("/")
+        if temporary := WRITE_TEMPORARY.match(base):
+            if item.type == "rename":  # moved away from its temporary name: onto its own
+                landed.add(f"{folder}/{temporary['target']}" if folder else temporary["target"])
+            continue
+        if item.type == "create" and item.name in landed:
+            landed.discard(item.name)
+            events.append(pb.FilesystemEvent(name=item.name, type=pb.EventType.WRITE))
+            continue
+        events.append(fs_event(item))
+    return events
 
 
 def entry(item: P.FileStat) -> pb.EntryInfo:
