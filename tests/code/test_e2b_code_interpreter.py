@@ -45,6 +45,10 @@ def test_the_python_sdk_runs_code_keeps_its_variables_and_gets_rich_results(list
         assert (first.text, first.logs.stdout, heard, first.error) == ("40", ["hi\n"], ["hi\n"], None)
         plot = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])")
         assert any(r.png and base64.b64decode(r.png).startswith(b"\x89PNG") for r in plot.results)
+        sbx.files.write("/tmp/dataset.csv", "day,visits\n2026-01-01,3\n2026-01-02,5\n")  # the cookbook's upload
+        table = sbx.run_code("import pandas as pd\ndf = pd.read_csv('/tmp/dataset.csv', parse_dates=['day'])\ndf")
+        assert table.results[0].data == {"day": ["2026-01-01T00:00:00", "2026-01-02T00:00:00"], "visits": [3, 5]}
+        assert table.results[0].html is not None  # and the table as Jupyter shows it, as before
         failed = sbx.run_code("undefined_name")
         assert failed.error is not None and failed.error.name == "NameError"
         context = sbx.create_code_context(cwd="/tmp")

@@ -7,6 +7,7 @@ SDK gets. A sandbox is shared where its state is not the subject.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import signal
 import subprocess
@@ -279,6 +280,9 @@ def test_metrics_are_a_sample_measured_inside_the_sandbox(e2b: Listener, shared:
     assert 200 << 20 < sample.mem_total <= 300 << 20  # the 256 MiB it was given, less what its kernel keeps
     assert 0 < sample.mem_used < sample.mem_total and 0 < sample.disk_used < sample.disk_total
     assert sample.cpu_count >= 1 and 0 <= sample.cpu_used_pct <= 100 * sample.cpu_count
+    hour_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
+    assert shared.get_metrics(start=hour_ago - datetime.timedelta(hours=1), end=hour_ago) == []  # the range asked
+    assert len(shared.get_metrics(start=hour_ago)) == 1
 
 
 def test_a_sandbox_port_is_reached_by_headers_or_by_host_and_needs_its_token(e2b: Listener, shared: Sandbox) -> None:

@@ -34,8 +34,38 @@ KERNELS = {"python": "python3", "python3": "python3", "bash": "bash"}
 MIME_KEYS = {
     "text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/png": "png",
     "image/jpeg": "jpeg", "image/svg+xml": "svg", "application/pdf": "pdf", "text/latex": "latex",
-    "application/json": "json", "application/javascript": "javascript",
+    "application/json": "json", "application/javascript": "javascript", "e2b/data": "data", "e2b/chart": "chart",
 }  # fmt: skip
+# E2B's template's display formatter, registered in every Python kernel: a DataFrame shown is also its columns as
+# lists (E2B's ``result.data``). A function, called and deleted, so the user's namespace gets nothing.
+E2B_FORMATTERS = """
+def _stasis_formatters():
+    import sys
+    from IPython import get_ipython
+    from IPython.core.formatters import BaseFormatter
+    from traitlets import ObjectName, Unicode
+
+    class DataFormatter(BaseFormatter):
+        format_type = Unicode("e2b/data")
+        print_method = ObjectName("_repr_e2b_data_")
+        _return_type = (dict, str)
+
+        def __call__(self, obj):
+            pandas = sys.modules.get("pandas")
+            if pandas is None or not isinstance(obj, pandas.DataFrame):
+                return super().__call__(obj)
+            stamp = pandas.Timestamp
+            columns = obj.to_dict(orient="list")
+            return {k: [v.isoformat() if isinstance(v, stamp) else v for v in vs] for k, vs in columns.items()}
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["e2b/data"] = DataFormatter(parent=shell.display_formatter)
+        if "e2b/data" not in shell.display_formatter.active_types:
+            shell.display_formatter.active_types.append("e2b/data")
+_stasis_formatters()
+del _stasis_formatters
+"""
 BODY_LIMIT = 64 << 20  # bytes of a request's body (code and its env), read whole before it runs
 INTERRUPT_GRACE = 10.0  # seconds an interrupted kernel has to become idle before it is restarted
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -65,6 +95,11 @@ class Context:
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=120)
+        self._prepared()
+
+    def _prepared(self) -> None:
+        if self.language.startswith("python"):
+            self._quietly(E2B_FORMATTERS)
 
     def describe(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -73,6 +108,7 @@ class Context:
         with self.lock:
             self.manager.restart_kernel(now=True)
             self.client.wait_for_ready(timeout=120)
+            self._prepared()
 
     def shutdown(self) -> None:
         self.client.stop_channels()
@@ -134,6 +170,7 @@ class Context:
         if not self._until_idle(msg_id, time.monotonic() + INTERRUPT_GRACE, lambda message: None):
             self.manager.restart_kernel(now=True)  # it would not stop: its state is lost, not the server
             self.client.wait_for_ready(timeout=120)
+            self._prepared()
 
     def _reply(self, msg_id: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + 5

@@ -14,7 +14,7 @@ from typing import Any
 from ..code_models import CodeContextRequest, CodeRequest
 from ._base import Call
 
-FORMATS = ("text", "html", "markdown", "png", "jpeg", "svg", "pdf", "latex", "json", "javascript")
+FORMATS = ("text", "html", "markdown", "png", "jpeg", "svg", "pdf", "latex", "json", "javascript", "data", "chart")
 
 
 @dataclass
@@ -31,6 +31,8 @@ class Result:
     latex: str | None = None
     json: Any = None
     javascript: str | None = None
+    data: dict[str, list[Any]] | None = None  # a DataFrame's columns (E2B's ``result.data``)
+    chart: Any = None  # E2B's chart data, where the kernel's formatter makes it
     is_main_result: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -147,12 +147,19 @@ async def logs_v2(sandbox_id: str, plane: PlaneDep) -> dict[str, Any]:
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
-async def metrics(sandbox_id: str, plane: PlaneDep) -> list[dict[str, Any]]:
-    """One sample, taken now (stasis keeps no history of them); none for a paused sandbox."""
+async def metrics(
+    sandbox_id: str, plane: PlaneDep, start: Annotated[int | None, Query(ge=0)] = None,
+    end: Annotated[int | None, Query(ge=0)] = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One sample, taken now (stasis keeps no history of them), if now is in the range asked (unix seconds);
+    none for a paused sandbox."""
+    now = time.time()
+    if (start is not None and now < start) or (end is not None and now > end + 1):  # a range in the past: no sample
+        plane.room.sandbox(sandbox_id)  # still E2B's 404 for a sandbox that is not there
+        return []
     sample = await plane.room.metrics(sandbox_id)
     if sample is None:
         return []
-    now = time.time()
     return [{
         "timestamp": iso(now), "timestampUnix": int(now), "cpuCount": sample["cpu_count"],
         "cpuUsedPct": sample["cpu_used_pct"], "memUsed": sample["mem_used"], "memTotal": sample["mem_total"],
