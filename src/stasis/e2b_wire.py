@@ -14,6 +14,8 @@ TOKEN_HEADER = "x-access-token"
 TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 API_KEY_HEADER = "x-api-key"
 ENVD_PORT = 49983
+BASE_IMAGE = "e2b-base"  # E2B's `base` template: stasis' default image as E2B's `user` (`stasis e2b serve` builds it)
+CODE_IMAGE = "e2b-code-interpreter"  # E2B's `code-interpreter-v1`: stasis' code-interpreter image as E2B's `user`
 UNAUTHORIZED = (
     "a sandbox request needs the sandbox's envd access token (X-Access-Token), for a port other than envd's "
     "its traffic access token (e2b-traffic-access-token), or the API key (X-API-Key)"
@@ -37,3 +39,8 @@ def sandbox_target(headers: Mapping[str, str], domain: str | None) -> tuple[str,
     if domain and host.split(":")[0].endswith("." + domain) and (m := HOST_FORM.match(host)):
         return m.group(2), int(m.group(1))
     return None
+
+
+def code_template_name(backend: str) -> str:
+    """The warm template of E2B's ``code-interpreter-v1`` on ``backend`` (its kernel already running)."""
+    return f"{CODE_IMAGE}-{backend}"

@@ -96,6 +96,11 @@ def test_a_command_runs_as_the_base_templates_user_in_its_home(e2b: Listener, sh
     result = shared.commands.run("whoami; pwd; echo to-stderr >&2")
     assert result.stdout == "user\n/home/user\n" and result.stderr == "to-stderr\n" and result.exit_code == 0
     assert shared.commands.run("whoami", user="root").stdout == "root\n"
+    if e2b.backend == "microvm":  # E2B's user has passwordless sudo
+        assert shared.commands.run("sudo -n whoami").stdout == "root\n"
+    else:  # gVisor runs every sandbox with no_new_privs: setuid programs cannot raise anyone to root there
+        with pytest.raises(CommandExitException, match="no new privileges"):
+            shared.commands.run("sudo -n whoami")
     streamed: list[str] = []
     shared.commands.run("for i in 1 2 3; do echo line-$i; done", on_stdout=streamed.append)
     assert "".join(streamed) == "line-1\nline-2\nline-3\n"

@@ -45,10 +45,12 @@ def serve(
             state = "cached" if cached else "building"
             progress.update(task, description=f"e2b-base: step {number}/{total} {state}: {description[:60]}")
 
-        if os.environ.get("STASIS_FLEET"):  # each node's image, made by the door as it opens that node's face
-            progress.update(task, description="E2B's face on every node of the fleet (e2b-base built once per node)")
+        if os.environ.get("STASIS_FLEET"):  # each node's images, made by the door as it opens that node's face
+            progress.update(task, description="E2B's face on every node of the fleet (its images built once per node)")
         else:
             e2b.base_image(daemon, on_step=step)
+            progress.update(task, description="code-interpreter-v1: its image and warm template (made once)")
+            e2b.code_template(backend, daemon)
         lines = e2b.serve(request, daemon)
         first = next(lines)
     for name, value in first["exports"].items():

@@ -49,7 +49,7 @@ class NodeFaces:
             return face.client
 
     async def _open(self, node: dict[str, Any]) -> Face:
-        await asyncio.to_thread(_base_image, node["url"], self.nodes.token)
+        await asyncio.to_thread(_e2b_images, node["url"], self.nodes.token, self.ask.get("backend", "gvisor"))
         daemon = self.nodes.client(node)
         host = httpx.URL(node["url"]).host  # where the door reaches the node's daemon reaches its face too
         ask = {**self.ask, "listen": f"[{host}]:0" if ":" in host else f"{host}:0"}
@@ -90,13 +90,15 @@ async def _hold(lines: Any) -> None:
             pass
 
 
-def _base_image(url: str, token: str) -> None:
-    """E2B's ``base`` template's image on the node (built there once, as `stasis e2b serve` does on one host)."""
+def _e2b_images(url: str, token: str, backend: str) -> None:
+    """E2B's templates' images and code-interpreter-v1's warm template on the node (made there once, as
+    `stasis e2b serve` makes them on one host)."""
     from ..sdk import Client
-    from ..sdk.e2b import base_image
+    from ..sdk.e2b import base_image, code_template
 
     client = Client(url=url, token=token)
     try:
         base_image(client)
+        code_template(backend, client)
     finally:
         client.close()

@@ -52,6 +52,7 @@ DEFAULT_PACKAGES = (
     "openssh-server",  # `stasis ssh`: run per connection as `sshd -i`, never as a daemon
     "rsync",
 )
+E2B_USER_PACKAGES = ("sudo",)  # E2B's templates give their user passwordless sudo (the e2b-* images' sudoers line)
 
 # Sourced by Debian's chromium wrapper, however Chromium is started (xdg-open, gtk-launch): no setuid sandbox (the
 # sandbox is the sandbox); its unlinked temporary files and metrics file on the sandbox's tmpfs, where a suspend
@@ -83,12 +84,13 @@ CLOSE_RANGE_SHIM = (
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
-        Recipe(name="default", packages=DEFAULT_PACKAGES),
+        Recipe(name="default", packages=(*DEFAULT_PACKAGES, *E2B_USER_PACKAGES)),
         Recipe(name="minimal", packages=("python3", "procps")),
         Recipe(
             name="code-interpreter",  # `Sandbox.run_code`: Jupyter kernels and the usual analysis stack, from Debian
             packages=(
                 *DEFAULT_PACKAGES,
+                *E2B_USER_PACKAGES,
                 "python3-ipykernel",
                 "python3-jupyter-client",
                 "python3-matplotlib",
@@ -96,10 +98,22 @@ RECIPES: dict[str, Recipe] = {
                 "python3-numpy",
                 "python3-pandas",
                 "python3-pexpect",
+                "python3-sklearn",  # E2B's template's analysis stack, as far as Debian has it
+                "python3-seaborn",
+                "python3-plotly",
+                "python3-openpyxl",
+                "python3-bs4",
+                "python3-requests",
+                "python3-sympy",
                 "fonts-dejavu-core",
             ),
             wheels=("bash_kernel==0.10.0", "filetype==1.2.0"),  # a bash kernel: PyPI has it, Debian does not
-            after=("python3 -m bash_kernel.install --sys-prefix",),
+            after=(
+                "python3 -m bash_kernel.install --sys-prefix",
+                # `pip install` (and a notebook's `!pip install`) works, as in E2B's template: this Python is the
+                # sandbox's own, not Debian's to manage (PEP 668); a user's installs go to ~/.local
+                "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED",
+            ),
         ),
         Recipe(
             name="desktop",  # computer use (stasis.desktop): a screen, a window manager, Chromium, a VNC server

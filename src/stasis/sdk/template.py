@@ -119,13 +119,14 @@ class Template:
 
 
 def interpreter_template(
-    name: str = IMAGE, *, client: Client | None = None, replace: bool = False, **options: Unpack[b.CreateOptions]
-) -> Template:
+    name: str = IMAGE, *, image: str = IMAGE, client: Client | None = None, replace: bool = False,
+    **options: Unpack[b.CreateOptions],
+) -> Template:  # fmt: skip
     """A template whose sandboxes start with the kernel server and a Python kernel running and warm
     (``Sandbox.create(template="code-interpreter")``): the first ``run_code`` needs no start. E2B's
-    ``code-interpreter-v1`` uses it when it is there for the listener's backend."""
+    ``code-interpreter-v1`` has its own, on its image (:func:`stasis.sdk.e2b.code_template`)."""
     return Template.create(
-        name, IMAGE, start_cmd=shlex.join(bootstrap()), ready_cmd=READY, replace=replace, client=client,
+        name, image, start_cmd=shlex.join(bootstrap()), ready_cmd=READY, replace=replace, client=client,
         **({"memory_mb": 1024} | dict(options)),  # type: ignore[arg-type]
     )  # fmt: skip
 

@@ -25,19 +25,21 @@ async def serve_e2b(rooms: Rooms, paths: Paths, request: E2bServeRequest) -> Non
     atomic_write(paths.home / EXPORTS_FILE, text.encode(), mode=0o600)
     log.info("E2B's face on %s for the daemon's life; its exports in %s", listener.url, paths.home / EXPORTS_FILE)
     # a thread of its own: a build takes minutes, and must never hold the daemon's stop
-    threading.Thread(target=_base_image, args=(paths,), name="e2b-base-image", daemon=True).start()
+    threading.Thread(target=_images, args=(paths, request.backend), name="e2b-images", daemon=True).start()
 
 
-def _base_image(paths: Paths) -> None:
-    """E2B's ``base`` template's image, built once (as `stasis e2b serve` does) through the daemon's own socket,
-    which answers once the daemon has started: until then E2B's creates of ``base`` wait for nothing, they fail
-    saying the image is missing."""
+def _images(paths: Paths, backend: str) -> None:
+    """E2B's templates' images, made once (as `stasis e2b serve` makes them) through the daemon's own socket,
+    which answers once the daemon has started: until then a create of one of them fails saying it is missing.
+    code-interpreter-v1's warm template is not made here (it boots a sandbox, which a daemon's stop would cut
+    off): `stasis e2b serve` makes it once, and without it the template starts from its image."""
     from ....sdk import Client
-    from ....sdk.e2b import base_image
+    from ....sdk.e2b import base_image, code_image
 
     try:
         with Client(paths=paths) as client:
             base_image(client)
-        log.info("E2B's base template's image is ready")
+            code_image(client)
+        log.info("E2B's templates' images are ready (%s)", backend)
     except Exception as exc:  # logged: the face still serves every other template
-        log.warning("E2B's base template's image could not be built: %s", exc)
+        log.warning("E2B's templates could not all be made: %s", exc)

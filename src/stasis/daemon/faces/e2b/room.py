@@ -19,6 +19,8 @@ from typing import Any
 
 from ....desktop import GLIB_SPAWN_SHIM
 from ....desktop import IMAGE as DESKTOP_IMAGE
+from ....e2b_wire import BASE_IMAGE, code_template_name
+from ....e2b_wire import CODE_IMAGE as E2B_CODE_IMAGE
 from ....errors import ImageNotFound, InvalidRequest, NotFound, SandboxNotFound, StasisError, echo
 from ....guest import protocol as P
 from ....kernels import E2B_TEMPLATE as E2B_CODE_TEMPLATE
@@ -46,8 +48,7 @@ log = logging.getLogger(__name__)
 
 S = SandboxStatus
 BASE_TEMPLATE = "base"  # E2B's default template
-BASE_IMAGE = "e2b-base"  # what it resolves to: built by `stasis e2b serve` (stasis.images' builder)
-TEMPLATE_IMAGES = {BASE_TEMPLATE: BASE_IMAGE, E2B_CODE_TEMPLATE: CODE_IMAGE}  # E2B's names for stasis images
+TEMPLATE_IMAGES = {BASE_TEMPLATE: BASE_IMAGE, E2B_CODE_TEMPLATE: E2B_CODE_IMAGE}  # E2B's names for stasis images
 DEFAULT_TIMEOUT = 300  # E2B's default lifetime, seconds
 MAX_TIMEOUT = MAX_SECONDS  # a year: the longest lifetime a request may name
 PAUSED = (S.SUSPENDED, S.SUSPENDING)
@@ -93,7 +94,7 @@ class E2bRoom:
         if request.image == DESKTOP_IMAGE:  # XFCE's and gtk-launch's GLib spawns need it under gVisor
             envs = {"LD_PRELOAD": GLIB_SPAWN_SHIM, **envs}
         info = await self.front.create(request)
-        if request.image == CODE_IMAGE and self.code_interpreter is not None:
+        if request.image in (CODE_IMAGE, E2B_CODE_IMAGE) and self.code_interpreter is not None:
             await self.code_interpreter(info.id)  # E2B's code-interpreter SDK calls port 49999 at once
         record = Record(sandbox_id=info.id, template=template, metadata=metadata, envs=envs,
                         public_traffic=public_traffic, e2b=True)  # fmt: skip
@@ -115,7 +116,8 @@ class E2bRoom:
         if egress_headers:
             base["egress_headers"] = egress_headers
         if template == E2B_CODE_TEMPLATE and self._warm_code_template(defaults.backend):
-            return CreateSandboxRequest(template=CODE_IMAGE, **base)  # its kernel already running and warm
+            warm = code_template_name(defaults.backend)
+            return CreateSandboxRequest(template=warm, **base)  # its kernel already running and warm
         name = TEMPLATE_IMAGES.get(template, template)
         with contextlib.suppress(ImageNotFound, InvalidRequest):
             self.core.images.get(name)
@@ -129,17 +131,17 @@ class E2bRoom:
             with contextlib.suppress(NotFound, InvalidRequest):
                 checkpoint = self.checkpoints.get(template)
                 return CreateSandboxRequest(snapshot_id=checkpoint.id, **base)
-        hint = " (`stasis e2b serve` builds it)" if template == BASE_TEMPLATE else ""
+        hint = " (`stasis e2b serve` builds it)" if template in (BASE_TEMPLATE, E2B_CODE_TEMPLATE) else ""
         raise NotFound(
             f"template {echo(template)} not found{hint}: a template is a stasis image (`stasis image ls`), "
             "a stasis template (`stasis template ls`) or a snapshot id"
         )
 
     def _warm_code_template(self, backend: str) -> bool:
-        """Whether the stasis template `code-interpreter` (`stasis template code-interpreter`) is there for this
-        backend: E2B's code-interpreter-v1 then starts warm instead of from the image."""
+        """Whether E2B's code-interpreter-v1 has its warm template on this backend (`stasis e2b serve` makes it):
+        it then starts with its kernel running instead of from the image."""
         try:
-            return self.checkpoints.get(TEMPLATE_PREFIX + CODE_IMAGE).backend == backend
+            return self.checkpoints.get(TEMPLATE_PREFIX + code_template_name(backend)).backend == backend
         except (NotFound, InvalidRequest):
             return False
 
