@@ -21,8 +21,9 @@ import pytest
 from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, SandboxException, SandboxQuery
 from e2b.exceptions import AuthenticationException, TimeoutException
 
-from stasis import Client
+from stasis import Client, NotFound, Template
 from stasis import Sandbox as StasisSandbox
+from stasis.e2b_wire import code_template_name
 from tests.conftest import Daemon, wait_until
 
 E2B_VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
@@ -32,6 +33,7 @@ DOMAIN = "e2b.test"  # routed by the Host header alone: the test never resolves 
 class Listener:
     def __init__(self, daemon: Daemon, backend: str, memory_mb: int = 256) -> None:
         self.backend = backend
+        self.daemon = daemon
         self.env = daemon.env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stasis", "e2b", "serve", "--listen", "127.0.0.1:0", "--backend", backend,
@@ -48,14 +50,18 @@ class Listener:
             self.exports[name] = value
 
     def close(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        """The listener stopped, and the warm template it made gone: a daemon shared with other tests keeps none
+        of this module's checkpoints."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.daemon.proc is not None and self.daemon.proc.poll() is None:
+            with self.daemon.client() as client, contextlib.suppress(NotFound):
+                Template.delete(code_template_name(self.backend), client=client)
 
 
 @pytest.fixture(scope="module", params=["gvisor", "microvm"])
