@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 OPEN = ("login", "static")  # what is served before any login: the form (a node's page, the door's check), its files
 PASSED = ("cookie", "content-type", "accept", "x-stasis-csrf", "x-requested-with")
+HEARTBEAT = 15.0  # seconds of quiet before the merged feed says it is alive
 KEPT = ("content-type", "location", "set-cookie", "cache-control", "content-disposition")
 
 
@@ -148,20 +149,26 @@ async def _merged_feed(nodes: Nodes, cookie: str) -> AsyncIterator[bytes]:
     changed: asyncio.Queue[None] = asyncio.Queue()
 
     async def follow(node: dict[str, Any]) -> None:
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(httpx.HTTPError, ValueError):
             async with nodes.client(node).stream("GET", "/ui/events", headers={"cookie": cookie}) as answer:
                 async for line in answer.aiter_lines():
                     if line.startswith("data: "):
-                        latest[node["name"]] = [{**row, "node": node["name"]} for row in json.loads(line[6:])]
+                        rows = json.loads(line[6:])
+                        latest[node["name"]] = [{**row, "node": node["name"]} for row in rows if isinstance(row, dict)]
                         changed.put_nowait(None)
+        latest.pop(node["name"], None)  # its feed ended: its rows are no longer known
+        changed.put_nowait(None)
 
     following = [asyncio.create_task(follow(node)) for node in await nodes.live()]
     try:
         while not all(task.done() for task in following):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.get(), 15.0)
-                rows = [row for name in sorted(latest) for row in latest[name]]
-                yield b"data: " + json.dumps(rows).encode() + b"\n\n"
+            try:
+                await asyncio.wait_for(changed.get(), HEARTBEAT)
+            except TimeoutError:
+                yield b": alive\n\n"  # an SSE comment: the browser's connection stays open, nothing changes
+                continue
+            rows = [row for name in sorted(latest) for row in latest[name]]
+            yield b"data: " + json.dumps(rows).encode() + b"\n\n"
     finally:
         for task in following:
             task.cancel()
