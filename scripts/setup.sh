@@ -28,6 +28,9 @@ done
 dpkg -s ca-certificates >/dev/null 2>&1 || need_apt+=(ca-certificates)
 ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need_apt+=(linux-image-cloud-amd64)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+# E2B's get_host names PORT-ID.localhost:PORT; glibc resolves *.localhost to loopback only with nss-myhostname
+# (Debian's package adds it to nsswitch.conf's hosts line)
+getent hosts stasis-probe.localhost >/dev/null 2>&1 || need_apt+=(libnss-myhostname)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "installing system packages: ${need_apt[*]}"

@@ -35,10 +35,23 @@ def sandbox_target(headers: Mapping[str, str], domain: str | None) -> tuple[str,
     if (sandbox := headers.get(SANDBOX_HEADER)) is not None:
         port = headers.get(PORT_HEADER, str(ENVD_PORT))
         return sandbox, int(port) if port.isascii() and port.isdigit() and len(port) <= 5 else -1
-    host = headers.get("host", "")
-    if domain and host.split(":")[0].endswith("." + domain) and (m := HOST_FORM.match(host)):
+    host = headers.get("host", "").rpartition(":")[0] or headers.get("host", "")
+    if domain and host.lower().endswith("." + domain_host(domain)) and (m := HOST_FORM.match(host)):
         return m.group(2), int(m.group(1))
     return None
+
+
+def domain_host(domain: str) -> str:
+    """A sandbox domain's name without its port: ``localhost:3000`` (the listener's own) is ``localhost``."""
+    name, sep, port = domain.rpartition(":")
+    return (name if sep and port.isdigit() else domain).lower()
+
+
+def local_domain(host: str, port: int) -> str | None:
+    """The domain a listener on ``host:port`` hands out when none was given: ``localhost:PORT``, whose names
+    (``8000-ID.localhost``) resolve to this machine (systemd-resolved, nss-myhostname, curl, browsers), for a
+    listener that loopback reaches; None for one on another address (give it ``--domain``)."""
+    return f"localhost:{port}" if host in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "::", "") else None
 
 
 def code_template_name(backend: str) -> str:

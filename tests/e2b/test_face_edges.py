@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from e2b.sandbox.signature import get_signature
 
 from stasis.daemon.app import create_app
 from stasis.daemon.core.service import SandboxService
@@ -145,5 +146,46 @@ def test_an_allow_out_without_deny_out_is_the_internet_and_the_answers_say_so() 
             assert rooms.core.get(sbx["sandboxID"]).spec.network.allow_out == ["203.0.113.7"]  # type: ignore[union-attr]
         await http.put(f"/sandboxes/{narrow['sandboxID']}/network", json={"allowOut": ["203.0.113.8"]}, headers=key)
         assert "warnings" in (await http.get(f"/sandboxes/{narrow['sandboxID']}", headers=key)).json()
+
+    with_face(scenario)
+
+
+def test_a_signed_file_url_opens_its_one_file_for_its_one_operation_until_it_expires() -> None:
+    async def scenario(http: httpx.AsyncClient, rooms: Rooms, key: dict[str, str]) -> None:
+        sbx = await new_sandbox(http, key)
+        other = await new_sandbox(http, key)
+        token = sbx["envdAccessToken"]
+
+        def signed(path: str, operation: str, expires_in: int | None = None, user: str | None = None) -> dict[str, str]:
+            made = get_signature(path, operation, user, token, expires_in)  # type: ignore[arg-type]
+            query = {"path": path, "signature": made["signature"]}
+            if made["expiration"] is not None:
+                query["signature_expiration"] = str(made["expiration"])
+            return query | ({"username": user} if user else {})
+
+        # no header names the sandbox (a browser's GET): the signature's token does; past admission, the fake's 404
+        assert (await http.get("/files", params=signed("/missing", "read"))).status_code == 404
+        assert (await http.get("/files", params=signed("/missing", "read", 600, "root"))).status_code == 404
+        named = envd(sbx["sandboxID"])
+        assert (await http.get("/files", params=signed("/missing", "read"), headers=named)).status_code == 404
+        refused = [
+            http.get("/files", params=signed("/missing", "write"), headers=named),  # a write's signature reads not
+            http.post("/files", params=signed("/missing", "read"), headers=named),  # nor a read's writes
+            http.get("/files", params=signed("/missing", "read", -10), headers=named),  # expired
+            http.get("/files", params={**signed("/missing", "read"), "path": "/etc/shadow"}, headers=named),
+            http.get("/files", params={**signed("/missing", "read"), "username": "root"}, headers=named),
+            http.get("/files", params=signed("/missing", "read"), headers=envd(other["sandboxID"])),  # its own only
+            http.get(
+                "/files?path=/missing&path=/etc/shadow&signature=" + signed("/missing", "read")["signature"],
+                headers=named,
+            ),
+        ]
+        for answer in await asyncio.gather(*refused):
+            assert answer.status_code == 401, answer.request.url
+        start = await http.post("/process.Process/Start", params=signed("/missing", "read"), json={},
+                                headers={**named, "content-type": "application/json"})  # fmt: skip
+        assert start.status_code == 401  # a file's signature never runs a command
+        unsigned = await http.get("/files", params={"path": "/missing", "signature": "v1_x"})
+        assert unsigned.status_code == 401  # no sandbox's: the control plane's refusal
 
     with_face(scenario)

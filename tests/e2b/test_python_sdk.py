@@ -214,6 +214,20 @@ def test_files_and_commands_behave_as_envd_does(e2b: Listener, shared: Sandbox) 
     assert walked == ["a", "a/deep", "a/x", "b", "c"]
 
 
+def test_signed_file_urls_work_from_a_plain_http_client(e2b: Listener, shared: Sandbox) -> None:
+    """download_url / upload_url of a secure sandbox (the SDK's default): a browser or curl needs no header."""
+    shared.files.write("/home/user/report.txt", "signed for")
+    download = shared.download_url("report.txt", use_signature_expiration=600)
+    assert httpx.get(download, timeout=60).text == "signed for"
+    upload = shared.upload_url("/home/user/uploaded.txt")
+    assert httpx.post(upload, files={"file": ("uploaded.txt", b"from a form")}, timeout=60).is_success
+    assert shared.files.read("/home/user/uploaded.txt") == "from a form"
+    assert shared.commands.run("stat -c %U /home/user/uploaded.txt").stdout == "user\n"
+    assert httpx.post(download, files={"file": ("x", b"x")}, timeout=60).status_code == 401  # a read's, not a write's
+    forged = download.replace("report.txt", "..%2F..%2Fetc%2Fshadow")
+    assert httpx.get(forged, timeout=60).status_code == 401
+
+
 def test_the_listing_pages_newest_first_and_filters_as_e2b_does(e2b: Listener, shared: Sandbox) -> None:
     later = Sandbox.create(timeout=300, metadata={"suite": "e2b-order"})
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import httpx
 from e2b import Sandbox
 
 from stasis import Client, ImageNotFound
@@ -30,7 +31,7 @@ def has_image(client: Client, name: str) -> bool:
 def exports_of(daemon: Daemon) -> dict[str, str]:
     text = (daemon.paths.home / "e2b-exports").read_text()
     assert (daemon.paths.home / "e2b-exports").stat().st_mode & 0o777 == 0o600
-    return dict(line.removeprefix("export ").split("=", 1) for line in text.splitlines())
+    return dict(line.removeprefix("export ").split("=", 1) for line in text.splitlines() if line.startswith("export "))
 
 
 def test_a_connected_e2b_client_goes_on_after_the_daemon_restarts() -> None:
@@ -41,12 +42,21 @@ def test_a_connected_e2b_client_goes_on_after_the_daemon_restarts() -> None:
     try:
         exports = exports_of(daemon)
         assert exports["E2B_API_URL"] == f"http://{face}"
+        port = face.rpartition(":")[2]
+        assert f"PORT-SANDBOXID.localhost:{port}" in (daemon.paths.home / "e2b-exports").read_text()
         with daemon.client() as client:  # the daemon builds the base template's image once, in the background
             wait_until(lambda: has_image(client, BASE_IMAGE), timeout=600)
         opts = {"api_key": exports["E2B_API_KEY"], "api_url": exports["E2B_API_URL"],
                 "sandbox_url": exports["E2B_SANDBOX_URL"]}  # fmt: skip
         sbx = Sandbox.create(timeout=900, **opts)
         sbx.commands.run("echo kept > note")
+        # get_host names a host this machine resolves (*.localhost) and the listener routes by its Host
+        sbx.commands.run("echo served > index.html && exec python3 -m http.server 8000", background=True)
+        host = sbx.get_host(8000)
+        assert host == f"{8000}-{sbx.sandbox_id}.localhost:{port}"
+        token = {"e2b-traffic-access-token": sbx.traffic_access_token or ""}
+        wait_until(lambda: httpx.get(f"http://{host}/index.html", headers=token, timeout=60).status_code == 200)
+        assert httpx.get(f"http://{host}/index.html", headers=token, timeout=60).text == "served\n"
         daemon.stop()
         daemon.start("--e2b", face)
         assert exports_of(daemon) == exports  # the same address and key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Annotated
 
 import httpx
@@ -10,6 +11,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from ..backends import DEFAULT_BACKEND
+from ..e2b_wire import domain_host
 from ..errors import StasisError
 from ..models import E2bServeRequest
 from ..sdk import e2b
@@ -55,6 +57,8 @@ def serve(
         first = next(lines)
     for name, value in first["exports"].items():
         out.print(f"export {name}={value}", highlight=False, soft_wrap=True)
+    if named := first.get("domain"):
+        err.print(f"[dim]get_host(port) names PORT-SANDBOXID.{named}[/dim]{_resolves(named)}", highlight=False)
     err.print(f"[dim]E2B's API on {first['listening']} (backend {backend}); Ctrl-C stops it[/dim]")
     try:
         for _ in lines:
@@ -67,3 +71,15 @@ def serve(
         raise typer.Exit(1) from None
     finally:
         lines.close()
+
+
+def _resolves(domain: str) -> str:
+    """Nothing if names under ``domain`` resolve here, else what to do about it."""
+    try:
+        socket.getaddrinfo(f"8000-probe.{domain_host(domain)}", 80)
+    except OSError:
+        return (
+            f"\n[yellow]names under {domain_host(domain)} do not resolve on this machine: for *.localhost install "
+            "libnss-myhostname (Debian, Ubuntu) or use systemd-resolved; or give --domain a wildcard name[/yellow]"
+        )
+    return ""

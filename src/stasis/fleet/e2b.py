@@ -42,6 +42,7 @@ from ..e2b_wire import (
     TRAFFIC_TOKEN_HEADER,
     UNAUTHORIZED,
     derived_token,
+    local_domain,
     sandbox_target,
 )
 from ..errors import CheckpointNotFound, InvalidRequest, StasisError, clip
@@ -74,13 +75,15 @@ def e2b_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
         router = FleetE2b(nodes, faces, token, request.domain)
         server, sock, ticking = await _listen(router, request.listen)
         host, port = sock.getsockname()[:2]
+        # get_host names the door's listener (every node's face is told so before any is opened)
+        router.domain = faces.ask["domain"] = request.domain or local_domain(host, port)
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         log.info("the fleet's E2B face listens on %s", url)
 
         async def lines() -> AsyncIterator[str]:
             try:
                 exports = {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": token}
-                yield json.dumps({"listening": url, "exports": exports}) + "\n"
+                yield json.dumps({"listening": url, "exports": exports, "domain": router.domain}) + "\n"
                 while True:
                     await asyncio.sleep(HEARTBEAT)
                     yield json.dumps({"alive": True}) + "\n"

@@ -35,6 +35,7 @@ from .port_websocket import proxy_websocket
 from .process import ProcessService
 from .requests import SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from .room import PAUSED, Defaults, E2bRoom
+from .signatures import FILES_PATH, signed_with, signer
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class E2bApp:
         if scope["type"] == "lifespan":
             return
         headers = Headers(scope=scope)
-        target = self.target(headers)
+        target = self.target(headers) or self.signed_target(scope)
         if target is None:
             await self.control(scope, receive, send)
             return
@@ -74,7 +75,7 @@ class E2bApp:
         if not 0 < port < 65536:
             await self.refuse(scope, receive, send, 400, "E2b-Sandbox-Port must be a port number (1-65535)")
             return
-        if not self.admitted(headers, ref, port, scope.get("path", "")):
+        if not self.admitted(headers, ref, port, scope):
             await self.refuse(scope, receive, send, 401, UNAUTHORIZED)
             return
         try:
@@ -98,17 +99,20 @@ class E2bApp:
         else:
             await self.files(scope, receive, send)
 
-    def admitted(self, headers: Headers, ref: str, port: int, path: str) -> bool:
+    def admitted(self, headers: Headers, ref: str, port: int, scope: Scope) -> bool:
         """Whether a request may reach ``port`` of the sandbox ``ref``, from its credentials alone: the tokens are
         the id's, so a name needs the API key. What runs code or drives the desktop (envd, the kernel server's
         ``/execute``, stasis' own VNC servers) needs the envd token even on a public sandbox; the traffic token
-        opens the rest."""
+        opens the rest; a signed file URL opens its one file."""
         keys = self.room.keys
         if keys.valid_api_key(headers.get("x-api-key")):
             return True
         presented = (headers.get(TOKEN_HEADER), headers.get(TRAFFIC_TOKEN_HEADER))
         if any(keys.valid_envd_token(ref, token) for token in presented):
             return True
+        path: str = scope.get("path", "")
+        if port == ENVD_PORT and scope["type"] == "http":
+            return signed_with(keys.envd_token(ref), scope["method"], path, scope.get("query_string", b""))
         if envd_only(port, path):
             return False
         return any(keys.valid_traffic_token(ref, token) for token in presented) or self.public(ref)
@@ -124,6 +128,18 @@ class E2bApp:
     def target(self, headers: Headers) -> tuple[str, int] | None:
         """(sandbox ref, port) a request names, or None for the control plane."""
         return sandbox_target(headers, self.domain)
+
+    def signed_target(self, scope: Scope) -> tuple[str, int] | None:
+        """(sandbox id, envd's port) of a signed file URL that names no sandbox: the sandbox whose token signed it."""
+        if scope["type"] != "http" or scope.get("path") != FILES_PATH:
+            return None
+        query: bytes = scope.get("query_string", b"")
+        if b"signature=" not in query:
+            return None
+        keys = self.room.keys
+        candidates = ((info.id, keys.envd_token(info.id)) for info in self.room.core.list(include_terminated=False))
+        sandbox_id = signer(candidates, scope["method"], FILES_PATH, query)
+        return None if sandbox_id is None else (sandbox_id, ENVD_PORT)
 
     @staticmethod
     async def refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from ....e2b_wire import local_domain
 from ....errors import InvalidRequest
 from ...core.service import SandboxService
 from ...rooms.operations import GuestOperations
@@ -27,6 +28,12 @@ class Listener:
     server: uvicorn.Server
     sock: socket.socket
     ticking: asyncio.Task[None]
+    domain: str | None = None  # what get_host(port) names: PORT-ID.DOMAIN
+
+    @property
+    def exports(self) -> dict[str, str]:
+        """What the SDKs need in their environment (the API key is added by who knows it)."""
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url}
 
     @property
     def url(self) -> str:
@@ -58,6 +65,7 @@ class E2bListeners:
             raise InvalidRequest(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --listen") from None
         sock.listen(128)
         sock.setblocking(False)
+        domain = domain or local_domain(host, sock.getsockname()[1])
         from .app import E2bApp  # here: envd's generated code imports all of E2B's SDK (~0.4 s)
 
         app = E2bApp(self.room, self.core, self.ops, self.ports, defaults, domain)
@@ -67,7 +75,8 @@ class E2bListeners:
         # Not Server.serve(): it takes over the process's signal handlers, which are the daemon's.
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[sock])
-        listener = Listener(host, sock.getsockname()[1], server, sock, asyncio.create_task(server.main_loop()))
+        ticking = asyncio.create_task(server.main_loop())
+        listener = Listener(host, sock.getsockname()[1], server, sock, ticking, domain)
         self.open_listeners.append(listener)
         log.info("E2B face listening on %s (backend %s)", listener.url, defaults.backend)
         return listener

@@ -20,8 +20,10 @@ EXPORTS_FILE = "e2b-exports"
 async def serve_e2b(rooms: Rooms, paths: Paths, request: E2bServeRequest) -> None:
     defaults = Defaults(backend=request.backend, memory_mb=request.memory_mb, cpus=request.cpus)
     listener = await rooms.e2b_listeners.open(request.listen, defaults, request.domain)
-    exports = {"E2B_API_URL": listener.url, "E2B_SANDBOX_URL": listener.url, "E2B_API_KEY": rooms.e2b.keys.api_key}
+    exports = {**listener.exports, "E2B_API_KEY": rooms.e2b.keys.api_key}
     text = "".join(f"export {name}={value}\n" for name, value in exports.items())
+    if listener.domain:
+        text += f"# get_host(port) is PORT-SANDBOXID.{listener.domain}\n"
     atomic_write(paths.home / EXPORTS_FILE, text.encode(), mode=0o600)
     log.info("E2B's face on %s for the daemon's life; its exports in %s", listener.url, paths.home / EXPORTS_FILE)
     # a thread of its own: a build takes minutes, and must never hold the daemon's stop

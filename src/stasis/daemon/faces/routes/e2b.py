@@ -21,16 +21,15 @@ HEARTBEAT = 15.0  # seconds between the lines that tell the caller the listener 
 
 @router.post("/v1/e2b/serve")
 async def serve(request: E2bServeRequest, rooms: RoomsDep) -> StreamingResponse:
-    """JSON lines: first what to export (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY), then a heartbeat; the listener
-    closes when the stream does."""
+    """JSON lines: first what to export (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY) and the domain get_host names,
+    then a heartbeat; the listener closes when the stream does."""
     defaults = Defaults(backend=request.backend, memory_mb=request.memory_mb, cpus=request.cpus)
     listener = await rooms.e2b_listeners.open(request.listen, defaults, request.domain)
 
     async def lines() -> AsyncIterator[str]:
         try:
-            url, key = listener.url, rooms.e2b.keys.api_key
-            exports = {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": key}
-            yield json.dumps({"listening": listener.url, "exports": exports}) + "\n"
+            exports = {**listener.exports, "E2B_API_KEY": rooms.e2b.keys.api_key}
+            yield json.dumps({"listening": listener.url, "exports": exports, "domain": listener.domain}) + "\n"
             while True:
                 await asyncio.sleep(HEARTBEAT)
                 yield json.dumps({"alive": True}) + "\n"
