@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, SandboxException, SandboxQuery
-from e2b.exceptions import AuthenticationException, TimeoutException
+from e2b.exceptions import AuthenticationException, SandboxNotRunningException, TimeoutException
 
 from stasis import Client, NotFound, Template
 from stasis import Sandbox as StasisSandbox
@@ -226,6 +226,20 @@ def test_signed_file_urls_work_from_a_plain_http_client(e2b: Listener, shared: S
     assert httpx.post(download, files={"file": ("x", b"x")}, timeout=60).status_code == 401  # a read's, not a write's
     forged = download.replace("report.txt", "..%2F..%2Fetc%2Fshadow")
     assert httpx.get(forged, timeout=60).status_code == 401
+
+
+def test_a_sandbox_killed_under_a_running_command_is_e2bs_sandbox_not_running(e2b: Listener) -> None:
+    sbx = Sandbox.create(timeout=300)
+    handle = sbx.commands.run("sleep 600", background=True)
+    killer = threading.Timer(1.0, sbx.kill)
+    killer.start()
+    try:
+        with pytest.raises(SandboxNotRunningException):
+            handle.wait()  # E2B's: the sandbox went away under the stream
+        with pytest.raises(SandboxNotRunningException):
+            sbx.commands.run("true")
+    finally:
+        killer.join()
 
 
 def test_the_listing_pages_newest_first_and_filters_as_e2b_does(e2b: Listener, shared: Sandbox) -> None:

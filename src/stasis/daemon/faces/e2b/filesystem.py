@@ -27,7 +27,7 @@ from ....errors import InvalidRequest, StasisError, clip
 from ....guest import protocol as P
 from ...core.service import SandboxService
 from ...rooms.operations import GuestOperations
-from .requests import SANDBOX_HEADER, absolute, caller, rpc_error, user_of
+from .requests import SANDBOX_HEADER, absolute, caller, rpc_error, sandbox_error, user_of
 
 FILE_TYPES = {"file": pb.FileType.FILE, "directory": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
 EVENT_TYPES = {
@@ -61,7 +61,7 @@ class FilesystemService:
             async with self.core.guest(sandbox_id) as channel:
                 return await channel.call(op)
         except StasisError as exc:
-            raise rpc_error(exc) from exc
+            raise sandbox_error(self.core, sandbox_id, exc) from exc
 
     async def stat(self, request: pb.StatRequest, ctx: RequestContext[Any, Any]) -> pb.StatResponse:
         sandbox_id, path, _ = self._target(ctx, request.path)

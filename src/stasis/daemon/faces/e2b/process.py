@@ -9,6 +9,7 @@ streams (never idle-suspended under a running ``commands.run``), and resumes a p
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from ....guest import protocol as P
 from ...core.service import SandboxService
 from ...rooms.operations import GuestOperations
 from .records import Records
-from .requests import absolute, caller, home_of, rpc_error
+from .requests import absolute, caller, home_of, rpc_error, sandbox_error
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class ProcessService:
                 cmd=cmd, id=f"e2b-{secrets.token_hex(6)}", name=request.tag if request.has_field("tag") else None,
                 stdin=bool(request.stdin), max_output=OUTPUT_BUFFER, paced=True, **defaults,
             )  # fmt: skip
-        async with self.core.guest(sandbox_id) as channel:
+        async with self._guest(sandbox_id) as channel:
             state = await self._call(channel, start)
             yield pb.StartResponse(event=event("start", pb.ProcessEvent.StartEvent(pid=state.pid)))
             async for update in self._follow(channel, state.id, 0, 0, pty=request.pty is not None):
@@ -74,11 +75,12 @@ class ProcessService:
         self, request: pb.ConnectRequest, ctx: RequestContext[Any, Any]
     ) -> AsyncIterator[pb.ConnectResponse]:
         sandbox_id, _ = caller(ctx)
-        async with self.core.guest(sandbox_id) as channel:
+        async with self._guest(sandbox_id) as channel:
             state = await self._find(channel, request.process)
             yield pb.ConnectResponse(event=event("start", pb.ProcessEvent.StartEvent(pid=state.pid)))
             pty = state.id.startswith("t")  # the agent's terminals are t1, t2...
-            async for update in self._follow(channel, state.id, state.stdout_bytes, state.stderr_bytes, pty=pty):
+            following = self._follow(channel, state.id, state.stdout_bytes, state.stderr_bytes, pty=pty)
+            async for update in following:
                 yield pb.ConnectResponse(event=update)
 
     async def _follow(
@@ -115,7 +117,7 @@ class ProcessService:
 
     async def list(self, request: pb.ListRequest, ctx: RequestContext[Any, Any]) -> pb.ListResponse:
         sandbox_id, _ = caller(ctx)
-        async with self.core.guest(sandbox_id) as channel:
+        async with self._guest(sandbox_id) as channel:
             listing = await channel.call(P.ListProcesses())
         return pb.ListResponse(
             processes=[
@@ -131,7 +133,7 @@ class ProcessService:
 
     async def send_input(self, request: pb.SendInputRequest, ctx: RequestContext[Any, Any]) -> pb.SendInputResponse:
         sandbox_id, _ = caller(ctx)
-        async with self.core.guest(sandbox_id) as channel:
+        async with self._guest(sandbox_id) as channel:
             state = await self._find(channel, request.process)
             await self._call(channel, input_op(state.id, request.input))
         return pb.SendInputResponse()
@@ -140,7 +142,7 @@ class ProcessService:
         self, requests: AsyncIterator[pb.StreamInputRequest], ctx: RequestContext[Any, Any]
     ) -> pb.StreamInputResponse:
         sandbox_id, _ = caller(ctx)
-        async with self.core.guest(sandbox_id) as channel:
+        async with self._guest(sandbox_id) as channel:
             process_id = None
             async for message in requests:
                 match message.event:
@@ -155,7 +157,7 @@ class ProcessService:
 
     async def close_stdin(self, request: pb.CloseStdinRequest, ctx: RequestContext[Any, Any]) -> pb.CloseStdinResponse:
         sandbox_id, _ = caller(ctx)
-        async with self.core.guest(sandbox_id) as channel:
+        async with self._guest(sandbox_id) as channel:
             state = await self._find(channel, request.process)
             await self._call(channel, P.WriteStdin(id=state.id, close=True))
         return pb.CloseStdinResponse()
@@ -165,7 +167,7 @@ class ProcessService:
         signal = SIGNALS.get(request.signal)
         if signal is None:
             raise ConnectError(Code.INVALID_ARGUMENT, f"signal {request.signal!r}: only SIGKILL and SIGTERM are sent")
-        async with self.core.guest(sandbox_id) as channel:
+        async with self._guest(sandbox_id) as channel:
             state = await self._find(channel, request.process)
             await self._call(channel, P.SignalProcess(id=state.id, signal=signal, tree=True))
         return pb.SendSignalResponse()
@@ -175,7 +177,7 @@ class ProcessService:
         sandbox_id, _ = caller(ctx)
         if request.pty is None or request.pty.size is None:
             return pb.UpdateResponse()
-        async with self.core.guest(sandbox_id) as channel:
+        async with self._guest(sandbox_id) as channel:
             state = await self._find(channel, request.process)
             size = request.pty.size
             await self._call(channel, P.ResizePty(id=state.id, cols=size.cols, rows=size.rows))
@@ -195,6 +197,15 @@ class ProcessService:
         if not found:
             raise ConnectError(Code.NOT_FOUND, f"process with {what} not found")
         return found[0]
+
+    @contextlib.asynccontextmanager
+    async def _guest(self, sandbox_id: str) -> AsyncIterator[Any]:
+        """The sandbox's channel (resumed first); what fails in its block is the Connect error the SDKs expect."""
+        try:
+            async with self.core.guest(sandbox_id) as channel:
+                yield channel
+        except StasisError as exc:
+            raise sandbox_error(self.core, sandbox_id, exc) from exc
 
     @staticmethod
     async def _call(channel: Any, op: Any) -> Any:

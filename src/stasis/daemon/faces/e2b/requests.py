@@ -14,7 +14,9 @@ from connectrpc.request import RequestContext
 
 from ....e2b_wire import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from ....errors import InvalidRequest, StasisError, clip
+from ....models import SandboxStatus
 from ....validation import validate_user
+from ...core.service import SandboxService
 
 __all__ = ["PORT_HEADER", "SANDBOX_HEADER", "TOKEN_HEADER", "TRAFFIC_TOKEN_HEADER", "user_of"]
 
@@ -65,3 +67,16 @@ def rpc_error(exc: StasisError) -> ConnectError:
         502: Code.UNAVAILABLE, 503: Code.UNAVAILABLE,
     }.get(exc.status_code, Code.INTERNAL)  # fmt: skip
     return ConnectError(code, clip(str(exc)))
+
+
+def sandbox_error(core: SandboxService, sandbox_id: str, exc: StasisError) -> ConnectError:
+    """What failed under an envd call, in the SDKs' terms: a sandbox that went away (killed, its lifetime over) is
+    E2B's proxy's UNAVAILABLE "was not found", which they raise as SandboxNotRunningException."""
+    try:
+        status = core.lookup(sandbox_id).status
+    except StasisError:
+        status = None
+    if status is None or status in (SandboxStatus.TERMINATING, SandboxStatus.TERMINATED, SandboxStatus.FAILED):
+        gone = status.value if status is not None else "gone"
+        return ConnectError(Code.UNAVAILABLE, f"sandbox {sandbox_id} was not found (it is {gone})")
+    return rpc_error(exc)

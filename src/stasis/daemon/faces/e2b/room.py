@@ -167,9 +167,9 @@ class E2bRoom:
         try:
             info = self.core.lookup(ref)
         except (SandboxNotFound, InvalidRequest):
-            raise SandboxNotFound(f"sandbox {echo(ref)} not found") from None
+            raise SandboxNotFound(f"sandbox {echo(ref)} was not found") from None  # E2B's words: its SDKs read them
         if info.status in GONE:
-            raise SandboxNotFound(f"sandbox {echo(ref)} not found (it is {info.status.value})")
+            raise SandboxNotFound(f"sandbox {echo(ref)} was not found (it is {info.status.value})")
         return info
 
     def listing(self) -> list[tuple[SandboxInfo, Record]]:
