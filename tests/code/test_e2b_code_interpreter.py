@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from e2b_code_interpreter import Sandbox
+from e2b_code_interpreter.charts import BarChart, ChartType
 
 from stasis import Sandbox as StasisSandbox
 from tests.conftest import Daemon
@@ -60,6 +61,12 @@ def test_the_python_sdk_runs_code_keeps_its_variables_and_gets_rich_results(list
         assert (first.text, first.logs.stdout, heard, first.error) == ("40", ["hi\n"], ["hi\n"], None)
         plot = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])")
         assert any(r.png and base64.b64decode(r.png).startswith(b"\x89PNG") for r in plot.results)
+        bars = sbx.run_code(
+            "fig, ax = plt.subplots()\nax.bar(['mon', 'tue'], [3, 5])\nax.set_title('visits')\nplt.show()"
+        )
+        [chart] = [r.chart for r in bars.results if r.chart is not None]  # E2B's chart, beside the png
+        assert isinstance(chart, BarChart) and chart.type == ChartType.BAR and chart.title == "visits"
+        assert [(e.label, float(e.value)) for e in chart.elements] == [("mon", 3.0), ("tue", 5.0)]
         sbx.files.write("/tmp/dataset.csv", "day,visits\n2026-01-01,3\n2026-01-02,5\n")  # the cookbook's upload
         table = sbx.run_code("import pandas as pd\ndf = pd.read_csv('/tmp/dataset.csv', parse_dates=['day'])\ndf")
         assert table.results[0].data == {"day": ["2026-01-01T00:00:00", "2026-01-02T00:00:00"], "visits": [3, 5]}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
 import signal
 import subprocess
@@ -212,6 +213,13 @@ def test_files_and_commands_behave_as_envd_does(e2b: Listener, shared: Sandbox) 
     shared.commands.run("rm -rf /tmp/tree && mkdir -p /tmp/tree/a/deep /tmp/tree/b && touch /tmp/tree/a/x /tmp/tree/c")
     walked = [e.path.removeprefix("/tmp/tree/") for e in shared.files.list("/tmp/tree", depth=2)]
     assert walked == ["a", "a/deep", "a/x", "b", "c"]
+    # envd 0.5.7's octet-stream upload: chunks streamed as they are made, and a gzip body
+    shared.files.write("/tmp/streamed.bin", (bytes([n]) * 300_000 for n in range(4)))
+    assert shared.commands.run("wc -c < /tmp/streamed.bin; md5sum < /tmp/streamed.bin").stdout.split()[:2] == [
+        "1200000", hashlib.md5(b"".join(bytes([n]) * 300_000 for n in range(4))).hexdigest()]  # fmt: skip
+    text = "compressed on the way " * 5_000
+    assert shared.files.write("/home/user/zipped.txt", text, gzip=True).path == "/home/user/zipped.txt"
+    assert shared.files.read("zipped.txt") == text
 
 
 def test_signed_file_urls_work_from_a_plain_http_client(e2b: Listener, shared: Sandbox) -> None:

@@ -39,6 +39,8 @@ class Recipe(BaseModel):
         return f"{self.name}-{self.digest[:12]}"
 
 
+IMAGE_PYTHON = "3.11"  # Debian bookworm's, every recipe's: the version a recipe's binary wheels are fetched for
+
 DEFAULT_PACKAGES = (
     "python3",
     "python3-venv",
@@ -107,7 +109,17 @@ RECIPES: dict[str, Recipe] = {
                 "python3-sympy",
                 "fonts-dejavu-core",
             ),
-            wheels=("bash_kernel==0.10.0", "filetype==1.2.0"),  # a bash kernel: PyPI has it, Debian does not
+            wheels=(
+                "bash_kernel==0.10.0",  # a bash kernel: PyPI has it, Debian does not
+                "filetype==1.2.0",
+                # E2B's chart extractor (result.chart), which works with Debian's matplotlib and numpy; it needs
+                # pydantic 2 (Debian's is 1), whose core is a cp311 wheel, as this image's Python is
+                "e2b-charts==1.0.0",
+                "pydantic==2.10.6",
+                "pydantic-core==2.27.2",
+                "annotated-types==0.7.0",
+                "typing-extensions==4.12.2",
+            ),
             after=(
                 "python3 -m bash_kernel.install --sys-prefix",
                 # `pip install` (and a notebook's `!pip install`) works, as in E2B's template: this Python is the

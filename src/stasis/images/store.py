@@ -29,7 +29,7 @@ from ..hostpath import IMAGE_KEY, is_plain_dir
 from ..validation import NAME_PATTERN
 from . import layers, oci
 from .oci import ImageConfig
-from .recipe import RECIPES, Recipe
+from .recipe import IMAGE_PYTHON, RECIPES, Recipe
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +339,7 @@ class ImageStore:
         its ``after`` commands, in the tree."""
         rootfs, wheels = staging / "rootfs", staging / "rootfs" / "tmp" / "stasis-wheels"
         download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
-                    "-d", str(wheels), *recipe.wheels]  # fmt: skip
+                    "--python-version", IMAGE_PYTHON, "-d", str(wheels), *recipe.wheels]  # fmt: skip
         install = ["chroot", str(rootfs), "sh", "-c", "PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q "
                    "--no-index --no-deps --no-cache-dir /tmp/stasis-wheels/*.whl"]  # fmt: skip
         for argv in (

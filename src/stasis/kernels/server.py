@@ -36,8 +36,9 @@ MIME_KEYS = {
     "image/jpeg": "jpeg", "image/svg+xml": "svg", "application/pdf": "pdf", "text/latex": "latex",
     "application/json": "json", "application/javascript": "javascript", "e2b/data": "data", "e2b/chart": "chart",
 }  # fmt: skip
-# E2B's template's display formatter, registered in every Python kernel: a DataFrame shown is also its columns as
-# lists (E2B's ``result.data``). A function, called and deleted, so the user's namespace gets nothing.
+# E2B's template's display formatters, registered in every Python kernel: a DataFrame shown is also its columns as
+# lists (E2B's ``result.data``), a matplotlib figure also its chart as E2B's ``e2b_charts`` reads it (``result.chart``,
+# where the image has e2b_charts). A function, called and deleted, so the user's namespace gets nothing.
 E2B_FORMATTERS = """
 def _stasis_formatters():
     import sys
@@ -58,11 +59,27 @@ def _stasis_formatters():
             columns = obj.to_dict(orient="list")
             return {k: [v.isoformat() if isinstance(v, stamp) else v for v in vs] for k, vs in columns.items()}
 
+    class ChartFormatter(BaseFormatter):
+        format_type = Unicode("e2b/chart")
+        print_method = ObjectName("_repr_e2b_chart_")
+        _return_type = (dict, str)
+
+        def __call__(self, obj):
+            figure = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
+            if figure is None or not isinstance(obj, figure):
+                return super().__call__(obj)
+            try:
+                from e2b_charts import chart_figure_to_dict  # E2B's extractor, in the image's wheels
+            except ImportError:
+                return None
+            return chart_figure_to_dict(obj)
+
     shell = get_ipython()
     if shell is not None:
-        shell.display_formatter.formatters["e2b/data"] = DataFormatter(parent=shell.display_formatter)
-        if "e2b/data" not in shell.display_formatter.active_types:
-            shell.display_formatter.active_types.append("e2b/data")
+        for kind, formatter in (("e2b/data", DataFormatter), ("e2b/chart", ChartFormatter)):
+            shell.display_formatter.formatters[kind] = formatter(parent=shell.display_formatter)
+            if kind not in shell.display_formatter.active_types:
+                shell.display_formatter.active_types.append(kind)
 _stasis_formatters()
 del _stasis_formatters
 """

@@ -21,6 +21,11 @@ test('rich results and errors come back as the SDK shapes them', async () => {
   assert.ok(table.results[0].html.includes('<table'))
   const plot = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])')
   assert.ok(plot.results.some((r) => r.png && Buffer.from(r.png, 'base64').subarray(0, 4).toString('latin1') === '\x89PNG'))
+  const line = await sbx.runCode('fig, ax = plt.subplots()\nax.plot([1, 2], [10, 20], label="rate")\nplt.show()')
+  const chart = line.results.find((r) => r.chart).chart  // E2B's chart, as its template's extractor makes it
+  assert.equal(chart.type, 'line')
+  assert.deepEqual(chart.elements.map((e) => [e.label, e.points]), [['rate', [[1, 10], [2, 20]]]])
+  assert.deepEqual((await sbx.runCode('pd.DataFrame({"a": [1, 2]})')).results[0].data, { a: [1, 2] })
   const failed = await sbx.runCode('1 / 0')
   assert.equal(failed.error.name, 'ZeroDivisionError')
   assert.ok(failed.error.traceback.includes('ZeroDivisionError'))

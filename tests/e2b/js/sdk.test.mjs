@@ -2,7 +2,7 @@
 // E2B_API_KEY come from the listener the pytest driver (tests/e2b/test_js_sdk.py) started.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, CommandExitError, AuthenticationError, NotFoundError } from 'e2b'
+import { Sandbox, CommandExitError, AuthenticationError, NotFoundError, TimeoutError } from 'e2b'
 
 const sbx = await Sandbox.create({ timeoutMs: 30 * 60 * 1000, metadata: { suite: 'e2b-js' } })
 after(async () => { await sbx.kill() })
@@ -94,5 +94,38 @@ test('watchDir streams the changes below a directory', async () => {
     await waitFor(async () => seen.some((s) => s.startsWith('deep/f.txt')))
   } finally {
     await watcher.stop()
+  }
+})
+
+test('files and commands behave as envd does: a missing path removed, a relative cwd, signed URLs', async () => {
+  await sbx.files.remove('/tmp/never-was-here')  // no error, as on E2B
+  await sbx.files.makeDir('/home/user/jsdir')
+  assert.equal((await sbx.commands.run('pwd', { cwd: 'jsdir' })).stdout, '/home/user/jsdir\n')
+  await sbx.files.write('/home/user/js-signed.txt', 'signed')
+  const download = await sbx.downloadUrl('js-signed.txt', { useSignatureExpiration: 600 })
+  assert.equal(await (await fetch(download)).text(), 'signed')  // no header: the signature is the credential
+  const form = new FormData()
+  form.append('file', new Blob(['uploaded']), 'up.txt')
+  assert.ok((await fetch(await sbx.uploadUrl('/home/user/js-up.txt'), { method: 'POST', body: form })).ok)
+  assert.equal(await sbx.files.read('/home/user/js-up.txt'), 'uploaded')
+  assert.equal((await fetch(download.replace('js-signed', 'js-up'))).status, 401)
+  await sbx.files.write('/tmp/js-gz.txt', 'zipped '.repeat(5000), { gzip: true })  // envd 0.5.7's octet-stream
+  assert.equal(await sbx.files.read('/tmp/js-gz.txt'), 'zipped '.repeat(5000))
+})
+
+test('a paused sandbox is not running, the listing is newest first, and a kill under a command is said', async () => {
+  const other = await Sandbox.create({ timeoutMs: 10 * 60 * 1000 })
+  try {
+    const newest = (await Sandbox.list({ query: {} }).nextItems()).map((s) => s.sandboxId)
+    assert.ok(newest.indexOf(other.sandboxId) < newest.indexOf(sbx.sandboxId))
+    await other.pause()
+    assert.equal(await other.isRunning(), false)
+    const again = await Sandbox.connect(other.sandboxId)
+    assert.equal(await again.isRunning(), true)
+    const sleeper = await again.commands.run('sleep 600', { background: true })
+    setTimeout(() => { again.kill() }, 1000)
+    await assert.rejects(sleeper.wait(), (e) => e instanceof TimeoutError)  // E2B's: the sandbox went away
+  } finally {
+    await other.kill()
   }
 })

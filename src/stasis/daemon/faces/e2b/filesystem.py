@@ -11,6 +11,7 @@ import base64
 import contextlib
 import re
 import stat
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -224,8 +225,17 @@ def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:
     @app.post("/files")
     async def upload(request: Request, path: str | None = None) -> list[dict[str, Any]]:
         sandbox_id = request.headers[SANDBOX_HEADER]
-        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-            raise InvalidRequest("upload files as multipart/form-data (envd 0.5.6 as stasis serves it)")
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind == "application/octet-stream":  # envd 0.5.7's: one file, the body as it is (gzip if said)
+            _, destination, user = target(request, path)
+            encoding = request.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("identity", "gzip"):
+                raise InvalidRequest(f"Content-Encoding {encoding[:40]!r}: send the body as it is, or gzip")
+            body = request.stream() if encoding == "identity" else _gunzipped(request.stream())
+            await ops.write_file(sandbox_id, destination, body, owner=user)
+            return [{"name": destination.rsplit("/", 1)[-1], "type": "file", "path": destination}]
+        if kind != "multipart/form-data":
+            raise InvalidRequest("upload a file as application/octet-stream (one) or multipart/form-data (several)")
         written = []
         async with request.form(max_files=1000, max_part_size=1 << 30) as form:
             parts = form.getlist("file")
@@ -241,6 +251,22 @@ def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:
         return written
 
     return app
+
+
+async def _gunzipped(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A gzip body, decompressed as it comes; a body that is not gzip (or is cut short) is a 400."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        async for chunk in chunks:
+            pending = chunk
+            while pending:  # at most a MiB out at a time, however well the chunk compresses
+                yield inflater.decompress(pending, 1 << 20)
+                pending = inflater.unconsumed_tail
+        yield inflater.flush()
+    except zlib.error as exc:
+        raise InvalidRequest(f"the body is not gzip: {exc}") from None
+    if not inflater.eof:
+        raise InvalidRequest("the gzip body ended before its end")
 
 
 async def _pieces(part: UploadFile) -> AsyncIterator[bytes]:
