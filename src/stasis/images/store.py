@@ -9,6 +9,7 @@ so a crashed build never looks like an image.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -241,7 +242,13 @@ class ImageStore:
             )  # fmt: skip
             atomic_write(staging / "image.json", info.model_dump_json(indent=2).encode())
             faults.point("image.commit.before_rename")
-            os.rename(staging, final)
+            try:
+                os.rename(staging, final)
+            except OSError as exc:  # another daemon on this store built the same step first: the same key, kept
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (final / "image.json").exists():
+                    raise
+                shutil.rmtree(staging, ignore_errors=True)
+                return self.by_key(key)
             fsync_dir(self.directory)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
