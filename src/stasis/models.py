@@ -82,6 +82,10 @@ class SandboxSpec(Strict):
     )
     timeout_secs: int | None = Field(600, ge=1, description="idle time before the idle action; None: never")
     on_idle: Literal["suspend", "terminate"] | None = None
+    keep_memory: bool = Field(
+        True, description="a suspend keeps its memory and processes (resumed where it was); false: its files only "
+        "(the next resume boots it again with them: E2B's filesystem-only pause); fast storage always keeps memory",
+    )  # fmt: skip
     lifetime_secs: int | None = Field(
         None, ge=0, le=MAX_SECONDS,
         description="how long it runs from its start (and from each resume) before its idle action, used or not "

@@ -119,3 +119,35 @@ def test_repeated_suspend_resume_keeps_state(daemon: Daemon, backend: str) -> No
         time.sleep(0.2)
         assert int(sbx.read_file("/root/n")) > last
         sbx.terminate()
+
+
+def test_a_suspend_without_memory_keeps_the_files_and_boots_them_again_after_a_daemon_kill(
+    own_daemon: Daemon, backend: str
+) -> None:
+    own_daemon.start()
+    client = own_daemon.client()
+    sbx = Sandbox.create(memory_mb=256, backend=backend, client=client)
+    sbx.write_file("/root/kept.txt", "written through the API")
+    sbx.run("echo written-by-a-shell > /root/shell.txt")  # in a page cache until the suspend flushes it
+    sbx.start_process(["sleep", "600"], name="sleeper")
+    suspended = sbx.suspend(keep_memory=False)
+    assert suspended.status == SandboxStatus.SUSPENDED
+    assert [p for p in sandbox_processes_under(own_daemon.paths.home) if sbx.id in p] == []
+
+    own_daemon.kill()  # recovery keeps it suspended: its files are all it has to keep
+    own_daemon.start()
+    client.close()
+    client = own_daemon.client()
+    sbx = Sandbox.connect(sbx.id, client=client)
+    assert sbx.status == SandboxStatus.SUSPENDED
+
+    sbx.resume()  # a cold boot with its files
+    assert sbx.read_file("/root/kept.txt") == b"written through the API"
+    assert sbx.read_file("/root/shell.txt") == b"written-by-a-shell\n"
+    assert sbx.run("pgrep -x sleep").exit_code == 1  # its processes were not kept
+    assert "sleeper" not in {p.name for p in sbx.list_processes()}
+    sbx.suspend()  # and a suspend after it keeps memory again, as the sandbox was made
+    sbx.resume()
+    assert sbx.read_file("/root/kept.txt") == b"written through the API"
+    sbx.terminate()
+    client.close()

@@ -455,6 +455,26 @@ def test_a_lifetime_that_ends_pauses_a_sandbox_made_with_auto_pause(e2b: Listene
         sbx.kill()
 
 
+def test_a_filesystem_only_pause_keeps_the_files_and_boots_them_again(e2b: Listener) -> None:
+    """E2B's mode="filesystem": asked for, or as a lifetime's end; a resume is a cold boot with the files."""
+    sbx = Sandbox.create(timeout=600, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        sbx.files.write("/home/user/kept", "across the pause")
+        sbx.commands.run("sleep 600", background=True)
+        sbx.set_timeout(1)
+        wait_until(lambda: sbx.get_info().state.value == "paused", timeout=120)
+        back = Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert back.files.read("kept") == "across the pause"
+        assert back.commands.run("pgrep -x sleep || echo none").stdout == "none\n"  # booted again: no process kept
+        back.commands.run("sleep 600", background=True)
+        back.pause(mode="filesystem")
+        again = Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert again.commands.run("pgrep -x sleep || echo none").stdout == "none\n"
+        assert again.files.read("kept") == "across the pause"
+    finally:
+        sbx.kill()
+
+
 def test_a_networked_sandboxs_egress_is_updated_live(e2b: Listener, client: Client) -> None:
     sbx = Sandbox.create(timeout=600, network={"deny_out": ["0.0.0.0/0"], "allow_out": ["10.99.0.1"]})
     try:

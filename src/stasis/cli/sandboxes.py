@@ -258,9 +258,14 @@ def _transition(name: str, verb: str, act: Callable[[Sandbox], SandboxInfo]) -> 
 
 
 @app.command()
-def suspend(name: Name) -> None:
+def suspend(
+    name: Name,
+    files_only: Annotated[
+        bool, typer.Option("--files-only", help="Keep its files only: the next resume boots it again with them.")
+    ] = False,
+) -> None:
     """Suspend a sandbox to disk: memory, processes and files. Nothing of it keeps running."""
-    _transition(name, "suspend", Sandbox.suspend)
+    _transition(name, "suspend", lambda sbx: sbx.suspend(keep_memory=False if files_only else None))
 
 
 @app.command()

@@ -65,9 +65,10 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     async def info(self) -> SandboxInfo:
         return await self._client.call(self._info_call())
 
-    async def suspend(self) -> SandboxInfo:
-        """Save memory, processes and files to disk; nothing of it keeps running."""
-        return await self._client.call(self._lifecycle_call("suspend"))
+    async def suspend(self, keep_memory: bool | None = None) -> SandboxInfo:
+        """Save memory, processes and files to disk; nothing of it keeps running. ``keep_memory=False``: its files
+        only (cheaper; the next resume boots it again with them); default: as it was created (``keep_memory``)."""
+        return await self._client.call(self._suspend_call(keep_memory))
 
     async def resume(self) -> SandboxInfo:
         return await self._client.call(self._lifecycle_call("resume"))

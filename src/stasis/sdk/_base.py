@@ -52,6 +52,7 @@ class CreateOptions(TypedDict, total=False):
     disk_mb: int
     timeout_secs: int
     on_idle: str
+    keep_memory: bool  # False: a suspend (idle, or asked) keeps its files only; the next resume boots it again
     lifetime_secs: int  # how long it runs from its start (and each resume), used or not, before on_idle
     node: str  # through a fleet's front door (STASIS_FLEET): the node it goes to, instead of where there is room
     backend: str
@@ -236,6 +237,10 @@ class SandboxBase:
 
     def _lifecycle_call(self, action: str) -> Call:
         return Call("POST", f"{self._url}/{action}", self._keep)
+
+    def _suspend_call(self, keep_memory: bool | None) -> Call:
+        params = None if keep_memory is None else {"keep_memory": str(keep_memory).lower()}
+        return Call("POST", f"{self._url}/suspend", self._keep, params=params)
 
     def _terminate_call(self) -> Call:
         return Call("DELETE", self._url, self._keep)

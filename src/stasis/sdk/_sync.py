@@ -64,9 +64,10 @@ class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     def info(self) -> SandboxInfo:
         return self._client.call(self._info_call())
 
-    def suspend(self) -> SandboxInfo:
-        """Save memory, processes and files to disk; nothing of it keeps running."""
-        return self._client.call(self._lifecycle_call("suspend"))
+    def suspend(self, keep_memory: bool | None = None) -> SandboxInfo:
+        """Save memory, processes and files to disk; nothing of it keeps running. ``keep_memory=False``: its files
+        only (cheaper; the next resume boots it again with them); default: as it was created (``keep_memory``)."""
+        return self._client.call(self._suspend_call(keep_memory))
 
     def resume(self) -> SandboxInfo:
         return self._client.call(self._lifecycle_call("resume"))

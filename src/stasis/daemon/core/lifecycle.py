@@ -16,6 +16,7 @@ from ... import faults
 from ...backends.base import Backend, BoxRef, FromCheckpoint, HostState
 from ...errors import SandboxNotFound, Unsupported
 from ...fsutil import no_space
+from ...guest import protocol as P
 from ...guest.client import GuestChannel
 from ...images import ImageStore
 from ...models import CheckpointType, SandboxInfo, SandboxStatus
@@ -26,7 +27,7 @@ from .checkpoints import CheckpointFiles
 from .metrics import Metrics
 from .operation import OUTCOMES, POINTS, VERBS, Step, rollback_target
 from .sources import Restore, Source
-from .states import require
+from .states import COLD_SUSPEND, require
 from .store import Store
 from .watchdog import Watchdog
 
@@ -233,9 +234,11 @@ class Lifecycle:
             self.store.transition(info.id, S.TERMINATING, reason)
         self.store.transition(info.id, S.TERMINATED, reason, error=reason)
 
-    async def suspend(self, ref: str, *, only_if_due: bool = False) -> SandboxInfo:
+    async def suspend(self, ref: str, *, only_if_due: bool = False, keep_memory: bool | None = None) -> SandboxInfo:
         """Its memory, processes and files to disk; it costs no CPU or RAM until resumed. ``only_if_due``: the
-        reaper's, done only if it is still idle or past its deadline when its turn comes."""
+        reaper's, done only if it is still idle or past its deadline when its turn comes. ``keep_memory`` False
+        (default: its spec's): its files only, a stop; the next resume boots it again with them (E2B's
+        filesystem-only pause). Fast storage keeps its files in its kernel, so it is always suspended whole."""
         async with self.locked(ref) as info:
             if info.status == S.SUSPENDED:
                 return self.present(info)
@@ -243,21 +246,36 @@ class Lifecycle:
             channel = await self.channel(info)
             if only_if_due and not self.activity.due(info):
                 return self.present(info)  # used since the reaper looked: no await between this and the intent
+            keep = info.spec.keep_memory if keep_memory is None else keep_memory
+            cold = not keep and info.spec.storage != "fast"
             started = time.monotonic()
-            async with self.operation(info, S.SUSPENDING, "idle" if only_if_due else None) as step:
+            how = ", files only" if cold else ""
+            why = ", ".join(word for word, said in (("idle", only_if_due), ("files only", cold)) if said) or None
+            async with self.operation(info, S.SUSPENDING, why) as step:
                 self.watchdog.forget(info.id)
                 try:
-                    await step.backend.suspend(step.box, channel)
+                    if cold:
+                        await self._stop_keeping_files(step, channel)
+                    else:
+                        await step.backend.suspend(step.box, channel)
                 except BaseException as exc:
                     if (full := no_space(exc, step.box.directory)) is not exc:
                         raise full from exc
                     raise
                 self._channels.pop(info.id, None)
                 elapsed = time.monotonic() - started
-                step.detail, step.fields = f"{elapsed:.3f}s", {"last_suspend_seconds": elapsed}
+                step.detail = f"{elapsed:.3f}s{how}"
+                step.fields = {"last_suspend_seconds": elapsed, **step.fields}
         self.metrics.suspend_seconds.observe(elapsed)
-        log.info("suspended %s in %.3fs%s", info.id, elapsed, " (idle)" if only_if_due else "")
+        log.info("suspended %s in %.3fs%s%s", info.id, elapsed, " (idle)" if only_if_due else "", how)
         return self.present(step.info)
+
+    async def _stop_keeping_files(self, step: Step, channel: GuestChannel) -> None:
+        """A suspend without memory: its writes on disk (a guest's page cache flushed), then a stop."""
+        with contextlib.suppress(Exception):  # a guest that does not answer is stopped all the same
+            await channel.call(P.Exec(cmd=["sync"]), timeout=60)
+        await step.backend.stop(step.box)
+        step.fields["backend_state"] = {**step.info.runtime, COLD_SUSPEND: True}
 
     async def resume(self, ref: str) -> SandboxInfo:
         """A suspended sandbox of this node's back exactly where it was (a failed one whose files survived
@@ -265,8 +283,10 @@ class Lifecycle:
         async with self.locked(ref) as info:
             if info.status == S.RUNNING:
                 return self.present(info)
-            # A failed sandbox whose files survived (e.g. the host rebooted under it) boots again with them.
+            # A failed sandbox whose files survived (e.g. the host rebooted under it) boots again with them, as
+            # does one suspended without its memory.
             cold = info.status == S.FAILED and self.boxes.box(info).directory.exists()
+            cold = cold or (info.status == S.SUSPENDED and bool(info.runtime.get(COLD_SUSPEND)))
             if not cold:
                 require(info, S.SUSPENDED)
             started = time.monotonic()

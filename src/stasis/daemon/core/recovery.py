@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from ...backends.base import BoxRef, HostState
 from ...models import SandboxInfo, SandboxStatus
 from .service import SandboxService
+from .states import COLD_SUSPEND
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class Recovery:
         service = self.service
         backend, box = service.backend_of(info), service.boxes.box_or_bare(info)
         host = await backend.host_state(box)
+        if info.status == S.SUSPENDED and info.runtime.get(COLD_SUSPEND) and host in (H.STOPPED, H.PARTIAL):
+            host = H.SUSPENDED  # suspended without memory: its files are all it keeps, and a resume boots it
         plan, detail = RECOVERY[(info.status, host)]
         log.info("recovering %s: store says %s, host says %s: %s", info.id, info.status.value, host.value, plan.name)
         if plan is Plan.DISCARD:

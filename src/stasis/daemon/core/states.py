@@ -30,6 +30,8 @@ TRANSITIONS: dict[S, frozenset[S]] = {
     S.TERMINATED: frozenset(),
 }
 
+COLD_SUSPEND = "suspended_without_memory"  # its runtime's flag: suspended with its files only; a resume boots it
+
 INTENTS = frozenset({S.PENDING, S.SUSPENDING, S.RESUMING, S.SNAPSHOTTING, S.TERMINATING})
 
 # What a user asked for, per state it cannot be done in: the message says what to do instead.

@@ -66,11 +66,17 @@ class NewSandbox(_Body):
     template_id: str = Field(alias="templateID", min_length=1, max_length=200)
     timeout: int | None = Field(None, ge=0, le=MAX_SECONDS)
     auto_pause: bool = Field(False, alias="autoPause")
+    auto_pause_memory: bool = Field(True, alias="autoPauseMemory")  # False: a timeout's pause keeps the files only
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
     allow_internet_access: bool | None = None
     network: NetworkConfig | None = None
     volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
+
+
+class Pause(_Body):
+    memory: bool = True  # False: E2B's filesystem-only pause (a resume boots it again with its files)
+    require_healthy_guest: bool | None = Field(None, alias="requireHealthyGuest")
 
 
 class Timeout(_Body):

@@ -86,10 +86,10 @@ class E2bRoom:
     async def create(
         self, defaults: Defaults, template: str, timeout: int | None, auto_pause: bool, metadata: dict[str, str],
         envs: dict[str, str], network: NetworkPolicy | None, public_traffic: bool = False,
-        egress_headers: dict[str, dict[str, str]] | None = None,
+        egress_headers: dict[str, dict[str, str]] | None = None, keep_memory: bool = True,
     ) -> tuple[SandboxInfo, Record]:  # fmt: skip
         lifetime = {"timeout_secs": None, "lifetime_secs": _timeout(timeout),  # E2B's timeout, and no idle window
-                    "on_idle": "suspend" if auto_pause else "terminate"}  # fmt: skip
+                    "on_idle": "suspend" if auto_pause else "terminate", "keep_memory": keep_memory}  # fmt: skip
         request = self._request(defaults, template, network, egress_headers or {}, lifetime)
         if request.image == DESKTOP_IMAGE:  # XFCE's and gtk-launch's GLib spawns need it under gVisor
             envs = {"LD_PRELOAD": GLIB_SPAWN_SHIM, **envs}
@@ -191,8 +191,9 @@ class E2bRoom:
             )
         return await self.core.set_lifetime(info.id, _timeout(timeout))
 
-    async def pause(self, ref: str) -> SandboxInfo:
-        return await self.core.suspend(self.sandbox(ref).id)
+    async def pause(self, ref: str, keep_memory: bool = True) -> SandboxInfo:
+        """E2B's pause: stasis' suspend (``keep_memory`` False: its files only, and a resume boots it again)."""
+        return await self.core.suspend(self.sandbox(ref).id, keep_memory=keep_memory)
 
     async def connect(self, ref: str, timeout: int | None) -> tuple[SandboxInfo, Record, bool]:
         """Resume it if paused; its lifetime runs at least ``timeout`` from now. True if it was resumed."""

@@ -13,7 +13,19 @@ from fastapi.responses import JSONResponse, Response
 
 from ....errors import InvalidRequest
 from ....netpolicy import NetworkPolicy
-from .plane import Connect, Fork, NetworkConfig, NewSandbox, PlaneDep, Timeout, egress_headers, error, iso, policy
+from .plane import (
+    Connect,
+    Fork,
+    NetworkConfig,
+    NewSandbox,
+    Pause,
+    PlaneDep,
+    Timeout,
+    egress_headers,
+    error,
+    iso,
+    policy,
+)
 from .room import PAUSED
 
 log = logging.getLogger(__name__)
@@ -29,7 +41,7 @@ async def create(body: NewSandbox, plane: PlaneDep) -> dict[str, Any]:
     network = policy(body.allow_internet_access, body.network)
     info, record = await plane.room.create(
         plane.defaults, body.template_id, body.timeout, body.auto_pause, body.metadata, body.env_vars,
-        network, public, egress_headers(body.network),
+        network, public, egress_headers(body.network), keep_memory=body.auto_pause_memory,
     )  # fmt: skip
     if network is not None and network.note:
         log.warning("E2B sandbox %s: %s", info.id, network.note)
@@ -105,10 +117,10 @@ async def refresh(sandbox_id: str, plane: PlaneDep, body: Connect | None = None)
 
 
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
-async def pause(sandbox_id: str, plane: PlaneDep) -> Response:
+async def pause(sandbox_id: str, plane: PlaneDep, body: Pause | None = None) -> Response:
     if plane.room.sandbox(sandbox_id).status in PAUSED:
         return error(409, f"sandbox {sandbox_id} is already paused")
-    await plane.room.pause(sandbox_id)
+    await plane.room.pause(sandbox_id, keep_memory=body.memory if body else True)
     return Response(status_code=204)
 
 

@@ -69,8 +69,9 @@ async def terminate(ref: str, rooms: RoomsDep) -> SandboxInfo:
 
 
 @router.post("/v1/sandboxes/{ref}/suspend")
-async def suspend(ref: str, rooms: RoomsDep) -> SandboxInfo:
-    return await rooms.core.suspend(ref)
+async def suspend(ref: str, rooms: RoomsDep, keep_memory: bool | None = None) -> SandboxInfo:
+    """``keep_memory=false``: its files only (a stop; the next resume boots it again); default: its spec's."""
+    return await rooms.core.suspend(ref, keep_memory=keep_memory)
 
 
 @router.post("/v1/sandboxes/{ref}/resume")
