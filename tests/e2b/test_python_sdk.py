@@ -20,7 +20,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, SandboxException, SandboxQuery
-from e2b.exceptions import AuthenticationException, SandboxNotRunningException, TimeoutException
+from e2b.exceptions import (
+    AuthenticationException,
+    InvalidArgumentException,
+    SandboxNotRunningException,
+    TimeoutException,
+)
 
 from stasis import Client, NotFound, Template
 from stasis import Sandbox as StasisSandbox
@@ -378,6 +383,35 @@ def test_watch_dir_reports_changes_below_a_directory_recursively(e2b: Listener, 
                    or ("deep/new.txt", "remove") in seen, timeout=60)  # fmt: skip
         assert ("deep/new.txt", "write") in seen, seen  # as envd writes a file: in place
         assert not [name for name, _ in seen if ".stasis-" in name], seen  # stasis' temporary is never seen
+    finally:
+        watcher.stop()
+
+
+def test_envd_0_6_file_metadata_and_watch_entries(e2b: Listener, shared: Sandbox) -> None:
+    """File metadata lives in the file's user.e2b.* extended attributes: a microVM's file system keeps them,
+    gVisor's keeps none, and a write that asks for them there is refused before anything is written."""
+    labels = {"Owner": "agent", "run": "7"}
+    if e2b.backend == "gvisor":
+        with pytest.raises(InvalidArgumentException, match="microVM"):
+            shared.files.write("/tmp/labelled.txt", "x", metadata=labels)
+        assert not shared.files.exists("/tmp/labelled.txt")
+    else:
+        lowered = {"owner": "agent", "run": "7"}  # envd lowercases the keys
+        assert shared.files.write("/tmp/labelled.txt", "x", metadata=labels).metadata == lowered
+        assert shared.files.get_info("/tmp/labelled.txt").metadata == lowered
+        assert [e.metadata for e in shared.files.list("/tmp") if e.name == "labelled.txt"] == [lowered]
+        set_out_of_band = "import os; os.setxattr('/tmp/labelled.txt', 'user.e2b.later', b'yes')"
+        shared.commands.run(f'python3 -c "{set_out_of_band}"', user="root")
+        assert shared.files.get_info("/tmp/labelled.txt").metadata == {**lowered, "later": "yes"}
+        assert shared.files.write("/tmp/plain.txt", "x").metadata is None
+    shared.files.make_dir("/tmp/entries")
+    watcher = shared.files.watch_dir("/tmp/entries", include_entry=True)
+    try:
+        shared.files.write("/tmp/entries/seen.txt", "12345")
+        seen: list = []
+        wait_until(lambda: seen.extend(watcher.get_new_events()) or any(e.entry for e in seen), timeout=60)
+        [written] = [e for e in seen if e.entry is not None]
+        assert (written.name, written.entry.path, written.entry.size) == ("seen.txt", "/tmp/entries/seen.txt", 5)
     finally:
         watcher.stop()
 

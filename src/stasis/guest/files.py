@@ -8,6 +8,7 @@ under ``UPLOADS``, so one left by an interrupted upload is removed when the agen
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import os
 import pwd
@@ -46,7 +47,38 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(os.path.dirname(path))  # in a VM, a rename not yet in the journal dies with the guest
 
 
-def file_stat(path: str, name: str) -> P.FileStat:
+LABEL_PREFIX = "user.e2b."  # E2B's file metadata: extended attributes in this namespace, the prefix stripped
+NO_LABELS = (
+    "this sandbox's file system keeps no extended attributes (gVisor's does not): file metadata needs a "
+    "microVM sandbox (backend microvm)"
+)
+
+
+def labels_of(path: str) -> dict[str, str]:
+    """Its user.e2b.* extended attributes (none where the file system keeps none; a link's are not followed)."""
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        if name.startswith(LABEL_PREFIX) and name.isascii() and name.isprintable():
+            with contextlib.suppress(OSError):
+                found[name[len(LABEL_PREFIX) :]] = os.getxattr(path, name, follow_symlinks=False).decode("latin-1")
+    return found
+
+
+def set_labels(fd: int, labels: dict[str, str]) -> None:
+    for key, value in labels.items():
+        try:
+            os.setxattr(fd, LABEL_PREFIX + key.lower(), value.encode("latin-1"))
+        except OSError as exc:
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise RequestError(P.ErrorKind.INVALID, NO_LABELS) from None
+            raise
+
+
+def file_stat(path: str, name: str, labels: bool = False) -> P.FileStat:
     st = os.lstat(path)
     if stat.S_ISDIR(st.st_mode):
         kind = "directory"
@@ -60,6 +92,7 @@ def file_stat(path: str, name: str) -> P.FileStat:
     return P.FileStat(
         name=name, path=path, type=kind, size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime,
         owner=user_name(st.st_uid), group=group_name(st.st_gid), target=target,
+        labels=labels_of(path) if labels else None,
     )  # fmt: skip
 
 
@@ -157,6 +190,13 @@ class Files:
             self._record(upload, temp)
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0), 0o600)
         try:
+            if offset == 0 and req.labels:
+                try:
+                    set_labels(fd, dict(req.labels))
+                except BaseException:
+                    os.unlink(temp)  # refused before any of it was written: nothing is left behind
+                    self._forget(upload)
+                    raise
             os.pwrite(fd, unb64(req.data), offset)
             if req.final:
                 os.fchmod(fd, int(req.mode))
@@ -217,7 +257,7 @@ class Files:
         with os.scandir(path) as it:
             for entry in it:
                 try:
-                    entries.append(file_stat(entry.path, entry.name))
+                    entries.append(file_stat(entry.path, entry.name, bool(req.labels)))
                 except FileNotFoundError:
                     continue
         entries.sort(key=lambda e: e.name)
@@ -225,7 +265,7 @@ class Files:
 
     def stat(self, req: P.StatFile) -> P.FileStat:
         path = absolute(req.path)
-        return file_stat(path, os.path.basename(path) or "/")
+        return file_stat(path, os.path.basename(path) or "/", bool(req.labels))
 
     def delete(self, req: P.DeleteFile) -> P.Empty:
         path = absolute(req.path)

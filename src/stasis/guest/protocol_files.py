@@ -33,6 +33,7 @@ class FileStat:
     owner: str = ""  # user and group names (the number when the guest has no name for it)
     group: str = ""
     target: str | None = None  # a symlink's target
+    labels: dict[str, str] | None = None  # its user.e2b.* extended attributes, prefix stripped (asked for: labels)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class WriteFile(Operation[PathResult]):
     make_parents: bool = True
     abort: bool = False  # the upload was cut off: remove its temp file now
     owner: str | None = None  # a user of the guest: the file (and parents it makes) become theirs
+    labels: dict[str, str] | None = None  # with the first chunk: user.e2b.* extended attributes it gets (E2B's)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class ListDir(Operation[DirListing]):
     op = "file_list"
     result = DirListing
     path: str
+    labels: bool = False  # each entry's user.e2b.* extended attributes too
 
 
 @dataclass
@@ -104,6 +107,7 @@ class StatFile(Operation[FileStat]):
     op = "file_stat"
     result = FileStat
     path: str
+    labels: bool = False  # its user.e2b.* extended attributes too
 
 
 @dataclass

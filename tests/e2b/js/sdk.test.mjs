@@ -88,10 +88,15 @@ test('a wrong API key is refused', async () => {
 test('watchDir streams the changes below a directory', async () => {
   await sbx.files.makeDir('/tmp/jswatch/deep')
   const seen = []
-  const watcher = await sbx.files.watchDir('/tmp/jswatch', (e) => seen.push(`${e.name} ${e.type}`), { recursive: true })
+  const entries = []
+  const watcher = await sbx.files.watchDir('/tmp/jswatch', (e) => {
+    seen.push(`${e.name} ${e.type}`)
+    if (e.entry) entries.push(e.entry)
+  }, { recursive: true, includeEntry: true })  // envd 0.6.3's entry info
   try {
     await sbx.files.write('/tmp/jswatch/deep/f.txt', 'x')
     await waitFor(async () => seen.some((s) => s.startsWith('deep/f.txt')))
+    await waitFor(async () => entries.some((e) => e.path === '/tmp/jswatch/deep/f.txt' && e.size === 1))
   } finally {
     await watcher.stop()
   }

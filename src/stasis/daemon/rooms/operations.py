@@ -244,10 +244,12 @@ class GuestOperations:
         return chunks()
 
     async def write_file(
-        self, ref: str, path: str, data: bytes | AsyncIterator[bytes], mode: int = 0o644, owner: str | None = None
-    ) -> FileEntry:
+        self, ref: str, path: str, data: bytes | AsyncIterator[bytes], mode: int = 0o644, owner: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> FileEntry:  # fmt: skip
         """Write ``data`` (bytes, or chunks as they arrive) atomically: the file appears whole or not at all.
-        ``owner``: a user of the sandbox who owns it (and the parent directories it makes); else root."""
+        ``owner``: a user of the sandbox who owns it (and the parent directories it makes); else root.
+        ``labels``: its user.e2b.* extended attributes (E2B's file metadata), set before any data is sent."""
         upload_id, offset, pending = secrets.token_hex(6), 0, bytearray()
         chunks = _single(data) if isinstance(data, bytes) else data
         async with self.service.guest(ref) as channel:
@@ -255,7 +257,7 @@ class GuestOperations:
             async def send(part: bytes, final: bool) -> None:
                 encoded = base64.b64encode(part).decode()
                 op = P.WriteFile(path=path, data=encoded, offset=offset, final=final, upload_id=upload_id, mode=mode,
-                                 owner=owner)  # fmt: skip
+                                 owner=owner, labels=labels if offset == 0 else None)  # fmt: skip
                 await channel.call(op, timeout=120)
 
             try:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import re
 import stat
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from connectrpc.code import Code
@@ -38,12 +39,19 @@ EVENT_TYPES = {
 WRITE_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.stasis-[A-Za-z0-9_-]+$")  # the agent's, beside a file it writes
 WATCH_WAIT = 10.0  # seconds a watch read waits before a keepalive goes out
 MAX_DEPTH = 32
+MAX_WATCHERS = 4096  # polling watchers remembered for include_entry
+METADATA_HEADER = "x-metadata-"  # envd 0.6.2: an upload's X-Metadata-KEY headers, the file's user.e2b.KEY attributes
+METADATA_KEY = re.compile(r"\A[A-Za-z0-9!#$%&'*+\-.^_`|~]{1,200}\Z")  # an HTTP token, as the SDKs check it
+MAX_METADATA = 64
+METADATA_VALUE = re.compile(r"\A[\x20-\x7e]{0,4096}\Z")
 
 
 class FilesystemService:
     def __init__(self, core: SandboxService, ops: GuestOperations) -> None:
         self.core = core
         self.ops = ops
+        # a polling watcher's directory, for the entries its events carry (include_entry): (sandbox, watch) -> it
+        self._watchers: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
 
     def _user(self, sandbox_id: str, user: str | None) -> str | None:
         """The user a request acts as: the one it names, else the image's default (None: root)."""
@@ -66,7 +74,7 @@ class FilesystemService:
 
     async def stat(self, request: pb.StatRequest, ctx: RequestContext[Any, Any]) -> pb.StatResponse:
         sandbox_id, path, _ = self._target(ctx, request.path)
-        return pb.StatResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=path))))
+        return pb.StatResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=path, labels=True))))
 
     async def make_dir(self, request: pb.MakeDirRequest, ctx: RequestContext[Any, Any]) -> pb.MakeDirResponse:
         sandbox_id, path, user = self._target(ctx, request.path)
@@ -88,7 +96,7 @@ class FilesystemService:
         if result.exit_code != 0:
             message = base64.b64decode(result.stderr).decode(errors="replace").strip()
             raise ConnectError(Code.INVALID_ARGUMENT, clip(f"moving {source} to {destination} failed: {message}"))
-        return pb.MoveResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=destination))))
+        return pb.MoveResponse(entry=entry(await self._call(sandbox_id, P.StatFile(path=destination, labels=True))))
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: RequestContext[Any, Any]) -> pb.ListDirResponse:
         sandbox_id, path, _ = self._target(ctx, request.path)
@@ -99,7 +107,7 @@ class FilesystemService:
 
         async def walk(directory: str, level: int) -> None:
             """envd's order (a walk of the tree): each entry, then what is below it, before its next sibling."""
-            listing = await self._call(sandbox_id, P.ListDir(path=directory))
+            listing = await self._call(sandbox_id, P.ListDir(path=directory, labels=True))
             for item in sorted(listing.entries, key=lambda e: e.name):
                 found.append(entry(item))
                 if item.type == "directory" and level < depth:
@@ -122,6 +130,10 @@ class FilesystemService:
     ) -> pb.CreateWatcherResponse:
         sandbox_id, path, _ = self._target(ctx, request.path)
         watch = await self._call(sandbox_id, P.StartWatch(path=path, recursive=bool(request.recursive)))
+        if request.include_entry:
+            self._watchers[(sandbox_id, watch.id)] = path
+            while len(self._watchers) > MAX_WATCHERS:  # watchers never removed, of sandboxes long gone
+                self._watchers.popitem(last=False)
         return pb.CreateWatcherResponse(watcher_id=watch.id)
 
     async def get_watcher_events(
@@ -129,12 +141,17 @@ class FilesystemService:
     ) -> pb.GetWatcherEventsResponse:
         sandbox_id, _ = caller(ctx)
         batch = await self._call(sandbox_id, P.ReadWatch(id=request.watcher_id, wait=0))
-        return pb.GetWatcherEventsResponse(events=fs_events(batch.events))
+        events = fs_events(batch.events)
+        if (root := self._watchers.get((sandbox_id, request.watcher_id))) is not None:
+            async with self.core.guest(sandbox_id) as channel:
+                events = await with_entries(channel, root, events)
+        return pb.GetWatcherEventsResponse(events=events)
 
     async def remove_watcher(
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[Any, Any]
     ) -> pb.RemoveWatcherResponse:
         sandbox_id, _ = caller(ctx)
+        self._watchers.pop((sandbox_id, request.watcher_id), None)
         await self._call(sandbox_id, P.StopWatch(id=request.watcher_id))
         return pb.RemoveWatcherResponse()
 
@@ -152,7 +169,10 @@ class FilesystemService:
                 yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
                 while True:
                     batch = await channel.call(P.ReadWatch(id=watch.id, wait=WATCH_WAIT), timeout=WATCH_WAIT + 60)
-                    for item in fs_events(batch.events):
+                    events = fs_events(batch.events)
+                    if request.include_entry:
+                        events = await with_entries(channel, path, events)
+                    for item in events:
                         yield pb.WatchDirResponse(event=Oneof("filesystem", item))
                     if batch.closed:
                         return
@@ -161,6 +181,19 @@ class FilesystemService:
             finally:
                 with contextlib.suppress(Exception):  # the watch goes with the stream, even a cut one
                     await asyncio.shield(channel.call(P.StopWatch(id=watch.id)))
+
+
+async def with_entries(channel: Any, root: str, events: list[pb.FilesystemEvent]) -> list[pb.FilesystemEvent]:
+    """envd 0.6.3's include_entry: each event with its entry's info, where the entry is there to stat (not for a
+    removal or a rename away)."""
+    out = []
+    for event in events:
+        info = None
+        if event.type not in (pb.EventType.REMOVE, pb.EventType.RENAME):
+            with contextlib.suppress(StasisError):
+                info = entry(await channel.call(P.StatFile(path=f"{root.rstrip('/')}/{event.name}", labels=True)))
+        out.append(pb.FilesystemEvent(name=event.name, type=event.type, entry=info))
+    return out
 
 
 def fs_event(item: P.WatchEvent) -> pb.FilesystemEvent:
@@ -194,6 +227,7 @@ def entry(item: P.FileStat) -> pb.EntryInfo:
         name=item.name, type=FILE_TYPES.get(item.type, pb.FileType.UNSPECIFIED), path=item.path, size=item.size,
         mode=item.mode, permissions=kind + stat.filemode(item.mode)[1:], owner=item.owner, group=item.group,
         modified_time=modified, symlink_target=item.target, is_symlink=item.type == "symlink",
+        metadata=item.labels or {},
     )  # fmt: skip
 
 
@@ -225,18 +259,29 @@ def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:
     @app.post("/files")
     async def upload(request: Request, path: str | None = None) -> list[dict[str, Any]]:
         sandbox_id = request.headers[SANDBOX_HEADER]
+        labels = metadata_of(request.headers)
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+        async def written(destination: str, body: AsyncIterator[bytes], user: str | None) -> dict[str, Any]:
+            await ops.write_file(sandbox_id, destination, body, owner=user, labels=labels)
+            answer = {"name": destination.rsplit("/", 1)[-1], "type": "file", "path": destination}
+            if labels:  # what the file now carries (an agent older than metadata would have dropped it: said)
+                kept = (await files._call(sandbox_id, P.StatFile(path=destination, labels=True))).labels or {}
+                if kept != labels:
+                    raise StasisError(f"{clip(destination)} was written without its metadata: restart the sandbox")
+                answer["metadata"] = kept
+            return answer
+
         if kind == "application/octet-stream":  # envd 0.5.7's: one file, the body as it is (gzip if said)
             _, destination, user = target(request, path)
             encoding = request.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("identity", "gzip"):
                 raise InvalidRequest(f"Content-Encoding {encoding[:40]!r}: send the body as it is, or gzip")
             body = request.stream() if encoding == "identity" else _gunzipped(request.stream())
-            await ops.write_file(sandbox_id, destination, body, owner=user)
-            return [{"name": destination.rsplit("/", 1)[-1], "type": "file", "path": destination}]
+            return [await written(destination, body, user)]
         if kind != "multipart/form-data":
             raise InvalidRequest("upload a file as application/octet-stream (one) or multipart/form-data (several)")
-        written = []
+        answers = []
         async with request.form(max_files=1000, max_part_size=1 << 30) as form:
             parts = form.getlist("file")
             if not parts:
@@ -246,11 +291,28 @@ def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:
                     raise InvalidRequest("each 'file' part must be a file")
                 name = path if path is not None and len(parts) == 1 else part.filename
                 _, destination, user = target(request, name)
-                await ops.write_file(sandbox_id, destination, _pieces(part), owner=user)
-                written.append({"name": destination.rsplit("/", 1)[-1], "type": "file", "path": destination})
-        return written
+                answers.append(await written(destination, _pieces(part), user))
+        return answers
 
     return app
+
+
+def metadata_of(headers: Mapping[str, str]) -> dict[str, str]:
+    """An upload's file metadata (envd 0.6.2): its ``X-Metadata-KEY: VALUE`` headers, keys lowercased."""
+    found = {}
+    for name, value in headers.items():
+        if not name.lower().startswith(METADATA_HEADER):
+            continue
+        key = name[len(METADATA_HEADER) :].lower()
+        if not METADATA_KEY.match(key) or not METADATA_VALUE.match(value):
+            raise InvalidRequest(
+                f"metadata {key[:60]!r}: a key is an HTTP token (letters, digits, !#$%&'*+-.^_`|~, at most 200), "
+                "a value printable US-ASCII (at most 4096)"
+            )
+        found[key] = value
+    if len(found) > MAX_METADATA:
+        raise InvalidRequest(f"{len(found)} metadata keys: at most {MAX_METADATA}")
+    return found
 
 
 async def _gunzipped(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -17,7 +17,7 @@ from ....netpolicy import NetworkPolicy
 from .records import Record
 from .room import PAUSED, Defaults, E2bRoom
 
-ENVD_VERSION = "0.5.7"  # the envd features served here (see e2b.envd.versions): not file metadata (0.6.2)
+ENVD_VERSION = "0.6.4"  # the envd features served here (see e2b.envd.versions): metadata, watch entries, all of them
 CLIENT_ID = "stasis"
 ALL_TRAFFIC = "0.0.0.0/0"
 WIDE_OPEN = (
