@@ -7,8 +7,11 @@ import socket
 
 import httpx
 from e2b import Sandbox
+from e2b_code_interpreter import Sandbox as CodeSandbox
 
-from stasis import Client, ImageNotFound
+from stasis import Client, ImageNotFound, Template
+from stasis import Sandbox as StasisSandbox
+from stasis.e2b_wire import code_template_name
 from stasis.sdk.e2b import BASE_IMAGE
 from stasis.sdk.image import get_image
 from tests.conftest import Daemon, new_home, terminate_all, wait_until
@@ -48,6 +51,16 @@ def test_a_connected_e2b_client_goes_on_after_the_daemon_restarts() -> None:
             wait_until(lambda: has_image(client, BASE_IMAGE), timeout=600)
         opts = {"api_key": exports["E2B_API_KEY"], "api_url": exports["E2B_API_URL"],
                 "sandbox_url": exports["E2B_SANDBOX_URL"]}  # fmt: skip
+        with daemon.client() as client:  # and code-interpreter-v1's warm template, once, in the background
+            wait_until(lambda: code_template_name("gvisor") in {t.name for t in Template.list(client)}, timeout=900)
+        interpreter = CodeSandbox.create(timeout=600, **opts)
+        try:
+            assert interpreter.run_code("6 * 7").text == "42"
+            with daemon.client() as client:  # warm: started from the template, its kernel server already running
+                warm = StasisSandbox.connect(interpreter.sandbox_id, client=client).list_processes()
+                assert "template-start" in {p.name for p in warm}
+        finally:
+            interpreter.kill()
         sbx = Sandbox.create(timeout=900, **opts)
         sbx.commands.run("echo kept > note")
         # get_host names a host this machine resolves (*.localhost) and the listener routes by its Host

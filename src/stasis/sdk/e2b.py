@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Unpack
 
 from .. import kernels
 from ..e2b_wire import BASE_IMAGE, CODE_IMAGE, code_template_name
 from ..errors import NotFound
 from ..images import ImageInfo
 from ..models import TEMPLATE_PREFIX, E2bServeRequest
-from ._base import Call, checkpoint_call
+from ._base import Call, CreateOptions, checkpoint_call
 from ._client import Client
 from .image import Image, StepCallback
 
@@ -38,9 +38,9 @@ def code_image(client: Client | None = None, on_step: StepCallback | None = None
     return _image(CODE_IMAGE, CODE, client or Client(), on_step)
 
 
-def code_template(backend: str, client: Client | None = None) -> None:
+def code_template(backend: str, client: Client | None = None, **options: Unpack[CreateOptions]) -> None:
     """E2B's ``code-interpreter-v1`` warm on ``backend``: its kernel server and a Python kernel already running
-    in every sandbox made from it (made once per backend, found after)."""
+    in every sandbox made from it (made once per backend, found after). ``options``: the sandbox it is made in."""
     from .template import interpreter_template
 
     client = client or Client()
@@ -50,7 +50,7 @@ def code_template(backend: str, client: Client | None = None) -> None:
         made = client.call(checkpoint_call("GET", TEMPLATE_PREFIX + name))
         if (made.backend, made.image) == (backend, image.key):  # this backend, this very image (not an older one)
             return
-    interpreter_template(name, image=CODE_IMAGE, backend=backend, replace=True, client=client)
+    interpreter_template(name, image=CODE_IMAGE, backend=backend, replace=True, client=client, **options)
 
 
 def _image(name: str, recipe: Image, client: Client, on_step: StepCallback | None) -> ImageInfo:

@@ -61,7 +61,7 @@ class Template:
         existing = cls._find(name, client)
         if existing is not None and not replace:
             raise NameTaken(f"a template named {name!r} exists; pass replace=True (--replace) to make it again")
-        sbx = Sandbox.create(client=client, image=image, timeout_secs=None, **options)
+        sbx = Sandbox.create(client=client, image=image, **({"timeout_secs": None} | dict(options)))  # type: ignore[arg-type]
         try:
             server = sbx.start_process(["/bin/sh", "-c", start_cmd], name="template-start")
             started_at = time.monotonic()

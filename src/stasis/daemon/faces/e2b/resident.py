@@ -15,6 +15,7 @@ from .room import Defaults
 
 log = logging.getLogger(__name__)
 EXPORTS_FILE = "e2b-exports"
+TEMPLATE_BUILD_IDLE = 900  # seconds: the template's making sandbox, left by a stop that cut the making off, ends
 
 
 async def serve_e2b(rooms: Rooms, paths: Paths, request: E2bServeRequest) -> None:
@@ -31,17 +32,17 @@ async def serve_e2b(rooms: Rooms, paths: Paths, request: E2bServeRequest) -> Non
 
 
 def _images(paths: Paths, backend: str) -> None:
-    """E2B's templates' images, made once (as `stasis e2b serve` makes them) through the daemon's own socket,
-    which answers once the daemon has started: until then a create of one of them fails saying it is missing.
-    code-interpreter-v1's warm template is not made here (it boots a sandbox, which a daemon's stop would cut
-    off): `stasis e2b serve` makes it once, and without it the template starts from its image."""
+    """E2B's templates' images and code-interpreter-v1's warm template, made once (as `stasis e2b serve` makes
+    them) through the daemon's own socket, which answers once the daemon has started: until then a create of
+    one of them fails saying it is missing, and code-interpreter-v1 starts from its image. The sandbox the
+    template is made in ends itself when idle, should a daemon's stop cut the making off."""
     from ....sdk import Client
-    from ....sdk.e2b import base_image, code_image
+    from ....sdk.e2b import base_image, code_template
 
     try:
         with Client(paths=paths) as client:
             base_image(client)
-            code_image(client)
-        log.info("E2B's templates' images are ready (%s)", backend)
+            code_template(backend, client, timeout_secs=TEMPLATE_BUILD_IDLE, on_idle="terminate")
+        log.info("E2B's templates' images and code-interpreter-v1's warm template are ready (%s)", backend)
     except Exception as exc:  # logged: the face still serves every other template
         log.warning("E2B's templates could not all be made: %s", exc)
