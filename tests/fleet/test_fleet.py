@@ -428,6 +428,10 @@ def test_the_e2b_sdk_through_the_fleets_face(fleet: Fleet) -> None:
             assert sbx.commands.run(f"echo {i} $(whoami)").stdout == f"{i} user\n"
             sbx.files.write("/home/user/note", f"rollout {i}")
             assert sbx.files.read("/home/user/note") == f"rollout {i}"
+            signed = sbx.download_url("/home/user/note")  # no header: the door finds the sandbox by its signature
+            assert httpx.get(signed, timeout=60).text == f"rollout {i}"
+        host_of = made[1].get_host(8000)
+        assert host_of.startswith(f"8000-{made[1].sandbox_id}.localhost:")  # the door's own listener
         listed = {s.sandbox_id: s.metadata for s in E2bSandbox.list(query=None, **opts).next_items()}
         assert {sid: listed.get(sid) for sid in nodes} == {s.sandbox_id: s.get_info().metadata for s in made}
         assert sorted(listed[sid]["rollout"] for sid in nodes) == ["0", "1", "2", "3"]

@@ -34,8 +34,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake
 from websockets.typing import Subprotocol
 
+from ..e2b_signatures import FILES_PATH, signed_with, signer
 from ..e2b_wire import (
     API_KEY_HEADER,
+    ENVD_PORT,
     PORT_HEADER,
     SANDBOX_HEADER,
     TOKEN_HEADER,
@@ -130,7 +132,7 @@ class FleetE2b:
         if scope["type"] == "lifespan":
             return
         headers = Headers(scope=scope)
-        target = sandbox_target(headers, self.domain)
+        target = sandbox_target(headers, self.domain) or self._signed_target(scope)
         if target is None:
             await self.control(scope, receive, send)
             return
@@ -140,7 +142,7 @@ class FleetE2b:
             await _refuse(scope, receive, send, 400, "the request's target must be a path (/...)")
             return
         try:
-            client = await self.faces.client(await self._holder(headers, checked(ref)))
+            client = await self.faces.client(await self._holder(headers, checked(ref), scope, port))
         except StasisError as exc:
             await _refuse(scope, receive, send, exc.status_code, exc.message)
             return
@@ -156,15 +158,30 @@ class FleetE2b:
         else:
             await _proxy(client, Request(scope, receive), send, scope, receive)
 
-    async def _holder(self, headers: Headers, ref: str) -> dict[str, Any]:
+    async def _holder(self, headers: Headers, ref: str, scope: Scope, port: int) -> dict[str, Any]:
         """The node of ``ref``: with a credential, wherever it is (back from the store if need be); without one
         (a public sandbox's port), only the node the door already knows holds it, asking no node, and otherwise
         refused in the words a node uses for a wrong token."""
-        if self._credited(headers, ref):
+        if self._credited(headers, ref) or self._signed(scope, ref, port):
             return await self.nodes.found("sandboxes", ref)
         if (node := self.nodes.cached(ref)) is None:  # no lookup for whoever has no credential
             raise _Unauthorized(UNAUTHORIZED)
         return node
+
+    def _signed(self, scope: Scope, ref: str, port: int) -> bool:
+        """A signed file URL of ``ref`` (envd's /files, its one file and operation): the node checks it again."""
+        if port != ENVD_PORT or scope["type"] != "http":
+            return False
+        token = derived_token(self.token, "envd", ref)
+        return signed_with(token, scope["method"], scope["path"], scope.get("query_string", b""))
+
+    def _signed_target(self, scope: Scope) -> tuple[str, int] | None:
+        """A signed file URL that names no sandbox: the one, among those the door knows, whose token signed it."""
+        if scope["type"] != "http" or scope.get("path") != FILES_PATH:
+            return None
+        candidates = ((ref, derived_token(self.token, "envd", ref)) for ref in reversed(self.nodes.remembered()))
+        ref = signer(candidates, scope["method"], FILES_PATH, scope.get("query_string", b""))
+        return None if ref is None else (ref, ENVD_PORT)
 
     def _credited(self, headers: Headers, ref: str) -> bool:
         if _same(headers.get(API_KEY_HEADER), self.token):

@@ -120,6 +120,10 @@ class Nodes:
         while len(self._where) > REMEMBERED:
             self._where.popitem(last=False)
 
+    def remembered(self) -> list[str]:
+        """The refs the door knows the node of (newest last), for what must find its sandbox among them."""
+        return list(self._where)
+
     def cached(self, ref: str) -> dict[str, Any] | None:
         """The live node the cache says holds ``ref`` (unchecked: a 404 from it sends the door asking all)."""
         node = self._described.get(self._where.get(ref, ""))

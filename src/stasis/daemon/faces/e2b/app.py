@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from ....desktop import VNC_PORT, VNC_VIEW_PORT
+from ....e2b_signatures import FILES_PATH, signed_with, signer
 from ....e2b_wire import ENVD_PORT, UNAUTHORIZED, sandbox_target
 from ....errors import InvalidRequest, StasisError, clip
 from ....kernels import PORT as KERNEL_PORT
@@ -35,7 +36,6 @@ from .port_websocket import proxy_websocket
 from .process import ProcessService
 from .requests import SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from .room import PAUSED, Defaults, E2bRoom
-from .signatures import FILES_PATH, signed_with, signer
 
 log = logging.getLogger(__name__)
 

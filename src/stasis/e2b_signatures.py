@@ -1,4 +1,5 @@
-"""envd's signed file URLs (the SDKs' ``download_url`` / ``upload_url``): ``?path=P&username=U&signature=v1_S``
+"""envd's signed file URLs (the SDKs' ``download_url`` / ``upload_url``), checked by the daemon's E2B face and
+by a fleet's router in front of several: ``?path=P&username=U&signature=v1_S``
 with S the unpadded base64 of sha256(``P:OPERATION:U:ENVD_TOKEN[:EXPIRATION]``). A signature is a credential for
 that one file, that one operation (GET reads, POST writes), as that user, until ``signature_expiration``.
 
