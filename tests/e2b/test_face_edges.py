@@ -187,5 +187,17 @@ def test_a_signed_file_url_opens_its_one_file_for_its_one_operation_until_it_exp
         assert start.status_code == 401  # a file's signature never runs a command
         unsigned = await http.get("/files", params={"path": "/missing", "signature": "v1_x"})
         assert unsigned.status_code == 401  # no sandbox's: the control plane's refusal
+        # the review's doors: a header's user never replaces the signed one; one signed upload writes one file
+        as_root = {**named, "Authorization": "Basic cm9vdDo="}  # root:
+        as_signed = await http.get("/files", params=signed("missing", "read", user="user"), headers=as_root)
+        assert as_signed.status_code == 404 and "/home/user/missing" in as_signed.text, as_signed.text
+        files = [("file", ("/etc/profile.d/x.sh", b"x")), ("file", ("b", b"y"))]
+        two = await http.post("/files", params=signed("/tmp/one", "write"), files=files, headers=named)
+        assert two.status_code == 400, two.text
+        for user in ("root:root", "a:write:b"):  # a user with a colon: the signed text has no escaping
+            query = signed("/missing", "read", user=user)
+            assert (await http.get("/files", params=query, headers=named)).status_code == 401
+        padded = {**signed("/missing", "read"), "junk": "x" * 9000}  # checked against every sandbox: bounded first
+        assert (await http.get("/files", params=padded)).status_code == 401
 
     with_face(scenario)

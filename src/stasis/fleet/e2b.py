@@ -58,6 +58,8 @@ from .sockets import MAX_MESSAGE, OPEN_TIMEOUT, relay
 log = logging.getLogger(__name__)
 
 HEARTBEAT = 15.0
+SANDBOX_ID_PREFIX = "sb-"
+SIGNED_CANDIDATES = 4096  # a header-less signed URL is matched among the sandboxes the door knew last, this many
 PASSED_ON = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host",
                        "content-length", "proxy-authorization"})  # not authorization: envd's user is in it  # fmt: skip
 WEBSOCKET_OWN = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
@@ -179,7 +181,8 @@ class FleetE2b:
         """A signed file URL that names no sandbox: the one, among those the door knows, whose token signed it."""
         if scope["type"] != "http" or scope.get("path") != FILES_PATH:
             return None
-        candidates = ((ref, derived_token(self.token, "envd", ref)) for ref in reversed(self.nodes.remembered()))
+        known = [ref for ref in reversed(self.nodes.remembered()) if ref.startswith(SANDBOX_ID_PREFIX)]
+        candidates = ((ref, derived_token(self.token, "envd", ref)) for ref in known[:SIGNED_CANDIDATES])
         ref = signer(candidates, scope["method"], FILES_PATH, scope.get("query_string", b""))
         return None if ref is None else (ref, ENVD_PORT)
 

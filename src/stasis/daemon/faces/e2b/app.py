@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from ....desktop import VNC_PORT, VNC_VIEW_PORT
-from ....e2b_signatures import FILES_PATH, signed_with, signer
+from ....e2b_signatures import FILES_PATH, SIGNED_SCOPE, signed_with, signer
 from ....e2b_wire import ENVD_PORT, UNAUTHORIZED, sandbox_target
 from ....errors import InvalidRequest, StasisError, clip
 from ....kernels import PORT as KERNEL_PORT
@@ -38,6 +38,7 @@ from .requests import SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from .room import PAUSED, Defaults, E2bRoom
 
 log = logging.getLogger(__name__)
+SIGNED = "signature"
 
 
 def envd_only(port: int, path: str) -> bool:
@@ -75,9 +76,13 @@ class E2bApp:
         if not 0 < port < 65536:
             await self.refuse(scope, receive, send, 400, "E2b-Sandbox-Port must be a port number (1-65535)")
             return
-        if not self.admitted(headers, ref, port, scope):
+        admission = self.admitted(headers, ref, port, scope)
+        if not admission:
             await self.refuse(scope, receive, send, 401, UNAUTHORIZED)
             return
+        if admission == SIGNED:  # its one file, operation and user: the user is the signed one, never a header's
+            kept = [(k, v) for k, v in scope["headers"] if k.lower() != b"authorization"]
+            scope = {**scope, "headers": kept, SIGNED_SCOPE: True}
         try:
             info = self.room.sandbox(ref)
         except StasisError as exc:
@@ -99,23 +104,26 @@ class E2bApp:
         else:
             await self.files(scope, receive, send)
 
-    def admitted(self, headers: Headers, ref: str, port: int, scope: Scope) -> bool:
-        """Whether a request may reach ``port`` of the sandbox ``ref``, from its credentials alone: the tokens are
-        the id's, so a name needs the API key. What runs code or drives the desktop (envd, the kernel server's
-        ``/execute``, stasis' own VNC servers) needs the envd token even on a public sandbox; the traffic token
-        opens the rest; a signed file URL opens its one file."""
+    def admitted(self, headers: Headers, ref: str, port: int, scope: Scope) -> str | None:
+        """How a request may reach ``port`` of the sandbox ``ref``, from its credentials alone (None: it may not):
+        the tokens are the id's, so a name needs the API key. What runs code or drives the desktop (envd, the
+        kernel server's ``/execute``, stasis' own VNC servers) needs the envd token even on a public sandbox; the
+        traffic token opens the rest; a signed file URL (SIGNED) opens its one file."""
         keys = self.room.keys
         if keys.valid_api_key(headers.get("x-api-key")):
-            return True
+            return "key"
         presented = (headers.get(TOKEN_HEADER), headers.get(TRAFFIC_TOKEN_HEADER))
         if any(keys.valid_envd_token(ref, token) for token in presented):
-            return True
+            return "envd"
         path: str = scope.get("path", "")
         if port == ENVD_PORT and scope["type"] == "http":
-            return signed_with(keys.envd_token(ref), scope["method"], path, scope.get("query_string", b""))
+            signed = signed_with(keys.envd_token(ref), scope["method"], path, scope.get("query_string", b""))
+            return SIGNED if signed else None
         if envd_only(port, path):
-            return False
-        return any(keys.valid_traffic_token(ref, token) for token in presented) or self.public(ref)
+            return None
+        if any(keys.valid_traffic_token(ref, token) for token in presented) or self.public(ref):
+            return "traffic"
+        return None
 
     def public(self, ref: str) -> bool:
         """Whether ``ref`` is the id of a sandbox made with ``allowPublicTraffic`` (its ports need no token)."""

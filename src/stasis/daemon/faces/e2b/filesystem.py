@@ -10,6 +10,7 @@ import asyncio
 import base64
 import collections
 import contextlib
+import logging
 import re
 import stat
 import zlib
@@ -25,11 +26,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf import timestamp_pb
 
+from ....e2b_signatures import SIGNED_SCOPE
 from ....errors import InvalidRequest, StasisError, clip
 from ....guest import protocol as P
+from ....validation import validate_user
 from ...core.service import SandboxService
 from ...rooms.operations import GuestOperations
 from .requests import SANDBOX_HEADER, absolute, caller, rpc_error, sandbox_error, user_of
+
+log = logging.getLogger(__name__)
 
 FILE_TYPES = {"file": pb.FileType.FILE, "directory": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
 EVENT_TYPES = {
@@ -39,7 +44,8 @@ EVENT_TYPES = {
 WRITE_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.stasis-[A-Za-z0-9_-]+$")  # the agent's, beside a file it writes
 WATCH_WAIT = 10.0  # seconds a watch read waits before a keepalive goes out
 MAX_DEPTH = 32
-MAX_WATCHERS = 4096  # polling watchers remembered for include_entry
+MAX_WATCHERS_EACH = 64  # polling watchers remembered for include_entry, per sandbox
+MAX_WATCHED_SANDBOXES = 1024
 METADATA_HEADER = "x-metadata-"  # envd 0.6.2: an upload's X-Metadata-KEY headers, the file's user.e2b.KEY attributes
 METADATA_KEY = re.compile(r"\A[A-Za-z0-9!#$%&'*+\-.^_`|~]{1,200}\Z")  # an HTTP token, as the SDKs check it
 MAX_METADATA = 64
@@ -50,8 +56,8 @@ class FilesystemService:
     def __init__(self, core: SandboxService, ops: GuestOperations) -> None:
         self.core = core
         self.ops = ops
-        # a polling watcher's directory, for the entries its events carry (include_entry): (sandbox, watch) -> it
-        self._watchers: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
+        # a polling watcher's directory, for the entries its events carry (include_entry): sandbox -> watch -> it
+        self._watchers: collections.OrderedDict[str, collections.OrderedDict[str, str]] = collections.OrderedDict()
 
     def _user(self, sandbox_id: str, user: str | None) -> str | None:
         """The user a request acts as: the one it names, else the image's default (None: root)."""
@@ -131,10 +137,22 @@ class FilesystemService:
         sandbox_id, path, _ = self._target(ctx, request.path)
         watch = await self._call(sandbox_id, P.StartWatch(path=path, recursive=bool(request.recursive)))
         if request.include_entry:
-            self._watchers[(sandbox_id, watch.id)] = path
-            while len(self._watchers) > MAX_WATCHERS:  # watchers never removed, of sandboxes long gone
-                self._watchers.popitem(last=False)
+            self._remember(sandbox_id, watch.id, path)
         return pb.CreateWatcherResponse(watcher_id=watch.id)
+
+    def _remember(self, sandbox_id: str, watch_id: str, root: str) -> None:
+        """A polling watcher's directory, bounded: its id is the agent's (the sandbox's to say), and watchers
+        that are never removed, of sandboxes long gone, make way for newer ones."""
+        if len(watch_id) > 64 or len(root) > 4096:  # no agent of stasis' says such an id; no path is that long
+            log.warning("%s: a watcher %r of %d characters is not remembered", sandbox_id, watch_id[:64], len(root))
+            return
+        mine = self._watchers.setdefault(sandbox_id, collections.OrderedDict())
+        self._watchers.move_to_end(sandbox_id)
+        mine[watch_id] = root
+        while len(mine) > MAX_WATCHERS_EACH:
+            mine.popitem(last=False)
+        while len(self._watchers) > MAX_WATCHED_SANDBOXES:
+            self._watchers.popitem(last=False)
 
     async def get_watcher_events(
         self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[Any, Any]
@@ -142,7 +160,7 @@ class FilesystemService:
         sandbox_id, _ = caller(ctx)
         batch = await self._call(sandbox_id, P.ReadWatch(id=request.watcher_id, wait=0))
         events = fs_events(batch.events)
-        if (root := self._watchers.get((sandbox_id, request.watcher_id))) is not None:
+        if (root := self._watchers.get(sandbox_id, {}).get(request.watcher_id)) is not None:
             async with self.core.guest(sandbox_id) as channel:
                 events = await with_entries(channel, root, events)
         return pb.GetWatcherEventsResponse(events=events)
@@ -151,7 +169,7 @@ class FilesystemService:
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[Any, Any]
     ) -> pb.RemoveWatcherResponse:
         sandbox_id, _ = caller(ctx)
-        self._watchers.pop((sandbox_id, request.watcher_id), None)
+        self._watchers.get(sandbox_id, {}).pop(request.watcher_id, None)
         await self._call(sandbox_id, P.StopWatch(id=request.watcher_id))
         return pb.RemoveWatcherResponse()
 
@@ -237,7 +255,12 @@ def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:
 
     def target(request: Request, path: str | None) -> tuple[str, str, str | None]:
         sandbox_id = request.headers[SANDBOX_HEADER]
-        user = files._user(sandbox_id, user_of(request.headers) or request.query_params.get("username"))
+        named = request.query_params.get("username") or None
+        try:
+            named = validate_user(named) if named is not None else None
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        user = files._user(sandbox_id, user_of(request.headers) or named)
         if path is None:
             raise InvalidRequest("name the file: ?path=")
         return sandbox_id, absolute(path, user), user
@@ -281,11 +304,14 @@ def create_files_app(ops: GuestOperations, files: FilesystemService) -> FastAPI:
             return [await written(destination, body, user)]
         if kind != "multipart/form-data":
             raise InvalidRequest("upload a file as application/octet-stream (one) or multipart/form-data (several)")
+        signed = bool(request.scope.get(SIGNED_SCOPE))  # a signed URL's: its one file, never a part's own name
         answers = []
-        async with request.form(max_files=1000, max_part_size=1 << 30) as form:
+        async with request.form(max_files=1 if signed else 1000, max_part_size=1 << 30) as form:
             parts = form.getlist("file")
             if not parts:
                 raise InvalidRequest("the upload has no 'file' part")
+            if signed and (len(parts) != 1 or path is None):
+                raise InvalidRequest("a signed upload URL writes its one file: send one 'file' part")
             for part in parts:
                 if isinstance(part, str):
                     raise InvalidRequest("each 'file' part must be a file")

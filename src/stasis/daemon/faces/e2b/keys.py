@@ -28,11 +28,11 @@ class E2bKeys:
         if self._token:
             return self._token
         try:
-            return self._path.read_text().strip()
+            self._token = self._path.read_text().strip()  # read once: every sandbox token is derived from it
         except FileNotFoundError:
-            key = "e2b_" + secrets.token_hex(20)
-            atomic_write(self._path, key.encode(), mode=0o600)
-            return key
+            self._token = "e2b_" + secrets.token_hex(20)
+            atomic_write(self._path, self._token.encode(), mode=0o600)
+        return self._token
 
     def valid_api_key(self, presented: str | None) -> bool:
         return presented is not None and hmac.compare_digest(presented.encode(), self.api_key.encode())
