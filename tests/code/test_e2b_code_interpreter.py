@@ -89,8 +89,8 @@ def test_the_python_sdk_runs_code_keeps_its_variables_and_gets_rich_results(list
 
 def test_e2b_cookbook_flows_run_as_on_e2b(listener: Listener) -> None:
     """E2B's cookbook, unchanged in what it assumes: the kernel runs as `user` in /home/user, a data set uploaded
-    there is read with pandas and fitted with scikit-learn, and `!pip install` works (a wheel made here, no
-    index). (`sudo` is the base template's test: it needs a microVM.)"""
+    there is read with pandas and fitted with scikit-learn, `!pip install` works (a wheel made here, no
+    index), and so does `!sudo` (gVisor: the agent's sudo, setuid not working there)."""
     options = {"api_key": listener.exports["E2B_API_KEY"], "api_url": listener.exports["E2B_API_URL"],
                "sandbox_url": listener.exports["E2B_SANDBOX_URL"]}  # fmt: skip
     sbx = Sandbox.create(**options)
@@ -109,6 +109,7 @@ def test_e2b_cookbook_flows_run_as_on_e2b(listener: Listener) -> None:
         installed = sbx.run_code("!pip install --no-index /home/user/stasis_probe-1.0-py3-none-any.whl")
         assert installed.error is None, installed.logs
         assert sbx.run_code("import stasis_probe; stasis_probe.VALUE").text == "42"
+        assert "".join(sbx.run_code("!sudo -n whoami").logs.stdout).split() == ["root"]  # a pty: root\r\n
     finally:
         sbx.kill()
 

@@ -108,11 +108,18 @@ def test_a_command_runs_as_the_base_templates_user_in_its_home(e2b: Listener, sh
     result = shared.commands.run("whoami; pwd; echo to-stderr >&2")
     assert result.stdout == "user\n/home/user\n" and result.stderr == "to-stderr\n" and result.exit_code == 0
     assert shared.commands.run("whoami", user="root").stdout == "root\n"
-    if e2b.backend == "microvm":  # E2B's user has passwordless sudo
-        assert shared.commands.run("sudo -n whoami").stdout == "root\n"
-    else:  # gVisor runs every sandbox with no_new_privs: setuid programs cannot raise anyone to root there
-        with pytest.raises(CommandExitException, match="no new privileges"):
-            shared.commands.run("sudo -n whoami")
+    # E2B's user has passwordless sudo: the real one on a microVM, the agent's where setuid cannot work (gVisor)
+    assert shared.commands.run("sudo -n whoami; sudo -u user whoami; sudo -i pwd").stdout == "root\nuser\n/root\n"
+    piped = shared.commands.run("echo through stdin | sudo sh -c 'cat > /root/owned; stat -c %U /root/owned'")
+    assert piped.stdout == "root\n"
+    with pytest.raises(CommandExitException) as refused:
+        shared.commands.run("sudo sh -c 'echo to-stderr >&2; exit 3'")
+    assert (refused.value.exit_code, refused.value.stderr) == (3, "to-stderr\n")
+    with pytest.raises(CommandExitException) as missing:
+        shared.commands.run("sudo no-such-command")
+    assert "no-such-command" in missing.value.stderr
+    interrupted = shared.commands.run("timeout -s INT 2 sudo sleep 60; sleep 1; pgrep -x sleep || echo gone")
+    assert interrupted.stdout == "gone\n"  # Ctrl-C reaches the command sudo runs
     streamed: list[str] = []
     shared.commands.run("for i in 1 2 3; do echo line-$i; done", on_stdout=streamed.append)
     assert "".join(streamed) == "line-1\nline-2\nline-3\n"

@@ -36,6 +36,8 @@ def test_localhost_resolves_in_a_sandbox_without_network(sandbox: Sandbox) -> No
     reached by its name, as on any machine (websockify, noVNC's proxy, connects to localhost:5900 so)."""
     code = "import socket; print(socket.getaddrinfo('localhost', 80, socket.AF_INET)[0][4][0])"
     assert sandbox.run(["python3", "-c", code]).stdout == "127.0.0.1\n"
+    own = "import socket; print(socket.getaddrinfo(socket.gethostname(), 80, socket.AF_INET)[0][4][0])"
+    assert sandbox.run(["python3", "-c", own]).stdout == "127.0.1.1\n"  # its own name too (sudo asks for it)
 
 
 def test_missing_working_dir_and_command_are_clear_errors(sandbox: Sandbox) -> None:

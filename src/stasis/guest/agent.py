@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import protocol as P
+from . import sudo
 from .changes import pack_changes
 from .commands import Commands
 from .fence import Fence
@@ -231,6 +232,8 @@ class Agent:
         if req.hostname:
             socket.sethostname(str(req.hostname))
             files["/etc/hostname"] = ((str(req.hostname) + "\n").encode(), 0o644)
+            if (hosts := hosts_naming(str(req.hostname))) is not None:  # its own name resolves (sudo asks)
+                files["/etc/hosts"] = (hosts, 0o644)
         if req.machine_id:
             files["/etc/machine-id"] = ((str(req.machine_id) + "\n").encode(), 0o444)
         if files:  # written (and fsynced) while the host goes on: this is on the path to a new sandbox's first exec
@@ -258,6 +261,23 @@ class Agent:
 HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{name}\n"
 
 
+def hosts_naming(name: str) -> bytes | None:
+    """/etc/hosts with its 127.0.1.1 line naming ``name`` (added if it has none); None if it already does or
+    cannot be read."""
+    if os.path.islink("/etc/hosts"):  # the image's own arrangement: left alone
+        return None
+    try:
+        with open("/etc/hosts") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    own = f"127.0.1.1\t{name}"
+    kept = [line for line in lines if not line.startswith("127.0.1.1")]
+    if own in lines and len(kept) == len(lines) - 1:
+        return None
+    return ("\n".join([*kept, own]) + "\n").encode()
+
+
 def ensure_hosts() -> None:
     """An /etc/hosts where the image has none (debootstrap's and many OCI images' have none): without it
     `localhost` resolves nowhere in a sandbox without network. Written once, then the sandbox's own file.
@@ -273,10 +293,16 @@ def ensure_hosts() -> None:
 
 
 def sync_hostname() -> None:
-    """/etc/hostname says the sandbox's name (the image's says where it was built). Only as a sandbox's init."""
+    """/etc/hostname says the sandbox's name (the image's says where it was built), and /etc/hosts resolves it.
+    Only as a sandbox's init."""
     if os.getpid() != 1:
         return
     name = socket.gethostname()
+    if (hosts := hosts_naming(name)) is not None:
+        try:
+            write_atomic("/etc/hosts", hosts)
+        except OSError as exc:
+            print(f"stasis agent: cannot write /etc/hosts: {exc}", file=sys.stderr)
     try:
         with open("/etc/hostname") as f:
             if f.read().strip() == name:
@@ -301,6 +327,7 @@ def main() -> None:
     agent = Agent(sys.stdin.fileno(), sys.stdout.fileno(), setup_fence() if os.getpid() == 1 else None)
     threading.Thread(target=remove_interrupted_uploads, daemon=True).start()
     threading.Thread(target=sync_hostname, daemon=True).start()
+    sudo.start(agent.procs)  # where the backend asks (gVisor: no setuid) and the image names its sudo users
     agent.serve()
 
 

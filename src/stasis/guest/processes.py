@@ -185,6 +185,7 @@ class ProcessTable:
         self.by_pid: dict[int, Process] = {}
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.early_exits: dict[int, int] = {}
+        self.others: dict[int, int | None] = {}  # children started outside the table (sudo's): pid -> exit code
         self.counter = 0
 
     def start_reaping(self) -> None:
@@ -203,7 +204,10 @@ class ProcessTable:
             code = os.waitstatus_to_exitcode(status)
             with self.lock:
                 proc = self.by_pid.pop(pid, None)
-                if proc is None:
+                if proc is None and pid in self.others:
+                    self.others[pid] = code
+                    self.lock.notify_all()
+                elif proc is None:
                     self.early_exits[pid] = code  # reaped before spawn() registered it, or an orphan
                     if len(self.early_exits) > 1024:
                         self.early_exits.pop(next(iter(self.early_exits)))
@@ -227,6 +231,23 @@ class ProcessTable:
             old, _ = self.finished.popitem(last=False)
             self.by_id.pop(old, None)
         self.lock.notify_all()
+
+    def start_other(self, start: Callable[[], subprocess.Popen[bytes]]) -> int:
+        """A child started by ``start`` outside the table (not listed as a process): its pid, to wait for."""
+        with self.lock:  # held until it is known: the reaper records its exit only after
+            popen = start()
+            popen.returncode = 0  # we reap; stop Popen from ever calling waitpid itself
+            self.others[popen.pid] = None
+            self.lock.notify_all()  # wake the reaper if it idles for lack of children
+            return popen.pid
+
+    def wait_other(self, pid: int) -> int:
+        with self.lock:
+            while self.others.get(pid) is None:
+                self.lock.wait()
+            code = self.others.pop(pid)
+            assert code is not None
+            return code
 
     def next_id(self, prefix: str) -> str:
         with self.lock:

@@ -4,10 +4,12 @@ latter's warm template, and a listener held open."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Unpack
 
-from .. import kernels
+from .. import guest, kernels
 from ..e2b_wire import BASE_IMAGE, CODE_IMAGE, code_template_name
 from ..errors import NotFound
 from ..images import ImageInfo
@@ -22,10 +24,20 @@ USER_SETUP = (
     "mkdir -p /etc/sudoers.d && echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/user "
     "&& chmod 0440 /etc/sudoers.d/user"
 )
-BASE = Image.from_image("default").run(USER_SETUP).user("user").workdir("/home/user")
+# sudo where setuid cannot work (gVisor): stasis' shim asks the agent, which runs commands for the users named
+SUDO_SETUP = "chmod 0755 /usr/local/bin/sudo && mkdir -p /etc/stasis && echo user > /etc/stasis/sudo-users"
+
+
+def _e2b_user(image: Image) -> Image:
+    """E2B's ``user``, and its sudo; COPY finds the shim beside the agent's files."""
+    shipped = dataclasses.replace(image, context=Path(guest.__file__).resolve().parent)
+    return shipped.run(USER_SETUP).copy("sudo_shim.py", "/usr/local/bin/sudo").run(SUDO_SETUP)
+
+
+BASE = _e2b_user(Image.from_image("default")).user("user").workdir("/home/user")
 # the user's site-packages made now, so a kernel started before a `pip install` has it on its path already
 USER_SITE = "runuser -u user -- sh -c 'mkdir -p \"$(python3 -m site --user-site)\"'"
-CODE = Image.from_image(kernels.IMAGE).run(USER_SETUP).run(USER_SITE).user("user").workdir("/home/user")
+CODE = _e2b_user(Image.from_image(kernels.IMAGE)).run(USER_SITE).user("user").workdir("/home/user")
 
 
 def base_image(client: Client | None = None, on_step: StepCallback | None = None) -> ImageInfo:
