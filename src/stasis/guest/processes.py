@@ -243,10 +243,9 @@ class ProcessTable:
 
     def wait_other(self, pid: int) -> int:
         with self.lock:
-            while self.others.get(pid) is None:
+            while (code := self.others.get(pid)) is None:
                 self.lock.wait()
-            code = self.others.pop(pid)
-            assert code is not None
+            del self.others[pid]
             return code
 
     def next_id(self, prefix: str) -> str:
