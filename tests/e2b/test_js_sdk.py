@@ -19,7 +19,7 @@ JS_TESTS = (JS / "sdk.test.mjs").read_text().count("\ntest(")
 def test_the_js_sdk_runs_unchanged(listener: Listener) -> None:  # noqa: F811
     if shutil.which("node") is None or not (JS / "node_modules" / "e2b").is_dir():
         pytest.fail("node and tests/e2b/js/node_modules are missing: `make setup` installs them (npm ci)")
-    env = {**listener.env, **listener.exports}
+    env = {**listener.env, **listener.exports, "STASIS_TEST_BACKEND": listener.backend}
     run = subprocess.run(["node", "--test", "--test-reporter=spec", "sdk.test.mjs"], cwd=JS, env=env,
                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]

@@ -2,7 +2,7 @@
 // E2B_API_KEY come from the listener the pytest driver (tests/e2b/test_js_sdk.py) started.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, CommandExitError, AuthenticationError, NotFoundError, TimeoutError } from 'e2b'
+import { Sandbox, CommandExitError, AuthenticationError, NotFoundError, TimeoutError, InvalidArgumentError } from 'e2b'
 
 const sbx = await Sandbox.create({ timeoutMs: 30 * 60 * 1000, metadata: { suite: 'e2b-js' } })
 after(async () => { await sbx.kill() })
@@ -130,6 +130,29 @@ test('a paused sandbox is not running, the listing is newest first, and a kill u
     const sleeper = await again.commands.run('sleep 600', { background: true })
     setTimeout(() => { again.kill() }, 1000)
     await assert.rejects(sleeper.wait(), (e) => e instanceof TimeoutError)  // E2B's: the sandbox went away
+  } finally {
+    await other.kill()
+  }
+})
+
+test('sudo, file metadata and a filesystem-only pause, as on E2B', async () => {
+  assert.equal((await sbx.commands.run('sudo -n whoami')).stdout, 'root\n')  // gVisor: stasis' sudo, via the agent
+  const labels = { Owner: 'agent' }
+  if (process.env.STASIS_TEST_BACKEND === 'microvm') {  // extended attributes: a microVM's file system keeps them
+    assert.deepEqual((await sbx.files.write('/tmp/js-labelled', 'x', { metadata: labels })).metadata, { owner: 'agent' })
+    assert.deepEqual((await sbx.files.getInfo('/tmp/js-labelled')).metadata, { owner: 'agent' })
+  } else {  // gVisor's keeps none: refused before anything is written
+    await assert.rejects(sbx.files.write('/tmp/js-labelled', 'x', { metadata: labels }), (e) => e instanceof InvalidArgumentError)
+    assert.equal(await sbx.files.exists('/tmp/js-labelled'), false)
+  }
+  const other = await Sandbox.create({ timeoutMs: 10 * 60 * 1000 })
+  try {
+    await other.files.write('/home/user/kept', 'on disk')
+    await other.commands.run('sleep 600', { background: true })
+    await other.pause({ keepMemory: false })
+    const again = await Sandbox.connect(other.sandboxId)
+    assert.equal(await again.files.read('/home/user/kept'), 'on disk')
+    assert.equal((await again.commands.run('pgrep -x sleep || echo none')).stdout, 'none\n')  // booted again
   } finally {
     await other.kill()
   }
