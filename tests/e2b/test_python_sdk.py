@@ -120,6 +120,12 @@ def test_a_command_runs_as_the_base_templates_user_in_its_home(e2b: Listener, sh
     assert "no-such-command" in missing.value.stderr
     interrupted = shared.commands.run("timeout -s INT 2 sudo sleep 60; sleep 1; pgrep -x sleep || echo gone")
     assert interrupted.stdout == "gone\n"  # Ctrl-C reaches the command sudo runs
+    # a user the image does not name gets no root: neither through sudo nor by asking the agent's socket itself
+    outsider = shared.commands.run("runuser -u nobody -- sudo -n whoami; echo rc=$?", user="root")
+    assert "root" not in outsider.stdout and "rc=0" not in outsider.stdout, outsider
+    knock = "import socket; socket.socket(socket.AF_UNIX).connect('/dev/stasis-sudo/user')"
+    asked = shared.commands.run(f'runuser -u nobody -- python3 -c "{knock}" 2>&1; echo rc=$?', user="root")
+    assert "rc=1" in asked.stdout and ("PermissionError" in asked.stdout or "FileNotFoundError" in asked.stdout)
     streamed: list[str] = []
     shared.commands.run("for i in 1 2 3; do echo line-$i; done", on_stdout=streamed.append)
     assert "".join(streamed) == "line-1\nline-2\nline-3\n"

@@ -272,7 +272,7 @@ def hosts_naming(name: str) -> bytes | None:
     except (OSError, UnicodeDecodeError):
         return None
     own = f"127.0.1.1\t{name}"
-    kept = [line for line in lines if not line.startswith("127.0.1.1")]
+    kept = [line for line in lines if line.split()[:1] != ["127.0.1.1"]]
     if own in lines and len(kept) == len(lines) - 1:
         return None
     return ("\n".join([*kept, own]) + "\n").encode()

@@ -13,6 +13,7 @@ import grp
 import os
 import pwd
 import stat
+import threading
 import time
 
 from . import protocol as P
@@ -38,7 +39,7 @@ def fsync_dir(path: str) -> None:
 
 
 def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
-    temp = f"{path}.stasis-tmp"
+    temp = f"{path}.stasis-tmp-{threading.get_ident()}"  # a temp of each thread's: two writers never share one
     with open(temp, "wb") as f:
         f.write(data)
         os.fchmod(f.fileno(), mode)

@@ -16,16 +16,22 @@ import struct
 import sys
 
 REAL = "/usr/bin/sudo"
-ADDRESS = "\0stasis-sudo"
+SOCKETS = "/dev/stasis-sudo"  # SOCKETS/NAME: the agent's, for user NAME alone (theirs, 0600, in a root directory)
 SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-KEPT = ("TERM", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "DISPLAY", "COLORTERM")  # sudo's env_reset keeps these
+# what sudo's env_reset keeps, and stasis' mark of the run (so a timeout or kill of it reaches the command too)
+KEPT = ("TERM", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "DISPLAY", "COLORTERM", "STASIS_EXEC_ID")
 QUIET = ("-n", "--non-interactive", "-H", "--set-home", "-k", "--reset-timestamp", "-S", "--stdin", "-P", "-b")
 
 
 def broker() -> socket.socket | None:
+    """The agent's socket for this user, if the agent serves sudo here (gVisor) and this user may use it."""
+    try:
+        path = os.path.join(SOCKETS, pwd.getpwuid(os.getuid()).pw_name)
+    except KeyError:
+        return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(ADDRESS)
+        conn.connect(path)
     except OSError:
         conn.close()
         return None
@@ -74,7 +80,10 @@ def request(opts: dict[str, object], rest: list[str]) -> dict[str, object]:
         target = pwd.getpwuid(int(user[1:])) if user.startswith("#") else pwd.getpwnam(user)
     except (KeyError, ValueError):
         fail(f"sudo: unknown user {user}")
-    caller = pwd.getpwuid(os.getuid())
+    try:
+        caller = pwd.getpwuid(os.getuid())
+    except KeyError:
+        fail(f"sudo: you (uid {os.getuid()}) do not exist in /etc/passwd")
     env = dict(os.environ) if opts["keep_env"] else {k: os.environ[k] for k in KEPT if k in os.environ}
     env.update(HOME=target.pw_dir, USER=target.pw_name, LOGNAME=target.pw_name, SHELL=target.pw_shell,
                SUDO_USER=caller.pw_name, SUDO_UID=str(caller.pw_uid), SUDO_GID=str(caller.pw_gid),
