@@ -34,7 +34,7 @@ ALLOWED = "/etc/stasis/sudo-users"  # one user name a line: who may run anything
 MAX_REQUEST = 1 << 20
 MAX_SIGNAL_LINE = 64
 REQUEST_TIMEOUT = 30.0  # seconds to send a request once connected
-AT_ONCE = 64  # commands run through sudo at a time; the next asker waits
+AT_ONCE = 64  # requests read and started at a time; the next asker waits
 
 
 def start(table: Any) -> None:
@@ -92,18 +92,18 @@ def _serve(listener: socket.socket, table: Any, slots: threading.BoundedSemaphor
 
 
 def _handle(conn: socket.socket, table: Any, slots: threading.BoundedSemaphore) -> None:
-    try:
-        with conn:
-            _answer(conn, table)
-    finally:
-        slots.release()
+    with conn:
+        _answer(conn, table, slots)
+        with contextlib.suppress(OSError):  # the signal reader's file holds the socket: end it for both
+            conn.shutdown(socket.SHUT_RDWR)
 
 
-def _answer(conn: socket.socket, table: Any) -> None:
+def _answer(conn: socket.socket, table: Any, slots: threading.BoundedSemaphore) -> None:
+    """One request: its slot is held while it is read and started (a command that runs long holds none)."""
     fds: list[int] = []
     try:
         conn.settimeout(REQUEST_TIMEOUT)
-        head, fds, _, _ = socket.recv_fds(conn, 4, 3)
+        head, fds, _, _ = socket.recv_fds(conn, 4, 3, socket.MSG_CMSG_CLOEXEC)
         if len(head) != 4 or len(fds) != 3:
             raise ValueError("a request is 4 bytes of length with three descriptors")
         (length,) = struct.unpack("!I", head)
@@ -118,6 +118,7 @@ def _answer(conn: socket.socket, table: Any) -> None:
             conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
         return
     finally:
+        slots.release()
         for fd in fds:
             os.close(fd)
     threading.Thread(target=_signals, args=(conn, pid, table), daemon=True).start()
