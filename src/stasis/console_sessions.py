@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 
 COOKIE = "stasis_console"
-LIFETIME_SECS = 12 * 3600
+LIFETIME_SECS = 12 * 3600  # of a session, and of a console-only login token
+LOGIN_PREFIX = "ui."
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Session:
 
 @dataclass
 class Sessions:
-    tokens: set[str] = field(default_factory=set)  # the daemon's token, and those `stasis ui` registered
+    tokens: set[str] = field(default_factory=set)  # the daemon's own token (`stasis ui`'s are signed, not kept)
     key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     _ended: dict[str, float] = field(default_factory=dict)  # logged-out session ids -> their expiry
 
@@ -37,8 +38,22 @@ class Sessions:
         """Sign sessions under ``token`` (the daemon's TCP token): any daemon with it accepts them."""
         self.key = hmac.new(token.encode(), b"stasis console sessions", hashlib.sha256).digest()
 
+    def login_token(self) -> str:
+        """A console-only login token (`stasis ui`'s): signed, not stored, good for LIFETIME_SECS."""
+        body = f"{int(time.time() + LIFETIME_SECS)}.{secrets.token_urlsafe(12)}"
+        return f"{LOGIN_PREFIX}{body}.{self._sign('login', body)}"
+
+    def _signed_login(self, token: str) -> bool:
+        body, _, signature = token.removeprefix(LOGIN_PREFIX).rpartition(".")
+        expiry = body.partition(".")[0]
+        return (
+            token.startswith(LOGIN_PREFIX) and token.isascii() and expiry.isdigit() and float(expiry) > time.time()
+            and hmac.compare_digest(signature.encode(), self._sign("login", body).encode())
+        )  # fmt: skip
+
     def login(self, token: str) -> Session | None:
-        if not token or not any(hmac.compare_digest(token.encode(), known.encode()) for known in self.tokens):
+        known = any(hmac.compare_digest(token.encode(), known.encode()) for known in self.tokens)
+        if not token or not (known or self._signed_login(token)):
             return None
         body = f"{int(time.time() + LIFETIME_SECS)}.{secrets.token_urlsafe(16)}"
         return self._session(f"{body}.{self._sign('session', body)}")

@@ -41,3 +41,17 @@ def test_without_a_token_sessions_are_this_runs_alone() -> None:
     one, two = Sessions(tokens={"t"}), Sessions(tokens={"t"})
     session = one.login("t")
     assert session is not None and one.get(session.id) is not None and two.get(session.id) is None
+
+
+def test_a_console_only_login_token_is_signed_lasts_its_day_and_is_never_a_session() -> None:
+    door, node = keyed("fleet-token"), keyed("fleet-token")
+    token = door.login_token()
+    assert door.tokens == {"fleet-token"}  # nothing kept: a thousand `stasis ui` calls grow nothing
+    assert door.login(token) is not None and node.login(token) is not None  # any node keyed alike takes it
+    assert keyed("another-token").login(token) is None
+    prefix, expiry, nonce, signature = token.split(".")
+    for forged in (f"{prefix}.{int(expiry) + 3600}.{nonce}.{signature}", f"{prefix}.{expiry}.{nonce}x.{signature}",
+                   f"{prefix}.{int(time.time()) - 1}.{nonce}.{signature}", token[:-1], "ui.", "ui.x.y.z"):  # fmt: skip
+        assert door.login(forged) is None, forged
+    session = door.login(token)
+    assert session is not None and door.login(session.id) is None  # a session id is no login token

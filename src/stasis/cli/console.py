@@ -45,7 +45,7 @@ def ui(
 def _show(url: str, token: str, browser: bool) -> None:
     sys.stdout.write(url + "\n")  # plain lines, never wrapped: scripts read them
     sys.stdout.flush()
-    sys.stderr.write(f"log in with the token {token} (valid while the daemon runs); Ctrl-C stops this\n")
+    sys.stderr.write(f"log in with the token {token} (valid for 12 hours); Ctrl-C stops this\n")
     sys.stderr.flush()
     if browser:
         webbrowser.open(f"{url}login#token={token}")  # the fragment never reaches a server; the page drops it

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
@@ -47,10 +46,8 @@ def console_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
     @app.post("/v1/console/tokens", include_in_schema=False)
     async def console_token() -> dict[str, str]:
         """`stasis ui` through the fleet: a login token for the door's console only (never the fleet's own, which
-        would land in a browser's history), lasting while the door runs."""
-        new = secrets.token_urlsafe(24)
-        sessions.tokens.add(new)
-        return {"token": new}
+        would land in a browser's history), good for 12 hours."""
+        return {"token": sessions.login_token()}  # signed, not kept: nothing grows with each call
 
     @app.post("/ui/login", include_in_schema=False)
     async def login(request: Request) -> Response:

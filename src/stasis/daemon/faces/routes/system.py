@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 
 from fastapi import APIRouter
 from fastapi.responses import RedirectResponse, Response
@@ -42,7 +41,6 @@ async def console_root() -> RedirectResponse:
 
 @router.post("/v1/console/tokens", include_in_schema=False)
 async def console_token(rooms: RoomsDep) -> dict[str, str]:
-    """A new console login token (for `stasis ui`); it lasts as long as this daemon runs."""
-    new = secrets.token_urlsafe(24)
-    rooms.logins.tokens.add(new)
-    return {"token": new}
+    """A new console login token (for `stasis ui`): signed, good for 12 hours (and, on a daemon without a TCP
+    token, while it runs)."""
+    return {"token": rooms.logins.login_token()}
