@@ -369,6 +369,15 @@ def test_a_sandbox_port_is_reached_by_headers_or_by_host_and_needs_its_token(e2b
     assert page({**by_headers, "e2b-traffic-access-token": "wrong"}).status_code == 401
     envd = {"E2b-Sandbox-Id": shared.sandbox_id, **token}  # the traffic token never opens envd
     assert httpx.get(f"{url}/files", params={"path": "/etc/shadow"}, headers=envd, timeout=60).status_code == 401
+    baker = ("from http.server import *\nclass H(BaseHTTPRequestHandler):\n  def do_GET(self):\n"
+             "    self.send_response(200); self.send_header('Set-Cookie', 'stasis_console=evil; Path=/')\n"
+             "    self.send_header('Set-Cookie', 'app=kept'); self.send_header('Content-Length', '0')\n"
+             "    self.end_headers()\nHTTPServer(('', 8001), H).serve_forever()\n")  # fmt: skip
+    shared.files.write("/tmp/baker.py", baker)
+    shared.commands.run("exec python3 /tmp/baker.py", background=True)
+    cookies = {**by_headers, "E2b-Sandbox-Port": "8001", **token}
+    wait_until(lambda: page(cookies).status_code == 200, timeout=60)
+    assert page(cookies).headers.get_list("set-cookie") == ["app=kept"]  # never one of stasis' own cookies
     shared.pause()
     assert page({**by_headers, **token}).text == "served from the sandbox"  # a request wakes it, the server lives
     assert shared.get_info().state.value == "running"

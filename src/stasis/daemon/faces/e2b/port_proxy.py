@@ -21,6 +21,7 @@ from ....errors import StasisError
 from ...rooms.ports import Ports
 
 log = logging.getLogger(__name__)
+STASIS_COOKIE_PREFIXES = (b"stasis_token_", b"stasis_console")
 
 HOP_BY_HOP = {
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
@@ -74,7 +75,8 @@ async def _exchange(
                 connection.receive_data(await reader.read(READ_SIZE))
                 continue
             if isinstance(event, h11.Response):
-                kept = [(k, v) for k, v in event.headers if k.lower() not in HOP_BY_HOP - {b"content-length"}]
+                kept = [(k, v) for k, v in event.headers if k.lower() not in HOP_BY_HOP - {b"content-length"}
+                        and not stasis_cookie(k, v)]  # fmt: skip
                 await send({"type": "http.response.start", "status": event.status_code, "headers": kept})
                 started = True
             elif isinstance(event, h11.Data):
@@ -92,3 +94,9 @@ async def _exchange(
     else:
         answer = PlainTextResponse(f"port {port} closed the connection without an answer", 502)
         await answer(scope, receive, send)
+
+
+def stasis_cookie(name: bytes, value: bytes) -> bool:
+    """A Set-Cookie naming one of stasis' own cookies (the console's session, a port's token): a sandbox's page
+    never sets those, as a browser would send them to stasis' other listeners on the same host."""
+    return name.lower() == b"set-cookie" and value.lstrip().lower().startswith(STASIS_COOKIE_PREFIXES)
