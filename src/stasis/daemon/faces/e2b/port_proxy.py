@@ -18,10 +18,9 @@ from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
 
 from ....errors import StasisError
-from ...rooms.ports import Ports
+from ...rooms.ports import STASIS_COOKIES, Ports
 
 log = logging.getLogger(__name__)
-STASIS_COOKIE_PREFIXES = (b"stasis_token_", b"stasis_console")
 
 HOP_BY_HOP = {
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
@@ -99,4 +98,5 @@ async def _exchange(
 def stasis_cookie(name: bytes, value: bytes) -> bool:
     """A Set-Cookie naming one of stasis' own cookies (the console's session, a port's token): a sandbox's page
     never sets those, as a browser would send them to stasis' other listeners on the same host."""
-    return name.lower() == b"set-cookie" and value.lstrip().lower().startswith(STASIS_COOKIE_PREFIXES)
+    cookie = value.decode("latin-1").lstrip().lower()
+    return name.lower() == b"set-cookie" and cookie.startswith(STASIS_COOKIES)
