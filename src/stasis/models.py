@@ -443,6 +443,7 @@ class E2bServeRequest(Strict):
     domain: str | None = Field(
         None, max_length=253, description="route by Host PORT-ID.DOMAIN too (needs a wildcard DNS name)"
     )
+    build_network: bool = Field(False, description="template builds' steps reach the network (apt, pip, git)")
 
     @field_validator("backend")
     @classmethod

@@ -34,9 +34,14 @@ def serve(
     fleet: Annotated[
         str | None, typer.Option("--fleet", help="A fleet's front door (default: $STASIS_FLEET, if set).")
     ] = None,
+    build_network: Annotated[
+        bool, typer.Option("--build-network", help="Let template builds' steps reach the network (apt, pip, git).")
+    ] = False,
 ) -> None:
     """Serve E2B's API until interrupted; prints the three variables to export for the SDKs."""
-    request = E2bServeRequest(listen=listen, backend=backend, memory_mb=memory_mb, domain=domain)
+    request = E2bServeRequest(
+        listen=listen, backend=backend, memory_mb=memory_mb, domain=domain, build_network=build_network
+    )
     if fleet:
         os.environ["STASIS_FLEET"] = fleet
     daemon = client()

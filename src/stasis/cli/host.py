@@ -31,12 +31,15 @@ def serve(
         typer.Option(help="Also serve E2B's API on HOST:PORT for the daemon's life (exports in HOME/e2b-exports)."),
     ] = None,
     e2b_domain: Annotated[str | None, typer.Option(help="With --e2b: route Host PORT-ID.DOMAIN too.")] = None,
+    e2b_build_network: Annotated[
+        bool, typer.Option(help="With --e2b: template builds' steps reach the network (apt, pip, git).")
+    ] = False,
 ) -> None:
     """Run the daemon in the foreground (the CLI and SDK start it on demand)."""
     from ..daemon.server import serve as run_server
     from ..models import E2bServeRequest
 
-    face = E2bServeRequest(listen=e2b, domain=e2b_domain) if e2b else None
+    face = E2bServeRequest(listen=e2b, domain=e2b_domain, build_network=e2b_build_network) if e2b else None
     run_server(Paths.from_env(), tcp=tcp, token=os.environ.get("STASIS_TOKEN"), log_level=log_level.upper(), e2b=face)
 
 

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -140,9 +141,11 @@ class Image:
         network: NetworkPolicy | bool | None = None,
         on_step: StepCallback | None = None,
         on_output: OutputCallback | None = None,
+        force_from: int | None = None,
     ) -> ImageInfo:
-        """Build (or find in the cache) every step, and name the result ``name``."""
-        return _Build(self, name, client or Client(), network, on_step, on_output).run()
+        """Build (or find in the cache) every step, and name the result ``name``. ``force_from``: the first step
+        (1-based) to run again even if cached; the steps after it run again too."""
+        return _Build(self, name, client or Client(), network, on_step, on_output, force_from).run()
 
 
 @dataclass
@@ -153,7 +156,9 @@ class _Build:
     network: NetworkPolicy | bool | None
     on_step: StepCallback | None
     on_output: OutputCallback | None
+    force_from: int | None = None  # the first step (1-based) never taken from the cache: it and those after run
     sandbox: Sandbox | None = None
+    forced: str = ""
 
     def run(self) -> ImageInfo:
         base = self._image(self.image.base)
@@ -164,6 +169,8 @@ class _Build:
         try:
             for number, step in enumerate(self.image.steps, start=1):
                 config = _configure(config, step)
+                if self.force_from is not None and number >= self.force_from and not self.forced:
+                    self.forced = secrets.token_hex(8)
                 key = self._key(last, step)
                 cached = self._exists(key)
                 self._report(number, total, step, cached)
@@ -177,8 +184,8 @@ class _Build:
                         self.sandbox = Sandbox.create(client=self.client, image=last, backend="gvisor",
                                                       network=self.network, timeout_secs=None)  # fmt: skip
                         sandbox_image = last
-                    if step.kind == "workdir":  # made, as Docker does (by the agent: owned by root)
-                        self.sandbox.make_dir(config.working_dir or "/")
+                    if step.kind == "workdir":
+                        self._workdir(step, config)
                     elif step.kind == "run":
                         self._run(step, config)
                     else:
@@ -198,8 +205,8 @@ class _Build:
         form, *words = step.args
         argv = ["/bin/sh", "-c", words[0]] if form == "shell" else words
         options: dict[str, Any] = {"env": config.env, "working_dir": config.working_dir or "/"}
-        if config.user:
-            options["user"] = config.user
+        if user := dict(step.options).get("user") or config.user:  # a step's own user (E2B's RUN) comes first
+            options["user"] = user
         if self.on_output is not None:
             options |= {"on_stdout": self.on_output, "on_stderr": self.on_output}
         result = self.sandbox.run(argv, **options)
@@ -216,6 +223,11 @@ class _Build:
         dest_path = dest if dest.startswith("/") else os.path.join(base_dir, dest)
         files = _copied_files(self.image.context, sources)
         into_dir = dest.endswith("/") or len(files) > 1 or any((self.image.context / s).is_dir() for s in sources)
+        remotes = [os.path.join(dest_path, relative) if into_dir else dest_path for relative, _ in files]
+        options = dict(step.options)
+        if options.get("owner") == "user" and config.user and config.user != "root":  # E2B's: the current USER's
+            options.setdefault("chown", config.user)
+        made = self._missing_dirs(dest_path, remotes) if options.get("chown") else []
         written = []
         for relative, local in files:  # write_file makes the parent directories
             remote = os.path.join(dest_path, relative) if into_dir else dest_path
@@ -227,8 +239,38 @@ class _Build:
                 written.append(remote)
                 continue
             written.append(self.sandbox.write_file(remote, local.read_bytes(), mode=local.stat().st_mode & 0o7777).path)
-        if chown := dict(step.options).get("chown"):
-            self.sandbox.run(["chown", "-h", chown, *written], user="root")
+        if chown := options.get("chown"):  # the files, and the directories this COPY made (as Docker's --chown)
+            self.sandbox.run(["chown", "-h", chown, *made, *written], user="root")
+        if mode := options.get("mode"):  # E2B's COPY mode: the files copied, never what their links point to
+            regular = [path for (_, local), path in zip(files, written, strict=True) if not local.is_symlink()]
+            done = self.sandbox.run(["chmod", mode, *regular], user="root") if regular else None
+            if done is not None and done.exit_code != 0:
+                raise BuildError(f"COPY: chmod {mode}: {done.stderr.strip()[-500:]}", exit_code=1)
+
+    def _workdir(self, step: Step, config: ImageConfig) -> None:
+        """Made, as Docker does (owned by root); E2B's (an ``owner`` option): by the current USER."""
+        assert self.sandbox is not None
+        path = config.working_dir or "/"
+        user = config.user if dict(step.options).get("owner") == "user" and config.user != "root" else None
+        made = self._missing_dirs("/", [os.path.join(path, "-")]) if user else []
+        self.sandbox.make_dir(path)
+        if made:
+            self.sandbox.run(["chown", str(user), *made], user="root")
+
+    def _missing_dirs(self, dest: str, remotes: list[str]) -> list[str]:
+        """The directories from ``dest`` down to the files that do not exist yet (a COPY will make them)."""
+        assert self.sandbox is not None
+        wanted = {os.path.normpath(dest)} if len(remotes) > 1 or dest.endswith("/") else set()
+        for remote in remotes:
+            parent = os.path.dirname(remote)
+            while (parent + "/").startswith(os.path.normpath(dest).rstrip("/") + "/") and parent not in wanted:
+                wanted.add(parent)
+                parent = os.path.dirname(parent)
+        if not wanted:
+            return []
+        probe = self.sandbox.run(["sh", "-c", 'for d; do [ -e "$d" ] || echo "$d"; done', "sh", *sorted(wanted)],
+                                 user="root")  # fmt: skip
+        return probe.stdout.splitlines()
 
     # -- the daemon's images
 
@@ -244,6 +286,8 @@ class _Build:
 
     def _key(self, parent: str, step: Step) -> str:
         parts: list[Any] = [BUILD_FORMAT, parent, step.kind, step.args, step.options]
+        if self.forced:  # a step asked to run again: a key of its own, so neither it nor any after it is a hit
+            parts.append(self.forced)
         if step.kind == "copy":
             parts.append([(rel, _digest(path)) for rel, path in _copied_files(self.image.context, step.args[:-1])])
         return "build-" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
@@ -289,7 +333,7 @@ def _copied_files(context: Path, sources: tuple[str, ...] | list[str]) -> list[t
     """(path relative to the destination, local file) of every file COPY takes, in a stable order."""
     found: list[tuple[str, Path]] = []
     root = context.resolve()
-    for source in sources:
+    for source in _expanded(context, sources):
         local = (context / source).resolve()
         if not local.is_relative_to(root):
             raise InvalidRequest(f"COPY {source}: outside the build context {context}")
@@ -303,6 +347,20 @@ def _copied_files(context: Path, sources: tuple[str, ...] | list[str]) -> list[t
             found.sort()
         else:
             found.append((local.name, local))
+    return found
+
+
+def _expanded(context: Path, sources: tuple[str, ...] | list[str]) -> list[str]:
+    """COPY's sources with their wildcards (``*``, ``?``, ``[...]``) matched in the context, as Docker does."""
+    found: list[str] = []
+    for source in sources:
+        if not any(c in source for c in "*?["):
+            found.append(source)
+            continue
+        matches = sorted(str(p.relative_to(context)) for p in context.glob(source))
+        if not matches:
+            raise InvalidRequest(f"COPY {source}: nothing in the build context {context} matches it")
+        found.extend(matches)
     return found
 
 

@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ....errors import StasisError, echo
-from . import sandbox_routes, secret_routes, snapshot_routes
+from . import sandbox_routes, secret_routes, snapshot_routes, template_routes
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
+from .template_routes import signed_upload
 
 
 def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = None) -> FastAPI:
@@ -24,7 +25,9 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
 
     @app.middleware("http")
     async def api_key(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if not room.keys.valid_api_key(request.headers.get("x-api-key")):
+        query = dict(request.query_params)
+        signed = request.method == "PUT" and signed_upload(room.keys.api_key, request.url.path, query)
+        if not signed and not room.keys.valid_api_key(request.headers.get("x-api-key")):
             return error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed")
         return await call_next(request)
 
@@ -43,6 +46,7 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
         return error(exc.status_code, f"{request.method[:16]} {echo(request.url.path)}: {message}")
 
     app.include_router(sandbox_routes.router)
+    app.include_router(template_routes.router)  # before the snapshots': DELETE /templates/tags is not a template's id
     app.include_router(snapshot_routes.router)
     app.include_router(secret_routes.router)
     return app

@@ -19,7 +19,7 @@ TEMPLATE_BUILD_IDLE = 900  # seconds: the template's making sandbox, left by a s
 
 
 async def serve_e2b(rooms: Rooms, paths: Paths, request: E2bServeRequest) -> None:
-    defaults = Defaults(backend=request.backend, memory_mb=request.memory_mb, cpus=request.cpus)
+    defaults = Defaults(request.backend, request.memory_mb, request.cpus, request.build_network)
     listener = await rooms.e2b_listeners.open(request.listen, defaults, request.domain)
     exports = {**listener.exports, "E2B_API_KEY": rooms.e2b.keys.api_key}
     text = "".join(f"export {name}={value}\n" for name, value in exports.items())

@@ -43,6 +43,8 @@ from ...rooms.front import Front
 from ...rooms.secrets import SecretsRoom
 from .keys import E2bKeys
 from .records import Record, Records
+from .template_builder import TemplateBuilder
+from .templates import Template, Templates
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class Defaults:
     backend: str
     memory_mb: int = 1024
     cpus: float = 1.0
+    build_network: bool = False  # whether a template build's steps reach the network (E2B's always do)
 
 
 class E2bRoom:
@@ -79,6 +82,9 @@ class E2bRoom:
         self.checkpoints = checkpoints
         self.keys = keys
         self.records = Records(core.paths.home / "e2b")
+        self.templates = Templates(core.paths.home)
+        self.templates.recover()
+        self.builder = TemplateBuilder(self.templates, core.paths)
         self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
 
     # -- lifecycle
@@ -115,6 +121,11 @@ class E2bRoom:
                                 "network": network, **lifetime}  # fmt: skip
         if egress_headers:
             base["egress_headers"] = egress_headers
+        if built := self.templates.resolve(template):  # a template built through E2B's Template API
+            size = {"cpus": float(built[1].cpu_count), "memory_mb": built[1].memory_mb}
+            if built[1].warm:
+                return CreateSandboxRequest(template=built[1].warm, **(base | size))
+            return CreateSandboxRequest(image=built[1].image, **(base | size))
         if template == E2B_CODE_TEMPLATE and self._warm_code_template(defaults.backend):
             warm = code_template_name(defaults.backend)
             return CreateSandboxRequest(template=warm, **base)  # its kernel already running and warm
@@ -237,6 +248,14 @@ class E2bRoom:
         if (checkpoint.name or "").startswith(TEMPLATE_PREFIX):
             raise InvalidRequest(f"{echo(ref)} is a stasis template: remove it with `stasis template rm`")
         self.checkpoints.delete(checkpoint.id)
+
+    def forget_template(self, template: Template) -> None:
+        """A built template's record and warm templates (its images are cache: `stasis image prune`)."""
+        for build in template.builds.values():
+            if build.warm:
+                with contextlib.suppress(NotFound, InvalidRequest):
+                    self.checkpoints.delete(self.checkpoints.get(TEMPLATE_PREFIX + build.warm).id)
+        self.templates.remove(template)
 
     async def update_network(self, ref: str, policy: NetworkPolicy) -> SandboxInfo:
         return await self.core.set_network(self.sandbox(ref).id, policy)

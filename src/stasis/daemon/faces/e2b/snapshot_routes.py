@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from .plane import PlaneDep, Snapshot
+from .template_routes import delete_built
 
 router = APIRouter()
 
@@ -36,5 +37,7 @@ async def snapshots(
 
 @router.delete("/templates/{template_id}", status_code=204)
 async def delete_snapshot(template_id: str, plane: PlaneDep) -> Response:
-    plane.room.delete_snapshot(template_id)
+    """A template built through E2B's Template API, or a snapshot (E2B deletes both here)."""
+    if not await delete_built(template_id, plane):
+        plane.room.delete_snapshot(template_id)
     return Response(status_code=204)

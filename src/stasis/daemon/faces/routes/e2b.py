@@ -23,7 +23,7 @@ HEARTBEAT = 15.0  # seconds between the lines that tell the caller the listener 
 async def serve(request: E2bServeRequest, rooms: RoomsDep) -> StreamingResponse:
     """JSON lines: first what to export (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY) and the domain get_host names,
     then a heartbeat; the listener closes when the stream does."""
-    defaults = Defaults(backend=request.backend, memory_mb=request.memory_mb, cpus=request.cpus)
+    defaults = Defaults(request.backend, request.memory_mb, request.cpus, request.build_network)
     listener = await rooms.e2b_listeners.open(request.listen, defaults, request.domain)
 
     async def lines() -> AsyncIterator[str]:
