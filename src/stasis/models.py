@@ -440,9 +440,7 @@ class E2bServeRequest(Strict):
     backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
     memory_mb: int = Field(1024, ge=128, le=262144, description="each sandbox's memory (E2B's templates carry none)")
     cpus: float = Field(1.0, ge=0.01, le=64)
-    domain: str | None = Field(
-        None, max_length=253, description="route by Host PORT-ID.DOMAIN too (needs a wildcard DNS name)"
-    )
+    domain: str | None = Field(None, max_length=253, description="route Host PORT-ID.DOMAIN too (a wildcard DNS name)")
     build_network: bool = Field(False, description="template builds' steps reach the network (apt, pip, git)")
 
     @field_validator("backend")

@@ -13,8 +13,9 @@ import pytest
 from stasis import hostpath
 from stasis.daemon.core.checkpoints import CheckpointFiles
 from stasis.daemon.faces.e2b.records import Records
+from stasis.daemon.faces.e2b.templates import Templates
 from stasis.daemon.rooms.ssh import HostKeys
-from stasis.errors import ImageNotFound, InvalidRequest
+from stasis.errors import ImageNotFound, InvalidRequest, NotFound
 from stasis.images.store import ImageStore
 from stasis.remote.cache import ChunkCache
 
@@ -31,6 +32,7 @@ CALLERS = {
     "remote/cache.py": "piece hashes from a manifest",
     "backends/microvm/boot_snapshots.py": "a boot snapshot's key",
     "daemon/faces/e2b/records.py": "an E2B record (a sandbox id)",
+    "daemon/faces/e2b/templates.py": "an E2B template's record (its id) and a build's log (its id)",
 }
 TRAVERSALS = ["..", "../x", "a/../../b", "/etc", "x/y", ".hidden", "", "a\0b", "default-0123/../../home", "é" * 3]
 
@@ -61,6 +63,12 @@ def test_every_caller_refuses_a_traversal(tmp_path: Path, name: str) -> None:
         asyncio.run(HostKeys(tmp_path / "keys").get(name))
     with pytest.raises(InvalidRequest):
         Records(tmp_path / "e2b").get(name)
+    templates = Templates(tmp_path)
+    with pytest.raises(NotFound):  # an id is 20 lower-case letters or digits, checked before any path is made
+        templates.get(name)
+    for by_build_id in (templates.entries, templates._log_path, templates.file):
+        with pytest.raises(InvalidRequest):
+            by_build_id(name)
     assert not (tmp_path / "keys").exists() or list((tmp_path / "keys").iterdir()) == []
 
 

@@ -9,6 +9,9 @@ One gVisor listener (a build's steps always run in gVisor; the warm template is 
 from __future__ import annotations
 
 import io
+import re
+import shutil
+import subprocess
 import tarfile
 import time
 import uuid
@@ -24,6 +27,7 @@ from tests.conftest import Daemon
 from tests.e2b.test_python_sdk import Listener
 
 CACHED = "CACHED "
+JS = Path(__file__).parent / "js"
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +177,14 @@ def test_the_upload_url_takes_one_upload_and_its_tar_never_writes_outside(e2b: L
     unknown = {"type": "ARG", "args": ["X"]}
     refused = api.post(f"/v2/templates/{template_id}/builds/{fresh['buildID']}", json={"steps": [unknown]})
     assert refused.status_code == 400 and "not a step stasis builds" in refused.json()["message"]
+
+
+def test_the_js_sdk_builds_and_starts_templates_unchanged(face: Listener, tmp_path: Path) -> None:
+    if shutil.which("node") is None or not (JS / "node_modules" / "e2b").is_dir():
+        pytest.fail("node and tests/e2b/js/node_modules are missing: `make setup` installs them (npm ci)")
+    env = {**face.env, **face.exports, "STASIS_TEMPLATE_CONTEXT": str(context(tmp_path)),
+           "STASIS_TEMPLATE_NAME": f"stasis-js-{uuid.uuid4().hex[:8]}"}  # fmt: skip
+    run = subprocess.run(["node", "--test", "--test-reporter=spec", "template.test.mjs"], cwd=JS, env=env,
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]
+    assert re.search(r"^\S+ pass 2$", run.stdout, re.MULTILINE), run.stdout[-4000:]

@@ -286,6 +286,14 @@ def _secret_routes(app: FastAPI, nodes: Nodes, faces: NodeFaces) -> None:
 def _routed_routes(app: FastAPI, nodes: Nodes, faces: NodeFaces) -> None:
     """One sandbox's or snapshot's routes, to its node."""
 
+    @app.post("/v3/templates")
+    @app.api_route("/v2/templates/{rest:path}", methods=["GET", "POST"])
+    @app.api_route("/templates/tags", methods=["POST", "DELETE"])
+    @app.api_route("/templates/{rest:path}", methods=["GET", "PUT", "POST"])
+    async def template_builds(request: Request, rest: str = "") -> Response:
+        return e2b_error(501, "E2B's Template builds are one daemon's, not yet a fleet's: build on a node's own face "
+                         "(`stasis e2b serve` with that node's STASIS_URL); its images stay on that node")  # fmt: skip
+
     @app.delete("/templates/{template_id}")
     async def delete_snapshot(request: Request, template_id: str) -> Response:
         return await _forward(faces, request, await nodes.holder("checkpoints", checked(template_id)))

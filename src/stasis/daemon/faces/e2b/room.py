@@ -83,8 +83,8 @@ class E2bRoom:
         self.keys = keys
         self.records = Records(core.paths.home / "e2b")
         self.templates = Templates(core.paths.home)
-        self.templates.recover()
         self.builder = TemplateBuilder(self.templates, core.paths)
+        self.builder.recover()
         self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
 
     # -- lifecycle

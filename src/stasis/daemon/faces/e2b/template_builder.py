@@ -133,6 +133,11 @@ class TemplateBuilder:
         self.paths = paths
         self.contexts = paths.home / "e2b" / "template-builds"
 
+    def recover(self) -> None:
+        """At the daemon's start: builds a stopped daemon left under way failed, their unpacked contexts go."""
+        self.templates.recover()
+        shutil.rmtree(self.contexts, ignore_errors=True)
+
     def start(self, template: Template, build: Build, plan: Plan, backend: str, network: bool) -> None:
         self.templates.update(template.template_id, build.build_id, status="building")
         run = _Run(self, template, build, plan, backend, network)

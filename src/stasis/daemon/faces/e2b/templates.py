@@ -210,7 +210,11 @@ class Templates:
     # -- logs
 
     def _log_path(self, build_id: str) -> Path:
-        return hostpath.child(self.directory, f"{uuid.UUID(build_id)}.log", "build id")
+        try:
+            name = f"{uuid.UUID(build_id)}.log"  # its canonical form, whatever form was given
+        except ValueError:
+            raise InvalidRequest(f"{echo(build_id)} is not a build id") from None
+        return hostpath.child(self.directory, name, "build id")
 
     def log(self, build_id: str, message: str, level: str = "info", step: str | None = None) -> None:
         entries = self.logs.setdefault(build_id, [])
@@ -224,8 +228,9 @@ class Templates:
     def entries(self, build_id: str) -> list[dict[str, Any]]:
         if build_id in self.logs:
             return self.logs[build_id]
+        path = self._log_path(build_id)
         try:
-            loaded = json.loads(self._log_path(build_id).read_bytes())
+            loaded = json.loads(path.read_bytes())
         except (OSError, ValueError):
             loaded = []
         self.logs[build_id] = loaded if isinstance(loaded, list) else []
