@@ -24,24 +24,18 @@ from e2b import Sandbox, Template, wait_for_url
 from e2b.exceptions import BuildException
 
 from tests.conftest import Daemon
-from tests.e2b.test_python_sdk import Listener
+from tests.e2b.test_python_sdk import Listener, e2b  # noqa: F401 (the fixture, over this module's listener)
 
 CACHED = "CACHED "
 JS = Path(__file__).parent / "js"
 
 
 @pytest.fixture(scope="module")
-def face(daemon: Daemon) -> Iterator[Listener]:
+def listener(daemon: Daemon) -> Iterator[Listener]:
+    """gVisor's alone: this module's `e2b` fixture (test_python_sdk's) exports its variables."""
     served = Listener(daemon, "gvisor")
     yield served
     served.close()
-
-
-@pytest.fixture
-def e2b(face: Listener, monkeypatch: pytest.MonkeyPatch) -> Listener:
-    for name, value in face.exports.items():
-        monkeypatch.setenv(name, value)
-    return face
 
 
 def context(root: Path) -> Path:
@@ -77,7 +71,7 @@ def messages(logs: list) -> list[str]:  # type: ignore[type-arg]
     return [entry.message for entry in logs]
 
 
-def test_a_template_is_built_rebuilt_from_its_cache_and_started_by_name_and_tag(e2b: Listener, tmp_path: Path) -> None:
+def test_a_template_is_built_rebuilt_from_its_cache_and_started_by_name_and_tag(e2b: Listener, tmp_path: Path) -> None:  # noqa: F811
     root = context(tmp_path)
     first: list = []  # type: ignore[type-arg]
     built = Template.build(app_template(root, "echo one > last.txt"), "stasis-app:v1", on_build_logs=first.append)
@@ -121,7 +115,7 @@ def test_a_template_is_built_rebuilt_from_its_cache_and_started_by_name_and_tag(
         Sandbox.create("stasis-app:prod")
 
 
-def test_a_failing_step_says_which_and_why(e2b: Listener) -> None:
+def test_a_failing_step_says_which_and_why(e2b: Listener) -> None:  # noqa: F811
     logs: list = []  # type: ignore[type-arg]
     failing = Template().from_base_image().run_cmd("echo fine").run_cmd("echo about to fail; exit 3")
     with pytest.raises(BuildException, match="exit code 3"):
@@ -142,7 +136,7 @@ def _tar(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
     return buffer.getvalue()
 
 
-def test_the_upload_url_takes_one_upload_and_its_tar_never_writes_outside(e2b: Listener, daemon: Daemon) -> None:
+def test_the_upload_url_takes_one_upload_and_its_tar_never_writes_outside(e2b: Listener, daemon: Daemon) -> None:  # noqa: F811
     api = httpx.Client(base_url=e2b.exports["E2B_API_URL"], headers={"X-API-Key": e2b.exports["E2B_API_KEY"]})
     made = api.post("/v3/templates", json={"name": "stasis-hostile"}).json()
     template_id, build_id = made["templateID"], made["buildID"]
@@ -179,10 +173,10 @@ def test_the_upload_url_takes_one_upload_and_its_tar_never_writes_outside(e2b: L
     assert refused.status_code == 400 and "not a step stasis builds" in refused.json()["message"]
 
 
-def test_the_js_sdk_builds_and_starts_templates_unchanged(face: Listener, tmp_path: Path) -> None:
+def test_the_js_sdk_builds_and_starts_templates_unchanged(listener: Listener, tmp_path: Path) -> None:
     if shutil.which("node") is None or not (JS / "node_modules" / "e2b").is_dir():
         pytest.fail("node and tests/e2b/js/node_modules are missing: `make setup` installs them (npm ci)")
-    env = {**face.env, **face.exports, "STASIS_TEMPLATE_CONTEXT": str(context(tmp_path)),
+    env = {**listener.env, **listener.exports, "STASIS_TEMPLATE_CONTEXT": str(context(tmp_path)),
            "STASIS_TEMPLATE_NAME": f"stasis-js-{uuid.uuid4().hex[:8]}"}  # fmt: skip
     run = subprocess.run(["node", "--test", "--test-reporter=spec", "template.test.mjs"], cwd=JS, env=env,
                          capture_output=True, text=True, timeout=900)  # fmt: skip
