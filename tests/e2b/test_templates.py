@@ -71,7 +71,7 @@ def messages(logs: list) -> list[str]:  # type: ignore[type-arg]
     return [entry.message for entry in logs]
 
 
-def test_a_template_is_built_rebuilt_from_its_cache_and_started_by_name_and_tag(e2b: Listener, tmp_path: Path) -> None:  # noqa: F811
+def test_a_template_is_built_rebuilt_from_cache_and_started_by_tag(e2b: Listener, tmp_path: Path) -> None:  # noqa: F811
     root = context(tmp_path)
     first: list = []  # type: ignore[type-arg]
     built = Template.build(app_template(root, "echo one > last.txt"), "stasis-app:v1", on_build_logs=first.append)
@@ -136,7 +136,7 @@ def _tar(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
     return buffer.getvalue()
 
 
-def test_the_upload_url_takes_one_upload_and_its_tar_never_writes_outside(e2b: Listener, daemon: Daemon) -> None:  # noqa: F811
+def test_an_upload_url_takes_one_upload_that_never_writes_outside(e2b: Listener, daemon: Daemon) -> None:  # noqa: F811
     api = httpx.Client(base_url=e2b.exports["E2B_API_URL"], headers={"X-API-Key": e2b.exports["E2B_API_KEY"]})
     made = api.post("/v3/templates", json={"name": "stasis-hostile"}).json()
     template_id, build_id = made["templateID"], made["buildID"]
