@@ -146,7 +146,9 @@ def test_an_upload_url_takes_one_upload_that_never_writes_outside(e2b: Listener,
     escape = tarfile.TarInfo("../../escaped.txt")
     link_out = tarfile.TarInfo("app/etc-link")
     link_out.type, link_out.linkname = tarfile.SYMTYPE, "/etc"
-    hostile = _tar([(escape, b"outside\n"), (link_out, b"")])
+    here, climb = tarfile.TarInfo("app/d"), tarfile.TarInfo("app/e")  # d -> . then e -> d/d/../..: out, in steps
+    here.type, here.linkname, climb.type, climb.linkname = tarfile.SYMTYPE, ".", tarfile.SYMTYPE, "d/d/../.."
+    hostile = _tar([(escape, b"outside\n"), (link_out, b""), (here, b""), (climb, b"")])
     plain = httpx.Client()
     assert plain.put(link["url"].replace("signature=", "signature=0"), content=hostile).status_code == 401
     other = link["url"].replace(files_hash, "cd" * 32)  # the signature covers one hash
@@ -161,7 +163,7 @@ def test_an_upload_url_takes_one_upload_that_never_writes_outside(e2b: Listener,
     while status["status"] in ("waiting", "building"):
         time.sleep(0.2)
         status = api.get(f"/templates/{template_id}/builds/{build_id}/status").json()
-    assert status["status"] == "error" and "not a tar to unpack" in status["reason"]["message"], status
+    assert status["status"] == "error" and "escaped.txt' leaves the directory" in status["reason"]["message"], status
     home = Path(daemon.env["STASIS_HOME"])
     assert not list(home.rglob("escaped.txt"))
     again = api.post(f"/v2/templates/{template_id}/builds/{build_id}", json={"steps": []})
@@ -171,6 +173,8 @@ def test_an_upload_url_takes_one_upload_that_never_writes_outside(e2b: Listener,
     unknown = {"type": "ARG", "args": ["X"]}
     refused = api.post(f"/v2/templates/{template_id}/builds/{fresh['buildID']}", json={"steps": [unknown]})
     assert refused.status_code == 400 and "not a step stasis builds" in refused.json()["message"]
+    reserved = api.post("/v3/templates", json={"name": "base"})  # E2B's own names stay the face's
+    assert reserved.status_code == 400 and "E2B's own templates" in reserved.json()["message"]
 
 
 def test_the_js_sdk_builds_and_starts_templates_unchanged(listener: Listener, tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ from ._images import (
 )  # fmt: skip
 from ._sync import Sandbox
 
+MAX_MATCHES = 10_000  # paths one COPY wildcard may match
 BUILD_FORMAT = 1  # bump when what a step's cache key covers changes
 # What apt, pip, curl and git say when a name cannot be looked up: a build step has no network unless asked.
 NAME_LOOKUP_FAILED = re.compile(
@@ -357,7 +358,12 @@ def _expanded(context: Path, sources: tuple[str, ...] | list[str]) -> list[str]:
         if not any(c in source for c in "*?["):
             found.append(source)
             continue
-        matches = sorted(str(p.relative_to(context)) for p in context.glob(source))
+        matches = []
+        for path in context.glob(source):  # links to "." make wildcards multiply: bounded
+            matches.append(str(path.relative_to(context)))
+            if len(matches) > MAX_MATCHES:
+                raise InvalidRequest(f"COPY {source}: matches more than {MAX_MATCHES} paths; copy a folder instead")
+        matches.sort()
         if not matches:
             raise InvalidRequest(f"COPY {source}: nothing in the build context {context} matches it")
         found.extend(matches)
@@ -367,7 +373,8 @@ def _expanded(context: Path, sources: tuple[str, ...] | list[str]) -> list[str]:
 def _digest(path: Path) -> str:
     if path.is_symlink():
         return "link:" + os.readlink(path)
-    digest = hashlib.sha256(path.read_bytes())
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256")
     digest.update(str(path.stat().st_mode & 0o7777).encode())
     return base64.b16encode(digest.digest()[:16]).decode()
 

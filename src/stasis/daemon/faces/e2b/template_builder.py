@@ -24,13 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ....e2b_wire import BASE_IMAGE, CODE_IMAGE
 from ....errors import InvalidRequest, StasisError, echo
+from ....guest import untar
 from ....images.dockerfile import Step
 from ....paths import Paths
 from .templates import Build, Template, Templates
 
 log = logging.getLogger(__name__)
 
-MAX_CONTEXT_BYTES = 8 << 30  # what a build's uploaded files may unpack to, in all
+MAX_CONTEXT_BYTES = 4 << 30  # what a build's uploaded files may unpack to, in all
+MAX_FILE_BYTES = 256 << 20  # one file a COPY takes (the builder reads it whole)
+MAX_LINE = 2048  # characters of one line of a step's output kept in the log (the rest is cut, and says so)
 READY_TIMEOUT = 300.0  # seconds a ready command has to pass
 WARM_IDLE = 900  # seconds: the making sandbox of a warm template, left by a stopped daemon, ends
 USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}(:[a-z_][a-z0-9_.-]{0,31})?|\d{1,10}(:\d{1,10})?")
@@ -108,7 +111,7 @@ def _step(number: int, step: E2bStep, templates: Templates, files: list[str]) ->
             if not MODE.fullmatch(mode):
                 raise InvalidRequest(f"{where}: COPY's mode {echo(mode)} is not an octal mode such as 0755")
             options.append(("mode", mode))
-        return Step("copy", (src, dest), number, tuple(options))
+        return Step("copy", (f"{step.files_hash}/{src}", dest), number, tuple(options))  # its tar's own folder
     if kind == "ENV" and args and len(args) % 2 == 0:
         pairs = [f"{args[i]}={args[i + 1]}" for i in range(0, len(args), 2)]
         return Step("env", tuple(pairs), number)
@@ -225,21 +228,37 @@ class _Run:
             ) from None
 
     def _unpack(self, context: Path) -> None:
-        """Every COPY's tar into the context: what a client uploaded is untrusted, so only plain files, directories
-        and links that stay inside (tarfile's ``data`` filter), and never more than MAX_CONTEXT_BYTES."""
+        """Each COPY's tar into its own folder of the context (named by its files hash), by stasis' one routine for
+        archives somebody else made (:mod:`stasis.guest.untar`): the whole member list is checked first (names
+        inside, links that stay inside and pass through no other link, no hard link out, no device, bounded
+        counts and sizes), then nothing is written through a link."""
         shutil.rmtree(context, ignore_errors=True)
         context.mkdir(parents=True, mode=0o700)
-        total = 0
+        budget = MAX_CONTEXT_BYTES
         for files_hash in dict.fromkeys(self.plan.files):
+            path = self.builder.templates.file(files_hash)
             try:
-                with tarfile.open(self.builder.templates.file(files_hash), "r:*") as tar:
-                    members = tar.getmembers()
-                    total += sum(m.size for m in members if m.isfile())
-                    if total > MAX_CONTEXT_BYTES:
-                        raise InvalidRequest(f"COPY's files unpack to more than {MAX_CONTEXT_BYTES >> 30} GiB")
-                    tar.extractall(context, members=members, filter="data")
-            except (tarfile.TarError, OSError) as exc:
-                raise InvalidRequest(f"the uploaded files {files_hash[:12]} are not a tar to unpack: {exc}") from None
+                with untar.open_archive(name=str(path), mode="r:*") as tar:
+                    budget -= self._sizes(tar)
+                (context / files_hash).mkdir(mode=0o700)
+                with untar.open_archive(name=str(path), mode="r:*") as tar:
+                    untar.extract(tar, context / files_hash, links="inside", max_bytes=MAX_CONTEXT_BYTES)
+            except (untar.UnsafeArchive, tarfile.TarError, OSError, EOFError) as exc:
+                raise InvalidRequest(f"COPY's uploaded files ({files_hash[:12]}) are refused: {exc}") from None
+            if budget < 0:
+                raise InvalidRequest(f"COPY's files add up to more than {MAX_CONTEXT_BYTES >> 30} GiB in one build")
+
+    @staticmethod
+    def _sizes(tar: tarfile.TarFile) -> int:
+        """The bytes of a tar's files, each at most MAX_FILE_BYTES; read member by member (bounded by untar)."""
+        total = 0
+        for count, member in enumerate(tar, start=1):
+            if count > untar.MAX_MEMBERS:
+                raise untar.UnsafeArchive(f"the archive has more than {untar.MAX_MEMBERS} members")
+            if member.isreg() and member.size > MAX_FILE_BYTES:
+                raise untar.UnsafeArchive(f"{member.name[:200]!r} is over {MAX_FILE_BYTES >> 20} MiB")
+            total += member.size if member.isreg() else 0
+        return total
 
     def _warm(self, client: Any, image: str) -> str:
         from ....sdk.template import Template
@@ -265,8 +284,12 @@ class _Run:
 
     def _on_output(self, chunk: bytes) -> None:
         *lines, self.partial = (self.partial + chunk).split(b"\n")
+        if len(self.partial) > MAX_LINE:  # a line without an end: what is kept of it goes now
+            lines.append(self.partial)
+            self.partial = b""
         for line in lines:
-            self.log(line.decode(errors="replace"))
+            text = line.decode(errors="replace")
+            self.log(text if len(text) <= MAX_LINE else text[:MAX_LINE] + f" [{len(text) - MAX_LINE} more cut]")
 
     def _flush(self) -> None:
         if self.partial:

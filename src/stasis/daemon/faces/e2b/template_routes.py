@@ -112,7 +112,10 @@ async def upload(template_id: str, files_hash: str, plane: PlaneDep, request: Re
                     raise InvalidRequest(f"the upload is over {MAX_UPLOAD_BYTES >> 30} GiB; copy less in one step")
                 await asyncio.to_thread(f.write, chunk)
             await asyncio.to_thread(os.fsync, f.fileno())
-        os.replace(temporary, final)
+        try:
+            os.link(temporary, final)  # never over an upload that finished first: one hash is one content
+        except FileExistsError:
+            return Response(status_code=200)
         fsync_dir(final.parent)
     finally:
         temporary.unlink(missing_ok=True)

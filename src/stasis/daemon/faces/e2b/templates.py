@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # a template's name and a tag: a stasis name's rules, lower case
 TEMPLATE_ID = re.compile(r"[a-z0-9]{20}")
 FILES_HASH = re.compile(r"[0-9a-f]{64}")
-DEFAULT_TAG = "default"  # E2B's: a name without ":tag"
-MAX_LOG_ENTRIES = 20_000  # a build's log beyond this is cut, and says so in its last entry
+DEFAULT_TAG = "default"
+# E2B's: a name without ":tag"
+RESERVED = frozenset({"base", "code-interpreter-v1", "code-interpreter", "desktop"})  # the face's own templates
+MAX_LOG_ENTRIES = 10_000  # a build's log beyond this is cut, and says so in its last entry
 Status = Literal["waiting", "building", "ready", "error"]
 
 
@@ -138,6 +140,8 @@ class Templates:
 
     def request(self, ref: str, tags: list[str], cpu_count: int, memory_mb: int) -> tuple[Template, Build]:
         name, tag = split_name(ref)
+        if name in RESERVED:
+            raise InvalidRequest(f"{echo(name)} is one of E2B's own templates here; build under another name")
         wanted = sorted({tag, *(split_name(f"{name}:{t}")[1] for t in tags)})
         with self.lock:
             template = self.by_name(name) or Template(template_id=secrets.token_hex(10), name=name)
@@ -168,7 +172,10 @@ class Templates:
         return build
 
     def recover(self) -> None:
-        """A build a stopped daemon left under way failed: its steps so far are cached, a new build reuses them."""
+        """A build a stopped daemon left under way failed: its steps so far are cached, a new build reuses them.
+        Uploads it cut off (hidden temporary files) go."""
+        for partial in self.files.glob(".*"):
+            partial.unlink(missing_ok=True)
         for template in self.all():
             for build in template.builds.values():
                 if build.status in ("waiting", "building"):
@@ -233,11 +240,12 @@ class Templates:
             loaded = json.loads(path.read_bytes())
         except (OSError, ValueError):
             loaded = []
-        self.logs[build_id] = loaded if isinstance(loaded, list) else []
-        return self.logs[build_id]
+        return loaded if isinstance(loaded, list) else []
 
     def _keep_log(self, build_id: str) -> None:
+        """On disk once the build ended; memory keeps only the logs of builds under way."""
         atomic_write(self._log_path(build_id), json.dumps(self.logs.get(build_id, [])).encode(), mode=0o600)
+        self.logs.pop(build_id, None)
 
     # -- uploaded files
 
