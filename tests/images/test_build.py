@@ -127,6 +127,9 @@ def test_bad_builds_are_clear_errors_and_leave_no_image(images_daemon: Daemon, i
         offline.build("bad", client=images_daemon.client())  # no network device: the lookup fails in the sandbox
     with pytest.raises(Exception, match="unknown image 'no-such-base'"):
         Image.from_image("no-such-base").run("true").build("bad", client=images_daemon.client())
+    hung = Image.from_image("pyapp").run("echo started; sleep 600")  # a build has a time limit: it never hangs
+    with pytest.raises(BuildError, match="still running when the build's time ran out"):
+        hung.build("bad", client=images_daemon.client(), timeout=3)
     assert not [i for i in store.list() if i.name == "bad"]
     assert {i.key for i in store.list()} - before <= {i.key for i in store.list() if i.name == "build-cache"}
     with images_daemon.client() as client:

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -143,10 +144,13 @@ class Image:
         on_step: StepCallback | None = None,
         on_output: OutputCallback | None = None,
         force_from: int | None = None,
+        timeout: float | None = None,
     ) -> ImageInfo:
         """Build (or find in the cache) every step, and name the result ``name``. ``force_from``: the first step
-        (1-based) to run again even if cached; the steps after it run again too."""
-        return _Build(self, name, client or Client(), network, on_step, on_output, force_from).run()
+        (1-based) to run again even if cached; the steps after it run again too. ``timeout``: seconds the whole
+        build's RUN steps may take (a step still running then is killed, and the build fails saying so)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return _Build(self, name, client or Client(), network, on_step, on_output, force_from, deadline).run()
 
 
 @dataclass
@@ -158,6 +162,7 @@ class _Build:
     on_step: StepCallback | None
     on_output: OutputCallback | None
     force_from: int | None = None  # the first step (1-based) never taken from the cache: it and those after run
+    deadline: float | None = None  # time.monotonic() by which every RUN step must have ended
     sandbox: Sandbox | None = None
     forced: str = ""
 
@@ -210,7 +215,12 @@ class _Build:
             options["user"] = user
         if self.on_output is not None:
             options |= {"on_stdout": self.on_output, "on_stderr": self.on_output}
+        if self.deadline is not None:
+            options["timeout"] = max(1.0, self.deadline - time.monotonic())
         result = self.sandbox.run(argv, **options)
+        if result.timed_out:
+            raise BuildError(f"build step {step.describe()!r} was still running when the build's time ran out; it "
+                             "was killed", exit_code=result.exit_code)  # fmt: skip
         if result.exit_code != 0:
             tail = (result.stdout + result.stderr).strip()[-2000:]
             hint = NO_NETWORK_HINT if self.network is None and NAME_LOOKUP_FAILED.search(tail) else ""

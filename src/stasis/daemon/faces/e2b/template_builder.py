@@ -35,6 +35,7 @@ MAX_CONTEXT_BYTES = 4 << 30  # what a build's uploaded files may unpack to, in a
 MAX_FILE_BYTES = 256 << 20  # one file a COPY takes (the builder reads it whole)
 MAX_LINE = 2048  # characters of one line of a step's output kept in the log (the rest is cut, and says so)
 READY_TIMEOUT = 300.0  # seconds a ready command has to pass
+BUILD_TIMEOUT = 3600.0  # seconds a build's RUN steps may take in all (E2B's cap on a build: an hour)
 WARM_IDLE = 900  # seconds: the making sandbox of a warm template, left by a stopped daemon, ends
 USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}(:[a-z_][a-z0-9_.-]{0,31})?|\d{1,10}(:\d{1,10})?")
 MODE = re.compile(r"[0-7]{3,4}")
@@ -194,7 +195,7 @@ class _Run:
         image = Image(base, self.plan.steps, context)
         info = image.build(f"e2b-{self.template.template_id}", client=client, network=self.network or None,
                            on_step=self._on_step, on_output=self._on_output,
-                           force_from=self.plan.force_from)  # fmt: skip
+                           force_from=self.plan.force_from, timeout=BUILD_TIMEOUT)  # fmt: skip
         self._flush()
         return info.key
 
