@@ -55,7 +55,7 @@ def serving_daemon(prefix: str, **extra_env: str) -> Iterator[Paths]:
 def e2b_listening(client: Any, backend: str, memory_mb: int) -> Iterator[None]:
     """`stasis e2b serve` on a free port of loopback, its three variables exported for the E2B SDKs, while the
     block runs (the listener stays open while its stream is)."""
-    from stasis.models import E2bServeRequest
+    from stasis.e2b_models import E2bServeRequest
     from stasis.sdk import e2b
 
     e2b.base_image(client)

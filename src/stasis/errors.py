@@ -10,6 +10,7 @@
     │   ├── ImageNotFound
     │   ├── ProcessNotFound
     │   ├── CheckpointNotFound
+    │   ├── VolumeNotFound
     │   ├── RunNotFound                      an agent run
     │   └── FileNotFound (FileNotFoundError)
     ├── FileError (OSError)                  400  the path exists but is the wrong kind of thing
@@ -105,6 +106,10 @@ class ProcessNotFound(NotFound):
 
 
 class CheckpointNotFound(NotFound):
+    pass
+
+
+class VolumeNotFound(NotFound):
     pass
 
 

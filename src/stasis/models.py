@@ -33,6 +33,7 @@ from .validation import (
     validate_path,
     validate_user,
 )  # fmt: skip
+from .volume_models import VOLUMES_ON_GVISOR, VolumeMount, as_mounts, distinct_mounts
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 MAX_SECONDS = 365 * 24 * 3600  # the longest time a request may name (a timeout, a TTL): a year; longer is never (None)
@@ -113,6 +114,9 @@ class SandboxSpec(Strict):
         "them); fast (gVisor): its writable layer in the sandbox's kernel, 2x faster small-file work, kept by "
         "suspends and checkpoints but lost if the sandbox is killed on the host (see the README)",
     )
+    volumes: Annotated[list[VolumeMount], BeforeValidator(as_mounts), AfterValidator(distinct_mounts)] = Field(
+        default_factory=list, max_length=16, description="volumes mounted in it (gVisor); their files are not its own"
+    )
     desktop_session: bool = Field(
         True,
         description="the desktop image: stasis starts its session (X, a window manager, Chromium, VNC) at boot; "
@@ -144,6 +148,8 @@ class SandboxSpec(Strict):
                 f"storage 'fast' keeps the writable layer in gVisor's kernel; backend {self.backend!r} has its own "
                 "disk: leave storage 'durable' (the default), or use backend 'gvisor'"
             )
+        if self.volumes and self.backend != "gvisor":
+            raise ValueError(VOLUMES_ON_GVISOR)
         return self
 
 
@@ -431,19 +437,3 @@ class CommitImageRequest(Strict):
     key: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,100}$")
     config: dict[str, Any] = Field(default_factory=dict, description="the image config after the step")
     step: str = ""
-
-
-class E2bServeRequest(Strict):
-    """Open the E2B face on a TCP listener for as long as the request's stream stays open (`stasis e2b serve`)."""
-
-    listen: str = Field("127.0.0.1:3000", max_length=300, description="HOST:PORT (port 0: any free port)")
-    backend: str = Field(DEFAULT_BACKEND, json_schema_extra={"enum": list(BACKENDS)})
-    memory_mb: int = Field(1024, ge=128, le=262144, description="each sandbox's memory (E2B's templates carry none)")
-    cpus: float = Field(1.0, ge=0.01, le=64)
-    domain: str | None = Field(None, max_length=253, description="route Host PORT-ID.DOMAIN too (a wildcard DNS name)")
-    build_network: bool = Field(False, description="template builds' steps reach the network (apt, pip, git)")
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, backend: str) -> str:
-        return validate_backend(backend)

@@ -60,6 +60,10 @@ class Paths:
         return self.home / "sandboxes"
 
     @property
+    def volumes(self) -> Path:
+        return self.home / "volumes"
+
+    @property
     def runtime(self) -> Path:
         """Per-boot state (runsc's container records): on tmpfs, so a host reboot clears it.
 

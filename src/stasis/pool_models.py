@@ -51,6 +51,8 @@ class CreatePoolRequest(Strict):
         of every resource that either names (the others are the template's)."""
         if request.snapshot_id is not None or request.network is not None or request.template != self.template:
             return False
+        if request.volumes:  # a member was started without them
+            return False
         if self.template is None:
             return request.image == self.image and all(getattr(request, f) == getattr(self, f) for f in RESOURCES)
         named = (request.model_fields_set | self.model_fields_set) & set(RESOURCES)

@@ -13,16 +13,16 @@ ID_PATTERN = re.compile(r"^sb-[0-9a-z]{12}$")
 EXEC_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
-def validate_name(name: str) -> str:
-    """A sandbox name: 1-63 of letters, digits, '.', '_', '-', starting with a letter or digit."""
+def validate_name(name: str, what: str = "sandbox") -> str:
+    """A sandbox's (or ``what``'s) name: 1-63 of letters, digits, '.', '_', '-', starting with a letter or digit."""
     if not NAME_PATTERN.fullmatch(name) or ".." in name:
         shown = name if len(name) <= 80 else name[:80] + "..."
         raise ValueError(
-            f"invalid sandbox name {shown!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            f"invalid {what} name {shown!r}: use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (no '/', '..', spaces or control characters)"
         )
     if ID_PATTERN.fullmatch(name):
-        raise ValueError(f"invalid sandbox name {name!r}: names of the form sb-xxxxxxxxxxxx are reserved for ids")
+        raise ValueError(f"invalid {what} name {name!r}: names of the form sb-xxxxxxxxxxxx are reserved for ids")
     return name
 
 

@@ -33,6 +33,7 @@ CALLERS = {
     "backends/microvm/boot_snapshots.py": "a boot snapshot's key",
     "daemon/faces/e2b/records.py": "an E2B record (a sandbox id)",
     "daemon/faces/e2b/templates.py": "an E2B template's record (its id) and a build's log (its id)",
+    "volumes.py": "a volume's name and a volume snapshot's id",
 }
 TRAVERSALS = ["..", "../x", "a/../../b", "/etc", "x/y", ".hidden", "", "a\0b", "default-0123/../../home", "é" * 3]
 

@@ -7,6 +7,7 @@ import pytest
 from stasis.daemon.core.sources import spec_from_checkpoint
 from stasis.errors import InvalidRequest
 from stasis.models import CheckpointInfo, CheckpointType, CreateSandboxRequest, SandboxSpec
+from stasis.pool_models import CreatePoolRequest
 
 pytestmark = pytest.mark.fast
 
@@ -41,3 +42,12 @@ def test_a_memory_restore_refuses_another_size_and_says_which(field: str, what: 
 def test_a_disk_smaller_than_the_smallest_useful_is_refused() -> None:
     with pytest.raises(ValueError, match="disk_mb"):
         SandboxSpec(disk_mb=64)
+
+
+def test_volumes_are_a_memory_restores_own_and_a_cold_boots_choice() -> None:
+    mounted = CreateSandboxRequest(snapshot_id="ck-1", volumes={"/data": "other"})
+    with pytest.raises(InvalidRequest, match="restores with the volumes it was taken with"):
+        spec_from_checkpoint(checkpoint(CheckpointType.MEMORY), mounted)
+    assert spec_from_checkpoint(checkpoint(CheckpointType.FILESYSTEM), mounted).volumes[0].name == "other"
+    pool = CreatePoolRequest(name="warm")  # a pool's members were started without volumes: never handed out for one
+    assert pool.matches(CreateSandboxRequest()) and not pool.matches(CreateSandboxRequest(volumes={"/data": "v"}))

@@ -32,7 +32,7 @@ from stasis import Sandbox as StasisSandbox
 from stasis.e2b_wire import code_template_name
 from tests.conftest import Daemon, wait_until
 
-E2B_VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
+E2B_VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY")
 DOMAIN = "e2b.test"  # routed by the Host header alone: the test never resolves it
 
 

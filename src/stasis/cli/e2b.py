@@ -11,9 +11,9 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from ..backends import DEFAULT_BACKEND
+from ..e2b_models import E2bServeRequest
 from ..e2b_wire import domain_host
 from ..errors import StasisError
-from ..models import E2bServeRequest
 from ..sdk import e2b
 from ._common import app, client, err, out
 

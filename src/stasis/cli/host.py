@@ -37,7 +37,7 @@ def serve(
 ) -> None:
     """Run the daemon in the foreground (the CLI and SDK start it on demand)."""
     from ..daemon.server import serve as run_server
-    from ..models import E2bServeRequest
+    from ..e2b_models import E2bServeRequest
 
     face = E2bServeRequest(listen=e2b, domain=e2b_domain, build_network=e2b_build_network) if e2b else None
     run_server(Paths.from_env(), tcp=tcp, token=os.environ.get("STASIS_TOKEN"), log_level=log_level.upper(), e2b=face)

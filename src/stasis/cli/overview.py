@@ -47,6 +47,7 @@ OVERVIEW: dict[str, dict[str, str]] = {
     "The daemon, environments and other faces": {
         "image": "Images: import, build, list, remove",
         "template": "Templates that start warm",
+        "volume": "Volumes: files that outlive sandboxes; snapshots and forks",
         "pool": "Warm pools handed out by `stasis create`",
         "serve": "Run the daemon in the foreground",
         "daemon": "Whether it runs; stop, restart",

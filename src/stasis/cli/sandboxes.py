@@ -67,6 +67,10 @@ def create(
         list[str] | None,
         typer.Option("--secret", help="A secret it may use (`stasis secret ls`): its env var holds a placeholder."),
     ] = None,
+    volumes: Annotated[
+        list[str] | None,
+        typer.Option("--volume", "-v", help="NAME:/PATH[:ro] mounts a volume (`stasis volume ls`, gVisor); repeatable"),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Create a sandbox and start it (from an image, or from a checkpoint with --from)."""
@@ -87,6 +91,8 @@ def create(
         explicit["network"] = build(NetworkPolicy, allow_out=allow_out or [], deny_out=deny_out or [])
     if secrets:
         explicit["secrets"] = secrets
+    if volumes:
+        explicit["volumes"] = dict(_volume(v) for v in volumes)
     if screen:
         explicit["screen"] = screen
     if storage:
@@ -100,6 +106,14 @@ def create(
         out.print_json(sbx.info().model_dump_json())
     else:
         out.print(f"created [bold]{name}[/bold] ({sbx.id}) in {time.monotonic() - started:.2f}s")
+
+
+def _volume(text: str) -> tuple[str, dict[str, object]]:
+    name, _, rest = text.partition(":")
+    path, _, mode = rest.partition(":")
+    if not name or not path.startswith("/") or mode not in ("", "ro", "rw"):
+        raise typer.BadParameter(f"--volume {text!r}: write NAME:/PATH, or NAME:/PATH:ro for a read-only mount")
+    return path, {"name": name, "read_only": mode == "ro"}
 
 
 @app.command("ls")

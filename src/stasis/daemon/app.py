@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from .. import __version__
-from ..models import E2bServeRequest
+from ..e2b_models import E2bServeRequest
 from ..paths import Paths
 from .core.recovery import Recovery
 from .core.service import SandboxService

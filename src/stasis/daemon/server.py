@@ -13,9 +13,9 @@ from pathlib import Path
 import uvicorn
 
 from .. import mountns
+from ..e2b_models import E2bServeRequest
 from ..errors import DaemonRunning, InvalidRequest
 from ..fsutil import atomic_write
-from ..models import E2bServeRequest
 from ..paths import Paths
 from .app import create_app
 

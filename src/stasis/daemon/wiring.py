@@ -32,6 +32,7 @@ from .rooms.ports import Ports
 from .rooms.remote import RemoteService
 from .rooms.secrets import SecretsRoom
 from .rooms.ssh import HostKeys
+from .rooms.volumes import VolumesRoom
 
 
 def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms:
@@ -42,15 +43,15 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     remote = RemoteService(core, remote_config, checkpoints, tables.pushes) if remote_config else None
     pools = PoolManager(core, tables.pools, checkpoints)
     ports = Ports(core, tables.ports)
-    secrets = SecretsRoom(core)
-    front, ops = Front(core, checkpoints, pools, remote, secrets.check), GuestOperations(core)
+    secrets, volumes = SecretsRoom(core), VolumesRoom(core)
+    front, ops = Front(core, checkpoints, pools, remote, secrets.check, volumes.check), GuestOperations(core)
     idle_to_store = remote.push_sandbox if remote is not None and remote.config.idle_to_store else None
-    e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets)
+    e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets, volumes)
     rooms = Rooms(
         paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
         ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints, idle_to_store),
         e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
-        desktop=DesktopRoom(core, ports, ops), secrets=secrets, token=token,
+        desktop=DesktopRoom(core, ports, ops), secrets=secrets, volumes=volumes, token=token,
     )  # fmt: skip
     e2b.code_interpreter = rooms.code.ensure
     # what the core calls back: when a sandbox starts here, and when it ends (what a room holds of it goes too)

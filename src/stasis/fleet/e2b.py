@@ -34,6 +34,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake
 from websockets.typing import Subprotocol
 
+from ..e2b_models import E2bServeRequest
 from ..e2b_signatures import FILES_PATH, signed_with, signer
 from ..e2b_wire import (
     API_KEY_HEADER,
@@ -48,7 +49,6 @@ from ..e2b_wire import (
     sandbox_target,
 )
 from ..errors import CheckpointNotFound, InvalidRequest, StasisError, clip
-from ..models import E2bServeRequest
 from .e2b_faces import NodeFaces
 from .nodes import REF, Nodes, checked
 from .placement import place
@@ -293,6 +293,13 @@ def _routed_routes(app: FastAPI, nodes: Nodes, faces: NodeFaces) -> None:
     async def template_builds(request: Request, rest: str = "") -> Response:
         return e2b_error(501, "E2B's Template builds are one daemon's, not yet a fleet's: build on a node's own face "
                          "(`stasis e2b serve` with that node's STASIS_URL); its images stay on that node")  # fmt: skip
+
+    @app.api_route("/volumes", methods=["GET", "POST"])
+    @app.api_route("/volumes/{rest:path}", methods=["GET", "DELETE"])
+    @app.api_route("/volumecontent/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def volumes(request: Request, rest: str = "") -> Response:
+        return e2b_error(501, "volumes are one daemon's, not yet a fleet's: use a node's own face (`stasis e2b serve` "
+                         "with that node's STASIS_URL), and create the sandboxes that mount them there")  # fmt: skip
 
     @app.delete("/templates/{template_id}")
     async def delete_snapshot(request: Request, template_id: str) -> Response:

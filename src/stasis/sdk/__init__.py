@@ -27,6 +27,7 @@ from ..errors import (
     StateError,
     StoreUnreachable,
     Unsupported,
+    VolumeNotFound,
     WorkdirNotFound,
 )
 from ..models import (
@@ -52,10 +53,12 @@ from .image import Image
 from .pool import Pool, PoolNotReady
 from .secret import Secret
 from .template import Template, TemplateNotReady
+from .volume import AsyncVolume, Volume
 
 __all__ = [
     "AsyncClient",
     "AsyncSandbox",
+    "AsyncVolume",
     "BackendError",
     "BuildError",
     "CheckpointCorrupt",
@@ -108,5 +111,7 @@ __all__ = [
     "TemplateNotReady",
     "TransferResult",
     "Unsupported",
+    "Volume",
+    "VolumeNotFound",
     "WorkdirNotFound",
 ]

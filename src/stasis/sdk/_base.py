@@ -63,6 +63,7 @@ class CreateOptions(TypedDict, total=False):
     screen: str  # a desktop's screen (image "desktop"), WIDTHxHEIGHT: 1280x800 unless said
     storage: str  # "durable" (default) or "fast" (gVisor: its files in its kernel; see the README's trade-offs)
     desktop_session: bool  # image "desktop": False to start no session at boot (the client starts its own X)
+    volumes: dict[str, str | dict[str, Any]]  # path in the sandbox -> volume name (or {"name", "read_only"}); gVisor
 
 
 class RunOptions(TypedDict, total=False):

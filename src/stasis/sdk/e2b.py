@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from .. import guest, kernels
+from ..e2b_models import E2bServeRequest
 from ..e2b_wire import BASE_IMAGE, CODE_IMAGE, code_template_name
 from ..errors import NotFound
 from ..images import ImageInfo
-from ..models import TEMPLATE_PREFIX, E2bServeRequest
+from ..models import TEMPLATE_PREFIX
 from ._base import Call, CreateOptions, checkpoint_call
 from ._client import Client
 from .image import Image, StepCallback

@@ -36,6 +36,7 @@ def oci_config(
     python: str = "/usr/bin/python3",
     python_runtime: Path | None = None,
     image: Path | None = None,
+    volumes: list[tuple[str, Path, bool]] | None = None,
 ) -> dict[str, Any]:
     """The bundle's config; ``agent`` is the host directory mounted read-only at /opt/stasis
     (None only for sandboxes made before that, whose agent sits in their own files); ``tmp`` is
@@ -44,7 +45,8 @@ def oci_config(
     ``resolv_conf`` mounted at /etc/resolv.conf (the daemon's resolver at the gateway); ``python``
     the image's interpreter, which runs the agent, or (``python_runtime``, an image without one)
     stasis's own, mounted read-only at /opt/stasis-python; ``image`` the image's files, mounted read-only at
-    /opt/stasis-image for a sandbox with fast storage (its agent packs a FILESYSTEM checkpoint against them)."""
+    /opt/stasis-image for a sandbox with fast storage (its agent packs a FILESYSTEM checkpoint against them);
+    ``volumes`` (path in the sandbox, host directory, read only) the volumes it mounts."""
     interpreter = [python] if python_runtime is None else runtime.argv_prefix()
     config = {
         "ociVersion": "1.0.2",
@@ -85,20 +87,24 @@ def oci_config(
             },
         },
     }
-    if agent is not None:
-        mount = {"destination": MOUNT_POINT, "type": "bind", "source": str(agent), "options": ["rbind", "ro"]}
-        config["mounts"].append(mount)  # type: ignore[attr-defined]
-    if tmp is not None:
-        mount = {"destination": "/tmp", "type": "bind", "source": str(tmp), "options": ["rbind", "rw"]}
-        config["mounts"].append(mount)  # type: ignore[attr-defined]
-    if python_runtime is not None:
-        mount = {"destination": runtime.MOUNT_POINT, "type": "bind", "source": str(python_runtime),
-                 "options": ["rbind", "ro"]}  # fmt: skip
-        config["mounts"].append(mount)  # type: ignore[attr-defined]
-    if image is not None:
-        mount = {"destination": IMAGE_MOUNT, "type": "bind", "source": str(image), "options": ["rbind", "ro"]}
-        config["mounts"].append(mount)  # type: ignore[attr-defined]
-    if netns is not None and resolv_conf is not None:
-        mount = {"destination": "/etc/resolv.conf", "type": "bind", "source": str(resolv_conf), "options": ["ro"]}
-        config["mounts"].append(mount)  # type: ignore[attr-defined]
+    config["mounts"] += _binds(agent, tmp, python_runtime, image, netns, resolv_conf, volumes)  # type: ignore[operator]
     return config
+
+
+VOLUME_OPTIONS = ("rbind", "nosuid", "nodev")  # what a sandbox leaves in a shared volume gains no privilege
+
+
+def _binds(
+    agent: Path | None, tmp: Path | None, python_runtime: Path | None, image: Path | None, netns: Path | None,
+    resolv_conf: Path | None, volumes: list[tuple[str, Path, bool]] | None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The host directories bound into the sandbox (see :func:`oci_config`)."""
+    binds: list[tuple[str, Path | None, list[str]]] = [
+        (MOUNT_POINT, agent, ["rbind", "ro"]),
+        ("/tmp", tmp, ["rbind", "rw"]),
+        (runtime.MOUNT_POINT, python_runtime, ["rbind", "ro"]),
+        (IMAGE_MOUNT, image, ["rbind", "ro"]),
+        ("/etc/resolv.conf", resolv_conf if netns is not None else None, ["ro"]),
+        *((path, source, [*VOLUME_OPTIONS, "ro" if read_only else "rw"]) for path, source, read_only in volumes or []),
+    ]
+    return [{"destination": d, "type": "bind", "source": str(s), "options": o} for d, s, o in binds if s is not None]

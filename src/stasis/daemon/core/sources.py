@@ -105,13 +105,17 @@ def spec_from_checkpoint(checkpoint: CheckpointInfo, request: CreateSandboxReque
         overrides |= {"secrets": {**request.secrets, **kept.secrets},
                       "ca_lineage": kept.ca_lineage or request.ca_lineage,
                       "egress_headers": request.egress_headers or kept.egress_headers}  # fmt: skip
-    if checkpoint.type == CheckpointType.FILESYSTEM:
-        overrides |= {k: getattr(request, k) for k in request.model_fields_set & {"memory_mb", "disk_mb", "storage"}}
+    if checkpoint.type == CheckpointType.FILESYSTEM:  # a boot: what it mounts and its size may change
+        changeable = {"memory_mb", "disk_mb", "storage", "volumes"}
+        overrides |= {k: getattr(request, k) for k in request.model_fields_set & changeable}
     else:
         for field, what in (("memory_mb", "memory"), ("disk_mb", "disk")):
             taken = getattr(checkpoint.spec, field)
             if field in request.model_fields_set and getattr(request, field) != taken:
                 raise InvalidRequest(f"a MEMORY checkpoint restores with the {what} it was taken with ({taken} MiB)")
+        if "volumes" in request.model_fields_set and request.volumes != checkpoint.spec.volumes:
+            mounted = ", ".join(f"{m.name} at {m.path}" for m in checkpoint.spec.volumes) or "no volume"
+            raise InvalidRequest(f"a MEMORY checkpoint restores with the volumes it was taken with ({mounted})")
         if "storage" in request.model_fields_set and request.storage != checkpoint.spec.storage:
             raise InvalidRequest(
                 f"checkpoint {checkpoint.id} holds a kernel with {checkpoint.spec.storage} storage; a MEMORY restore "

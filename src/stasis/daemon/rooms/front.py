@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...errors import SandboxNotFound, StateError
-from ...models import CreateSandboxRequest, SandboxInfo
+from ...models import CreateSandboxRequest, SandboxInfo, SandboxSpec
 from ..core.service import SandboxService
 from ..core.sources import CheckpointsRead, Source, source_of
 from .pools import PoolManager
@@ -26,7 +26,9 @@ class Front:
         pools: PoolManager,
         remote: RemoteService | None,
         check_secrets: Callable[[list[str], dict[str, dict[str, str]]], None] = lambda names, rules: None,
+        check_volumes: Callable[[SandboxSpec], None] = lambda spec: None,
     ) -> None:
+        self.check_volumes = check_volumes
         self.core = core
         self.checkpoints = checkpoints
         self.pools = pools
@@ -38,7 +40,9 @@ class Front:
         if (claimed := await self.pools.claim(request)) is not None:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)
-        return await self.core.create(request.name, await self.source(request))
+        source = await self.source(request)
+        self.check_volumes(source.spec)  # the request's, or a checkpoint's: each must still exist, said now
+        return await self.core.create(request.name, source)
 
     async def source(self, request: CreateSandboxRequest) -> Source:
         pull = self.remote.pull_checkpoint if self.remote is not None else None

@@ -13,10 +13,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ....errors import StasisError, echo
-from . import sandbox_routes, secret_routes, snapshot_routes, template_routes
+from . import sandbox_routes, secret_routes, snapshot_routes, template_routes, volume_routes
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
 from .template_routes import signed_upload
+from .volume_routes import CONTENT as VOLUME_CONTENT
 
 
 def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = None) -> FastAPI:
@@ -27,6 +28,7 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
     async def api_key(request: Request, call_next):  # type: ignore[no-untyped-def]
         query = dict(request.query_params)
         signed = request.method == "PUT" and signed_upload(room.keys.api_key, request.url.path, query)
+        signed = signed or request.url.path.startswith(VOLUME_CONTENT)  # the volume's own token, checked there
         if not signed and not room.keys.valid_api_key(request.headers.get("x-api-key")):
             return error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed")
         return await call_next(request)
@@ -46,7 +48,8 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
         return error(exc.status_code, f"{request.method[:16]} {echo(request.url.path)}: {message}")
 
     app.include_router(sandbox_routes.router)
-    app.include_router(template_routes.router)  # before the snapshots': DELETE /templates/tags is not a template's id
+    app.include_router(template_routes.router)
+    app.include_router(volume_routes.router)  # before the snapshots': DELETE /templates/tags is not a template's id
     app.include_router(snapshot_routes.router)
     app.include_router(secret_routes.router)
     return app

@@ -49,6 +49,15 @@ class E2bKeys:
     def valid_envd_token(self, sandbox_id: str, presented: str | None) -> bool:
         return presented is not None and hmac.compare_digest(presented.encode(), self.envd_token(sandbox_id).encode())
 
+    def volume_token(self, volume: str, incarnation: str) -> str:
+        """A volume's content token (E2B's ``Volume.token``): derived from the API key and this volume's
+        incarnation, so nothing is stored, a new key revokes it, and it never opens a later volume of its name."""
+        return self._derived("volume", f"{volume}:{incarnation}")
+
+    def valid_volume_token(self, volume: str, incarnation: str, presented: str | None) -> bool:
+        expected = self.volume_token(volume, incarnation).encode()
+        return presented is not None and hmac.compare_digest(presented.encode(), expected)
+
     def valid_traffic_token(self, sandbox_id: str, presented: str | None) -> bool:
         expected = self.traffic_token(sandbox_id).encode()
         return presented is not None and hmac.compare_digest(presented.encode(), expected)

@@ -33,7 +33,7 @@ class Listener:
     @property
     def exports(self) -> dict[str, str]:
         """What the SDKs need in their environment (the API key is added by who knows it)."""
-        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url}
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_VOLUME_API_URL": self.url}
 
     @property
     def url(self) -> str:

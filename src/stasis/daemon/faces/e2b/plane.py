@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ....errors import InvalidRequest, clip
 from ....models import MAX_SECONDS, CheckpointInfo, SandboxInfo
 from ....netpolicy import NetworkPolicy
+from ....volume_models import VolumeMount
 from .records import Record
 from .room import PAUSED, Defaults, E2bRoom
 
@@ -71,7 +72,7 @@ class NewSandbox(_Body):
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
     allow_internet_access: bool | None = None
     network: NetworkConfig | None = None
-    volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, alias="volumeMounts", max_length=16)
 
 
 class Pause(_Body):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from ....e2b_models import E2bServeRequest
 from ....fsutil import atomic_write
-from ....models import E2bServeRequest
 from ....paths import Paths
 from ..deps import Rooms
 from .room import Defaults

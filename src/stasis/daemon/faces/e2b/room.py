@@ -36,11 +36,13 @@ from ....models import (
     SandboxStatus,
 )
 from ....netpolicy import NetworkPolicy
+from ....volume_models import VolumeMount
 from ...core.service import SandboxService
 from ...rooms.checkpointing import Checkpoints
 from ...rooms.forks import fork
 from ...rooms.front import Front
 from ...rooms.secrets import SecretsRoom
+from ...rooms.volumes import VolumesRoom
 from .keys import E2bKeys
 from .records import Record, Records
 from .template_builder import TemplateBuilder
@@ -74,8 +76,9 @@ class Defaults:
 
 class E2bRoom:
     def __init__(
-        self, core: SandboxService, front: Front, checkpoints: Checkpoints, keys: E2bKeys, secrets: SecretsRoom
-    ) -> None:
+        self, core: SandboxService, front: Front, checkpoints: Checkpoints, keys: E2bKeys, secrets: SecretsRoom,
+        volumes: VolumesRoom,
+    ) -> None:  # fmt: skip
         self.core = core
         self.front = front
         self.secrets = secrets  # E2B's secrets API is stasis' secret store
@@ -85,6 +88,7 @@ class E2bRoom:
         self.templates = Templates(core.paths.home)
         self.builder = TemplateBuilder(self.templates, core.paths)
         self.builder.recover()
+        self.volumes = volumes
         self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
 
     # -- lifecycle
@@ -93,9 +97,11 @@ class E2bRoom:
         self, defaults: Defaults, template: str, timeout: int | None, auto_pause: bool, metadata: dict[str, str],
         envs: dict[str, str], network: NetworkPolicy | None, public_traffic: bool = False,
         egress_headers: dict[str, dict[str, str]] | None = None, keep_memory: bool = True,
+        volumes: list[VolumeMount] | None = None,
     ) -> tuple[SandboxInfo, Record]:  # fmt: skip
         lifetime = {"timeout_secs": None, "lifetime_secs": _timeout(timeout),  # E2B's timeout, and no idle window
-                    "on_idle": "suspend" if auto_pause else "terminate", "keep_memory": keep_memory}  # fmt: skip
+                    "on_idle": "suspend" if auto_pause else "terminate", "keep_memory": keep_memory,
+                    "volumes": volumes or []}  # fmt: skip
         request = self._request(defaults, template, network, egress_headers or {}, lifetime)
         if request.image == DESKTOP_IMAGE:  # XFCE's and gtk-launch's GLib spawns need it under gVisor
             envs = {"LD_PRELOAD": GLIB_SPAWN_SHIM, **envs}
@@ -121,12 +127,18 @@ class E2bRoom:
                                 "network": network, **lifetime}  # fmt: skip
         if egress_headers:
             base["egress_headers"] = egress_headers
+        # a warm template restores with the volumes it was made with (none): a sandbox with volumes boots its image
+        warm_ok = not lifetime.get("volumes")
         if built := self.templates.resolve(template):  # a template built through E2B's Template API
             size = {"cpus": float(built[1].cpu_count), "memory_mb": built[1].memory_mb}
+            if built[1].warm and not warm_ok:
+                raise InvalidRequest(f"template {echo(template)} starts warm (its start command already running), "
+                                     "and a warm start keeps the mounts it was made with: mount no volume, or build "
+                                     "the template without a start command")  # fmt: skip
             if built[1].warm:
                 return CreateSandboxRequest(template=built[1].warm, **(base | size))
             return CreateSandboxRequest(image=built[1].image, **(base | size))
-        if template == E2B_CODE_TEMPLATE and self._warm_code_template(defaults.backend):
+        if template == E2B_CODE_TEMPLATE and warm_ok and self._warm_code_template(defaults.backend):
             warm = code_template_name(defaults.backend)
             return CreateSandboxRequest(template=warm, **base)  # its kernel already running and warm
         name = TEMPLATE_IMAGES.get(template, template)

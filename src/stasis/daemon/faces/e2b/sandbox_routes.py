@@ -11,7 +11,6 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
-from ....errors import InvalidRequest
 from ....netpolicy import NetworkPolicy
 from .plane import (
     Connect,
@@ -35,13 +34,11 @@ router = APIRouter()
 @router.post("/sandboxes", status_code=201)
 @router.post("/v2/sandboxes", status_code=201)
 async def create(body: NewSandbox, plane: PlaneDep) -> dict[str, Any]:
-    if body.volume_mounts:
-        raise InvalidRequest("volumes are not supported by stasis: a sandbox's own disk persists across pauses")
     public = bool(body.network and body.network.allow_public_traffic)
     network = policy(body.allow_internet_access, body.network)
     info, record = await plane.room.create(
         plane.defaults, body.template_id, body.timeout, body.auto_pause, body.metadata, body.env_vars,
-        network, public, egress_headers(body.network), keep_memory=body.auto_pause_memory,
+        network, public, egress_headers(body.network), keep_memory=body.auto_pause_memory, volumes=body.volume_mounts,
     )  # fmt: skip
     if network is not None and network.note:
         log.warning("E2B sandbox %s: %s", info.id, network.note)

@@ -18,10 +18,11 @@ from . import (
     secrets,
     system,
     terminals,
+    volumes,
 )
 
 FACES = (
     system, images, sandboxes, pools, checkpoints, remote, secrets,
-    commands, code, desktop, egress, terminals, ports, files, e2b,
+    commands, code, desktop, egress, terminals, ports, files, e2b, volumes,
 )  # fmt: skip
 ROUTERS = [face.router for face in FACES]

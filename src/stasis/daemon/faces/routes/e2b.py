@@ -10,7 +10,7 @@ import anyio
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from ....models import E2bServeRequest
+from ....e2b_models import E2bServeRequest
 from ..deps import RoomsDep
 from ..e2b.room import Defaults
 
