@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -68,6 +69,18 @@ class Listener:
         if self.daemon.proc is not None and self.daemon.proc.poll() is None:
             with self.daemon.client() as client, contextlib.suppress(NotFound):
                 Template.delete(code_template_name(self.backend), client=client)
+
+
+def one_listener(backend: str) -> Any:
+    """A module's `listener` fixture on one backend alone (its `e2b` fixture, imported from here, exports it)."""
+
+    @pytest.fixture(scope="module")
+    def listener(daemon: Daemon) -> Iterator[Listener]:
+        served = Listener(daemon, backend)
+        yield served
+        served.close()
+
+    return listener
 
 
 @pytest.fixture(scope="module", params=["gvisor", "microvm"])

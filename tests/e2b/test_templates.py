@@ -15,7 +15,6 @@ import subprocess
 import tarfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,18 +23,13 @@ from e2b import Sandbox, Template, wait_for_url
 from e2b.exceptions import BuildException
 
 from tests.conftest import Daemon
-from tests.e2b.test_python_sdk import Listener, e2b  # noqa: F401 (the fixture, over this module's listener)
+from tests.e2b.test_python_sdk import Listener, e2b, one_listener  # noqa: F401 (e2b: the fixture, over this listener)
 
 CACHED = "CACHED "
 JS = Path(__file__).parent / "js"
 
 
-@pytest.fixture(scope="module")
-def listener(daemon: Daemon) -> Iterator[Listener]:
-    """gVisor's alone: this module's `e2b` fixture (test_python_sdk's) exports its variables."""
-    served = Listener(daemon, "gvisor")
-    yield served
-    served.close()
+listener = one_listener("gvisor")
 
 
 def context(root: Path) -> Path:

@@ -8,24 +8,18 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Volume
 from e2b.exceptions import NotFoundException
 
-from tests.conftest import Daemon
-from tests.e2b.test_python_sdk import Listener, e2b  # noqa: F401 (the fixture, over this module's listener)
+from tests.e2b.test_python_sdk import Listener, e2b, one_listener  # noqa: F401 (e2b: the fixture, over this listener)
 
 JS = Path(__file__).parent / "js"
 
 
-@pytest.fixture(scope="module")
-def listener(daemon: Daemon) -> Iterator[Listener]:
-    served = Listener(daemon, "gvisor")
-    yield served
-    served.close()
+listener = one_listener("gvisor")
 
 
 def test_a_volume_is_shared_kept_across_pause_and_reached_with_its_token(e2b: Listener) -> None:  # noqa: F811
