@@ -24,13 +24,14 @@ import secrets
 import stat
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from . import hostpath, volume_files
-from .errors import BackendError, InvalidRequest, NameTaken, NotFound, VolumeNotFound, echo
+from .errors import BackendError, InvalidRequest, NameTaken, NoSpace, NotFound, VolumeNotFound, echo
 from .fsutil import atomic_write, fsync_dir
 from .validation import NAME_PATTERN
 from .volume_models import VolumeInfo, VolumeSnapshotInfo
@@ -43,6 +44,8 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 FICLONE = 0x40049409  # ioctl: share a file's data (a reflink)
 MAX_DEPTH = 256  # directories a snapshot follows down
+MAX_ENTRIES = 2_000_000  # entries a snapshot copies
+RESERVE = 1 << 30  # bytes of the host's disk a snapshot always leaves free
 DATA_MODE = 0o1777  # every user of every sandbox may write it, as /tmp (the host side is in a 0700 home)
 
 
@@ -186,15 +189,19 @@ class Volumes:
 
 def _copy_tree(source: Path, dest: Path) -> None:
     """``source``'s files as ``dest`` (which must not exist), walked by directory descriptors opened with
-    ``O_NOFOLLOW`` and checked to be what was listed: a directory a sandbox swaps for a link mid-copy is refused,
+    ``O_NOFOLLOW`` and checked to be what was listed: a directory a sandbox swaps for a link mid-copy is skipped,
     never followed. Regular files (shared with ``FICLONE`` where the file system can: reflinks), directories and
-    links are copied with their owners, modes and times; FIFOs, sockets and device nodes are left out."""
+    links are copied with their owners, modes and times, hard links as hard links; FIFOs, sockets and device nodes
+    are left out. An entry that vanishes or changes while it is copied is skipped. The copy stops, refused, before
+    it would leave the host's disk less than RESERVE free, or past MAX_ENTRIES entries."""
+    free = os.statvfs(dest.parent)
+    copy = _Copy(dest, budget=free.f_bavail * free.f_frsize - RESERVE)
     src = os.open(source, DIR_FLAGS)
     try:
         os.mkdir(dest, 0o700)
         dst = os.open(dest, DIR_FLAGS)
         try:
-            _copy_dir(src, dst, 0)
+            copy.directory(src, dst, "", 0)
             _same_owner_mode_times(src, dst)
         finally:
             os.close(dst)
@@ -204,68 +211,94 @@ def _copy_tree(source: Path, dest: Path) -> None:
         os.close(src)
 
 
-def _copy_dir(src: int, dst: int, depth: int) -> None:
-    if depth > MAX_DEPTH:
-        raise InvalidRequest(f"the volume nests directories deeper than {MAX_DEPTH}; a snapshot stops there")
-    for name in os.listdir(src):
+@dataclass
+class _Copy:
+    root: Path
+    budget: int  # bytes the copy may still write
+    entries: int = 0
+    linked: dict[tuple[int, int], str] = field(default_factory=dict)  # a hard-linked file's first copy
+
+    def directory(self, src: int, dst: int, relative: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise InvalidRequest(f"the volume nests directories deeper than {MAX_DEPTH}; a snapshot stops there")
+        with os.scandir(src) as listing:
+            for entry in listing:
+                self.entries += 1
+                if self.entries > MAX_ENTRIES:
+                    raise InvalidRequest(f"the volume holds more than {MAX_ENTRIES} entries; a snapshot stops there")
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    self.entry(src, dst, entry.name, f"{relative}/{entry.name}", depth)
+
+    def entry(self, src: int, dst: int, name: str, relative: str, depth: int) -> None:
         info = os.stat(name, dir_fd=src, follow_symlinks=False)
         if stat.S_ISLNK(info.st_mode):
             os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
             os.chown(name, info.st_uid, info.st_gid, dir_fd=dst, follow_symlinks=False)
-            continue
+            return
         if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-            continue  # a FIFO, socket or device a sandbox made: not a volume's content
+            return  # a FIFO, socket or device a sandbox made: not a volume's content
+        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and (info.st_dev, info.st_ino) in self.linked:
+            os.link(self.root / self.linked[(info.st_dev, info.st_ino)], name, dst_dir_fd=dst)
+            return
         flags = (DIR_FLAGS if stat.S_ISDIR(info.st_mode) else FILE_FLAGS) | os.O_NONBLOCK
         try:
             child = os.open(name, flags, dir_fd=src)
         except OSError:
-            continue  # gone or swapped since it was listed
+            return  # gone or swapped since it was listed
         try:
             opened = os.fstat(child)
             if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
-                continue  # swapped between the listing and the open
+                return  # swapped between the listing and the open
             if stat.S_ISDIR(opened.st_mode):
                 os.mkdir(name, 0o700, dir_fd=dst)
-                copy = os.open(name, DIR_FLAGS, dir_fd=dst)
+                made = os.open(name, DIR_FLAGS, dir_fd=dst)
                 try:
-                    _copy_dir(child, copy, depth + 1)
-                    _same_owner_mode_times(child, copy)
+                    self.directory(child, made, relative, depth + 1)
+                    _same_owner_mode_times(child, made)
                 finally:
-                    os.close(copy)
-            else:
-                copy = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                               dir_fd=dst)  # fmt: skip
-                try:
-                    _copy_bytes(child, copy, opened.st_size)
-                    _same_owner_mode_times(child, copy)
-                finally:
-                    os.close(copy)
+                    os.close(made)
+                return
+            made = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst)
+            try:
+                self.budget -= _copy_bytes(child, made, opened.st_size, self.budget)
+                _same_owner_mode_times(child, made)
+            finally:
+                os.close(made)
+            if opened.st_nlink > 1:
+                self.linked[(opened.st_dev, opened.st_ino)] = relative.lstrip("/")
         finally:
             os.close(child)
 
 
-def _copy_bytes(src: int, dst: int, size: int) -> None:
-    """A reflink where the file system has them (XFS, btrfs: no data copied); else the data's extents only, so a
-    sparse file stays sparse (a sandbox's 1 TB file of holes does not become 1 TB on the host)."""
+def _copy_bytes(src: int, dst: int, size: int, budget: int) -> int:
+    """A reflink where the file system has them (XFS, btrfs: no data copied, 0 returned); else the data's extents
+    only, so a sparse file stays sparse (a sandbox's 1 TB file of holes does not become 1 TB on the host). Returns
+    the bytes written; refuses to write past ``budget``."""
     try:
         fcntl.ioctl(dst, FICLONE, src)
-        return
+        return 0
     except OSError:
         pass
-    offset = 0
+    offset = written = 0
     while offset < size:
         try:
             start = os.lseek(src, offset, os.SEEK_DATA)
-        except OSError:  # ENXIO: only a hole is left
+            end = os.lseek(src, start, os.SEEK_HOLE)
+        except OSError:  # ENXIO: only a hole is left (or the file shrank)
             break
-        end = os.lseek(src, start, os.SEEK_HOLE)
+        if end <= start:  # the region turned into a hole meanwhile
+            offset = start + 1
+            continue
         while start < end:
+            if written + (end - start) > budget:
+                raise NoSpace("a snapshot would leave the host's disk nearly full; free space, or remove snapshots")
             copied = os.copy_file_range(src, dst, end - start, start, start)
             if copied == 0:
                 break
-            start += copied
-        offset = end
+            start, written = start + copied, written + copied
+        offset = max(end, offset + 1)
     os.ftruncate(dst, size)
+    return written
 
 
 def _same_owner_mode_times(src: int, dst: int) -> None:
@@ -284,6 +317,10 @@ def remove_tree(path: Path) -> None:
 
 def tree_size(path: Path) -> int:
     """Bytes the files below ``path`` take (du walks by descriptors: a link a sandbox swaps in is not followed)."""
-    done = subprocess.run(["du", "-s", "-x", "-B1", "--", str(path)], capture_output=True, text=True, timeout=600)
+    try:
+        done = subprocess.run(["du", "-s", "-x", "-B1", "--", str(path)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        log.warning("du of %s took over a minute; its size is reported as 0", path)
+        return 0
     head = done.stdout.split("\t", 1)[0]
     return int(head) if head.isdigit() else 0

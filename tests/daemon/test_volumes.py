@@ -116,8 +116,17 @@ def test_the_host_never_follows_what_a_sandbox_left_in_a_volume(tmp_path: Path) 
     for name in ("..", "../x", "/etc", ".snapshots", "a/b"):
         with pytest.raises(InvalidRequest):
             store.get(name)
+    (data / "big").write_bytes(b"x" * 4096)
+    for i in range(50):  # one file, many names: copied once, linked after (never 50 copies)
+        os.link(data / "big", data / f"name-{i}")
+    os.mkfifo(data / "fifo")  # nothing a snapshot opens: left out
+    with open(data / "sparse", "wb") as f:
+        f.truncate(1 << 40)  # a terabyte of holes: stays holes
     snap = store.take_snapshot("v")
     fork = store.create("w", from_snapshot=snap.id)
+    copied = store.data("w")
+    assert os.stat(copied / "big").st_nlink == 51 and (copied / "name-7").read_bytes() == b"x" * 4096
+    assert not (copied / "fifo").exists() and os.stat(copied / "sparse").st_blocks == 0
     assert os.readlink(store.data("w") / "escape") == str(tmp_path / "secret") and fork.from_snapshot == snap.id
     assert not (store.data("w") / "escape").is_dir() or (store.data("w") / "escape").is_symlink()
 

@@ -10,6 +10,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from e2b import Sandbox, Volume
 from e2b.exceptions import NotFoundException
@@ -53,6 +54,11 @@ def test_a_volume_is_shared_kept_across_pause_and_reached_with_its_token(e2b: Li
     assert not again.exists("/seed")
     with pytest.raises(Exception, match=r"401|token"):
         Volume(volume.volume_id, volume.name, token="not-the-token").read_file("/note.txt")
+    content = f"{e2b.exports['E2B_VOLUME_API_URL']}/volumecontent/{volume.volume_id}/path?path=/note.txt"
+    big = b'{"mode": 420, "pad": "' + b"x" * (20 << 20) + b'"}'
+    assert httpx.patch(content, json={"mode": 0o600}).status_code == 401  # no token: refused, the body unread
+    for headers in ({}, {"Authorization": f"Bearer {volume.token}"}):  # a JSON body is bounded, a token or not
+        assert httpx.patch(content, content=big, headers=headers).status_code == 413
     assert volume.volume_id in {v.volume_id for v in Volume.list()}
     Volume.destroy(volume.volume_id)
     with pytest.raises(NotFoundException):

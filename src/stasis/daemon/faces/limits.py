@@ -4,21 +4,24 @@ before it is read into memory. Uploads are exempt: they are streamed to the sand
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 MAX_JSON_BODY = 16 << 20  # a run's stdin travels base64 in JSON: ~12 MiB of it
 Scope = dict[str, Any]
+Streamed = Callable[[str, str], bool]  # (method, path): a body that goes to a file as it arrives, bounded there
 
 
 class BodyLimit:
     """Pure ASGI middleware: counts what arrives and answers 413 once a body is over the limit."""
 
-    def __init__(self, app: Any, limit: int = MAX_JSON_BODY) -> None:
+    def __init__(self, app: Any, limit: int = MAX_JSON_BODY, streamed: Streamed | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.streamed = streamed or _streamed
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or _streamed(scope["method"], scope["path"]):
+        if scope["type"] != "http" or self.streamed(scope["method"], scope["path"]):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")

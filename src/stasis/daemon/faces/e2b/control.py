@@ -13,11 +13,20 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ....errors import StasisError, echo
+from ..limits import BodyLimit
 from . import sandbox_routes, secret_routes, snapshot_routes, template_routes, volume_routes
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
 from .template_routes import signed_upload
 from .volume_routes import CONTENT as VOLUME_CONTENT
+from .volume_routes import UNAUTHORIZED as VOLUME_UNAUTHORIZED
+from .volume_routes import token_holder
+
+
+def streamed_upload(method: str, path: str) -> bool:
+    """E2B's uploads, streamed to a file (and bounded there): a template's COPY files, a volume's file."""
+    parts = path.strip("/").split("/")
+    return method == "PUT" and (parts[:1] == ["volumecontent"] or (parts[:1] == ["templates"] and "files" in parts))
 
 
 def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = None) -> FastAPI:
@@ -28,7 +37,10 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
     async def api_key(request: Request, call_next):  # type: ignore[no-untyped-def]
         query = dict(request.query_params)
         signed = request.method == "PUT" and signed_upload(room.keys.api_key, request.url.path, query)
-        signed = signed or request.url.path.startswith(VOLUME_CONTENT)  # the volume's own token, checked there
+        if request.url.path.startswith(VOLUME_CONTENT):  # the volume's own token, before any body is read
+            if not token_holder(room, request.url.path, request.headers.get("authorization")):
+                return error(401, VOLUME_UNAUTHORIZED)
+            return await call_next(request)
         if not signed and not room.keys.valid_api_key(request.headers.get("x-api-key")):
             return error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed")
         return await call_next(request)
@@ -47,6 +59,7 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
         message = "not part of E2B's API as stasis serves it" if exc.status_code == 404 else str(exc.detail)
         return error(exc.status_code, f"{request.method[:16]} {echo(request.url.path)}: {message}")
 
+    app.add_middleware(BodyLimit, streamed=streamed_upload)  # a JSON body bounded before it is read, a key or not
     app.include_router(sandbox_routes.router)
     app.include_router(template_routes.router)
     app.include_router(volume_routes.router)  # before the snapshots': DELETE /templates/tags is not a template's id

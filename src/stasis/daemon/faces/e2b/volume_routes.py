@@ -24,6 +24,8 @@ from .plane import PlaneDep
 
 router = APIRouter()
 CONTENT = "/volumecontent/"
+UNAUTHORIZED = "the volume content API needs the volume's token (Authorization: Bearer; Volume.token)"
+UPLOADS = asyncio.Semaphore(4)  # uploads received at once (each spooled, at most MAX_WRITE)
 E2B_USER = 1000  # what the content API's files belong to unless told: E2B's `user`, who runs its sandboxes' commands
 MAX_WRITE = 4 << 30
 SPOOL = 8 << 20  # bytes of an upload kept in memory; more goes to a temporary file
@@ -75,19 +77,23 @@ async def destroy(volume_id: str, plane: PlaneDep) -> Response:
 # -- the content API: the volume's token, never the API key's business
 
 
-def _root(plane: Any, request: Request, volume_id: str) -> Any:
-    authorization = request.headers.get("authorization", "")
-    token = authorization[7:] if authorization[:7].lower() == "bearer " else None
-    store = plane.room.volumes.store
+def token_holder(room: Any, path: str, authorization: str | None) -> bool:
+    """Whether a content API request (``/volumecontent/ID/...``) carries that volume's token: checked by the face's
+    middleware before any body is read. An unknown volume and a wrong token are refused alike."""
+    volume_id = path[len(CONTENT) :].partition("/")[0]
+    token = authorization[7:] if authorization and authorization[:7].lower() == "bearer " else None
     try:
-        incarnation = store.get(volume_id).incarnation
-    except (NotFound, InvalidRequest):  # an unknown volume and a wrong token are refused alike
-        incarnation = None
-    if incarnation is None or not plane.room.keys.valid_volume_token(volume_id, incarnation, token):
-        raise HTTPException(
-            401, "the volume content API needs the volume's token (Authorization: Bearer; Volume.token)"
-        )
-    return store.data(volume_id)
+        incarnation = room.volumes.store.get(volume_id).incarnation
+    except (NotFound, InvalidRequest):
+        return False
+    return bool(room.keys.valid_volume_token(volume_id, incarnation, token))
+
+
+def _root(plane: Any, request: Request, volume_id: str) -> Any:
+    """The volume's files (its token was checked by the middleware; checked again here, after a body arrived)."""
+    if not token_holder(plane.room, f"{CONTENT}{volume_id}/", request.headers.get("authorization")):
+        raise HTTPException(401, UNAUTHORIZED)
+    return plane.room.volumes.store.data(volume_id)
 
 
 @router.get("/volumecontent/{volume_id}/dir")
@@ -134,32 +140,24 @@ async def _in_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
 @router.put("/volumecontent/{volume_id}/file", status_code=201)
 async def write_file(volume_id: str, path: Path, plane: PlaneDep, request: Request, uid: Id = None, gid: Id = None,
                      mode: Mode = None, force: bool = False) -> dict[str, Any]:  # fmt: skip
-    """The body as the file (multipart, as the SDKs send it, or the raw bytes), written whole or not at all."""
-    root = _root(plane, request, volume_id)
+    """The body (the raw bytes, as the SDKs send them) as the file, written whole or not at all."""
     owner = (E2B_USER if uid is None else uid, E2B_USER if gid is None else gid, 0o644 if mode is None else mode)
-    with tempfile.SpooledTemporaryFile(max_size=SPOOL) as spool:  # the body whole before the file is replaced
-        await _receive(request, spool)
-        chunks = iter(lambda: spool.read(volume_files.CHUNK), b"")
-        return await asyncio.to_thread(volume_files.write, root, path, chunks, owner, force)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_WRITE:
+        raise InvalidRequest(f"a volume file is at most {MAX_WRITE >> 30} GiB")
+    async with UPLOADS:
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL) as spool:  # the body whole before the file is replaced
+            await _receive(request, spool)
+            root = _root(plane, request, volume_id)  # again: the volume may have been replaced while it came
+            chunks = iter(lambda: spool.read(volume_files.CHUNK), b"")
+            return await asyncio.to_thread(volume_files.write, root, path, chunks, owner, force)
 
 
 async def _receive(request: Request, spool: IO[bytes]) -> None:
-    """The body (the SDKs send the raw bytes; a multipart body's one file part also does), at most MAX_WRITE."""
     size = 0
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        form = await request.form(max_files=1, max_fields=4)
-        parts = [v for v in form.values() if not isinstance(v, str)]
-        if len(parts) != 1:
-            raise InvalidRequest("a volume file upload carries one file part")
-        while chunk := await parts[0].read(volume_files.CHUNK):
-            size += len(chunk)
-            if size > MAX_WRITE:
-                raise InvalidRequest(f"a volume file is at most {MAX_WRITE >> 30} GiB")
-            spool.write(chunk)
-    else:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_WRITE:
-                raise InvalidRequest(f"a volume file is at most {MAX_WRITE >> 30} GiB")
-            await asyncio.to_thread(spool.write, chunk)
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_WRITE:
+            raise InvalidRequest(f"a volume file is at most {MAX_WRITE >> 30} GiB")
+        await asyncio.to_thread(spool.write, chunk)
     spool.seek(0)
