@@ -50,6 +50,8 @@ def test_a_volume_is_shared_kept_across_pause_and_reached_with_its_token(e2b: Li
         reader.kill()
     again = Volume.connect(volume.volume_id)  # after both sandboxes are gone
     assert again.read_file("/note.txt") == "from-the-writer\nafter-the-pause\n"
+    changed = again.update_metadata("/note.txt", uid=0, mode=0o600)
+    assert (changed.uid, changed.mode & 0o7777) == (0, 0o600)
     again.remove("/seed")
     assert not again.exists("/seed")
     with pytest.raises(Exception, match=r"401|token"):
