@@ -15,6 +15,7 @@ import subprocess
 import tarfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,15 @@ JS = Path(__file__).parent / "js"
 
 
 listener = one_listener("gvisor")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forget_built(listener: Listener) -> Iterator[None]:
+    """The templates this module built, gone after it with their images: the image directory is shared."""
+    yield
+    api = httpx.Client(base_url=listener.exports["E2B_API_URL"], headers={"X-API-Key": listener.exports["E2B_API_KEY"]})
+    for template in api.get("/templates").json():
+        api.delete(f"/templates/{template['templateID']}")
 
 
 def context(root: Path) -> Path:

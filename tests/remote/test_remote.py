@@ -48,9 +48,13 @@ def start_holder(sbx: Sandbox) -> int:
 
 def own_images(daemon: Daemon) -> Path:
     """A copy (hard links) of the shared image directory in the daemon's home, without the microVM base
-    disks made from the images, or the templates (which name them)."""
+    disks made from the images, or the templates (which name them), or the build steps' cache (the bulk of a
+    shared directory, which other tests' builds fill, and of no use to a move)."""
     images = daemon.paths.home / "images"
-    subprocess.run(["cp", "-al", str(daemon.paths.images), str(images)], check=True)
+    images.mkdir()
+    for entry in daemon.paths.images.iterdir():
+        if not entry.name.startswith(("build-", "e2b-", ".")):
+            subprocess.run(["cp", "-al", str(entry), str(images / entry.name)], check=True)
     for made in (images / "microvm").glob("base*.ext4"):
         made.unlink()
     shutil.rmtree(images / "microvm" / "templates", ignore_errors=True)

@@ -38,6 +38,7 @@ from ....models import (
 from ....netpolicy import NetworkPolicy
 from ....volume_models import VolumeMount
 from ...core.service import SandboxService
+from ...rooms import image_use
 from ...rooms.checkpointing import Checkpoints
 from ...rooms.forks import fork
 from ...rooms.front import Front
@@ -262,11 +263,14 @@ class E2bRoom:
         self.checkpoints.delete(checkpoint.id)
 
     def forget_template(self, template: Template) -> None:
-        """A built template's record and warm templates (its images are cache: `stasis image prune`)."""
+        """A built template's record, its warm templates and its images (unless a sandbox still uses one: then they
+        stay for `stasis image prune`); its steps' cached layers stay, shared with any build of the same steps."""
         for build in template.builds.values():
             if build.warm:
                 with contextlib.suppress(NotFound, InvalidRequest):
                     self.checkpoints.delete(self.checkpoints.get(TEMPLATE_PREFIX + build.warm).id)
+        with contextlib.suppress(StasisError):
+            image_use.remove(self.core, self.checkpoints, f"e2b-{template.template_id}")
         self.templates.remove(template)
 
     async def update_network(self, ref: str, policy: NetworkPolicy) -> SandboxInfo:
