@@ -16,6 +16,8 @@ declare -A package_of=(
   [runsc]=runsc [mmdebstrap]=mmdebstrap [tmux]=tmux [mkfs.ext4]=e2fsprogs [newuidmap]=uidmap
   [ssh]=openssh-client [rsync]=rsync [nft]=nftables [ip]=iproute2 [nsenter]=util-linux
   [skopeo]=skopeo [umoci]=umoci
+  # volumes: a btrfs file system in a file (instant snapshots and forks, size limits)
+  [mkfs.btrfs]=btrfs-progs
   # the microVM backend: QEMU, and busybox for the initramfs of Debian's cloud kernel (virtio as modules)
   [qemu-system-x86_64]=qemu-system-x86 [qemu-img]=qemu-utils [busybox]=busybox-static
   # the web console: npm fetches its pinned front-end files; the browser tests drive Debian's chromium

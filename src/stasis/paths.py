@@ -64,6 +64,11 @@ class Paths:
         return self.home / "volumes"
 
     @property
+    def volume_image(self) -> Path:
+        """The btrfs file system the volumes live in, where the host allows (:mod:`stasis.volume_btrfs`)."""
+        return self.home / "volumes.btrfs"
+
+    @property
     def runtime(self) -> Path:
         """Per-boot state (runsc's container records): on tmpfs, so a host reboot clears it.
 

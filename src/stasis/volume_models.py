@@ -66,7 +66,9 @@ class VolumeInfo(BaseModel):
     incarnation: str = Field("", description="random, per volume made: a token for a removed volume of the same "
                              "name never opens a new one")  # fmt: skip
     size_bytes: int = 0
+    max_size_mb: int | None = Field(None, description="its size limit (btrfs store): past it, writes fail (EDQUOT)")
     mounted_by: list[str] = Field(default_factory=list, description="sandboxes (not ended) whose spec mounts it")
+    store: str = Field("", description="btrfs (snapshots copy nothing, size limits) or copy (plain directories)")
 
 
 class VolumeSnapshotInfo(BaseModel):
@@ -75,17 +77,27 @@ class VolumeSnapshotInfo(BaseModel):
     name: str | None = None
     created_at: float
     size_bytes: int = 0
+    max_size_mb: int | None = Field(None, description="its volume's size limit then: a fork keeps it")
+
+
+MAX_SIZE_MB = Field(None, ge=1, le=1 << 30, description="a size limit in MiB (needs the btrfs volume store)")
 
 
 class CreateVolumeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     from_snapshot: str | None = Field(None, max_length=128, description="a writable fork of this snapshot (id or name)")
+    max_size_mb: int | None = MAX_SIZE_MB
 
     @field_validator("name")
     @classmethod
     def _valid_name(cls, name: str) -> str:
         return validate_name(name, "volume")
+
+
+class UpdateVolumeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_size_mb: int | None = MAX_SIZE_MB
 
 
 class SnapshotVolumeRequest(BaseModel):

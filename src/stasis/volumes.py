@@ -6,52 +6,73 @@
 
 A volume outlives every sandbox that mounts it; several sandboxes may mount one at once and see each other's
 writes (gVisor revalidates a shared mount's files on each access, so a file one writes, another reads: no
-locking between them is given beyond what POSIX gives one host). A snapshot is a copy of the files (regular
-files, directories, links) walked by directory descriptors: on a file system with reflinks (XFS, btrfs) no data
-is copied; on ext4 it is a full copy of the data's extents (measured in benchmarks/volumes.py). Everything under
-``data/`` was written by a sandbox: the host never follows a link in it, and removes trees with GNU rm (which
-walks by descriptors, however deep).
+locking between them is given beyond what POSIX gives one host).
+
+Where the host allows (root, a kernel with btrfs), ``volumes/`` is a btrfs file system of its own
+(:mod:`stasis.volume_btrfs`): ``data/`` is a subvolume, a snapshot and a fork take milliseconds and copy nothing,
+and a volume may have a size limit. Elsewhere ``data/`` is a plain directory (:mod:`stasis.volume_copy`): a
+snapshot copies the files, walked by directory descriptors, and a size limit is refused. Either way everything
+under ``data/`` was written by a sandbox: the host never follows a link in it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import re
 import secrets
-import stat
-import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from . import hostpath, volume_files
-from .errors import BackendError, InvalidRequest, NameTaken, NoSpace, NotFound, VolumeNotFound, echo
+from . import hostpath, volume_btrfs, volume_files
+from .errors import BackendError, InvalidRequest, NameTaken, NotFound, VolumeNotFound, echo
 from .fsutil import atomic_write, fsync_dir
 from .validation import NAME_PATTERN
+from .volume_btrfs import BtrfsDisk
+from .volume_copy import CopyDisk
 from .volume_models import VolumeInfo, VolumeSnapshotInfo
 
 log = logging.getLogger(__name__)
 
 SNAPSHOTS = ".snapshots"
 SNAPSHOT_ID = re.compile(r"vs-[0-9a-z]{12}")
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-FICLONE = 0x40049409  # ioctl: share a file's data (a reflink)
-MAX_DEPTH = 256  # directories a snapshot follows down
-MAX_ENTRIES = 2_000_000  # entries a snapshot copies
-RESERVE = 1 << 30  # bytes of the host's disk a snapshot always leaves free
 DATA_MODE = 0o1777  # every user of every sandbox may write it, as /tmp (the host side is in a 0700 home)
 
 
+class Disk(Protocol):
+    """How the store keeps files: btrfs subvolumes (:mod:`stasis.volume_btrfs`) or plain directories."""
+
+    kind: str
+
+    def ready(self, create: bool) -> bool: ...
+    def empty(self, path: Path) -> None: ...
+    def clone(self, source: Path, dest: Path, read_only: bool) -> None: ...
+    def remove(self, path: Path) -> None: ...
+    def size(self, path: Path) -> int: ...
+    def limit(self, path: Path, max_bytes: int | None) -> None: ...
+    def sweep(self) -> None: ...
+
+
+def choose_disk(directory: Path, image: Path) -> Disk:
+    """btrfs where the host allows it, for a home that has no store of plain directories already."""
+    if image.exists():
+        return BtrfsDisk(directory, image)
+    if directory.is_dir() and any(directory.iterdir()):
+        return CopyDisk(directory, "this home's volumes were made as plain directories")
+    if why := volume_btrfs.unusable():
+        log.info("volumes are plain directories (snapshots copy files, no size limits): %s", why)
+        return CopyDisk(directory, why)
+    return BtrfsDisk(directory, image)
+
+
 class Volumes:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, disk: Disk | None = None) -> None:
         self.directory = directory
+        self.disk = disk or CopyDisk(directory)
 
     # -- volumes
 
@@ -65,6 +86,7 @@ class Volumes:
 
     def get(self, name: str) -> VolumeInfo:
         path = self._dir(name) / "volume.json"
+        self.disk.ready(create=False)
         try:
             return VolumeInfo.model_validate_json(path.read_bytes())
         except FileNotFoundError:
@@ -73,39 +95,54 @@ class Volumes:
             raise InvalidRequest(f"volume {name}'s record is unreadable; remove the volume") from None
 
     def size(self, name: str) -> int:
-        return tree_size(self._dir(name) / "data")
+        return self.disk.size(self._dir(name) / "data")
 
     def list(self) -> list[VolumeInfo]:
         found = []
-        for record in sorted(self.directory.glob("*/volume.json")) if self.directory.is_dir() else []:
+        if not self.disk.ready(create=False):
+            return found
+        for record in sorted(self.directory.glob("*/volume.json")):
             with contextlib.suppress(NotFound, InvalidRequest):
                 found.append(self.get(record.parent.name))
         return found
 
-    def create(self, name: str, from_snapshot: str | None = None) -> VolumeInfo:
+    def create(self, name: str, from_snapshot: str | None = None, max_size_mb: int | None = None) -> VolumeInfo:
+        """A new volume, empty or a writable fork of a snapshot (which keeps the limit its volume had, unless
+        ``max_size_mb`` says another)."""
+        self.disk.ready(create=True)
         final = self._dir(name)
         if final.exists():
             raise NameTaken(f"a volume named {echo(name)} exists; pick another name or remove it first")
         source = self.snapshot(from_snapshot) if from_snapshot else None
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if max_size_mb is None and source is not None:
+            max_size_mb = source.max_size_mb
         staging = self.directory / f".new-{name}-{os.getpid()}"
         if staging.exists():
-            remove_tree(staging)
+            self.disk.remove(staging)
         staging.mkdir()
         try:
             if source is None:
-                (staging / "data").mkdir()
+                self.disk.empty(staging / "data")
             else:
-                _copy_tree(self._snapshot_dir(source.id) / "data", staging / "data")
+                self.disk.clone(self._snapshot_dir(source.id) / "data", staging / "data", read_only=False)
             os.chmod(staging / "data", DATA_MODE)
+            self.disk.limit(staging / "data", _bytes(max_size_mb))
             info = VolumeInfo(name=name, created_at=time.time(), from_snapshot=source.id if source else None,
-                              incarnation=secrets.token_hex(8))  # fmt: skip
+                              incarnation=secrets.token_hex(8), max_size_mb=max_size_mb)  # fmt: skip
             atomic_write(staging / "volume.json", info.model_dump_json().encode(), mode=0o600)
             os.rename(staging, final)
             fsync_dir(self.directory)
         except BaseException:
-            remove_tree(staging)
+            self.disk.remove(staging)
             raise
+        return info
+
+    def set_limit(self, name: str, max_size_mb: int | None) -> VolumeInfo:
+        """Change the volume's size limit (None: none). A limit below what it holds stops further writes."""
+        info = self.get(name)
+        self.disk.limit(self._dir(name) / "data", _bytes(max_size_mb))
+        info = info.model_copy(update={"max_size_mb": max_size_mb})
+        atomic_write(self._dir(name) / "volume.json", info.model_dump_json().encode(), mode=0o600)
         return info
 
     def remove(self, name: str) -> None:
@@ -114,7 +151,7 @@ class Volumes:
         doomed = self.directory / f".removed-{name}-{secrets.token_hex(4)}-{os.getpid()}"
         os.rename(self._dir(name), doomed)  # gone at once, even if deleting its files is cut off
         fsync_dir(self.directory)
-        remove_tree(doomed)
+        self.disk.remove(doomed)
 
     # -- snapshots
 
@@ -124,10 +161,15 @@ class Volumes:
     def _snapshot_dir(self, snapshot_id: str) -> Path:
         return hostpath.child(self._snapshots(), snapshot_id, "snapshot id", SNAPSHOT_ID)
 
+    def snapshot_data(self, ref: str) -> Path:
+        """A snapshot's files (read only: nothing changes them)."""
+        return self._snapshot_dir(self.snapshot(ref).id) / "data"
+
     def take_snapshot(self, name: str, snapshot_name: str | None = None) -> VolumeSnapshotInfo:
-        """A read-only copy of the volume's files now: taken file by file while sandboxes may write (each file
-        whole, the tree not at one instant; suspend its sandboxes first for that)."""
-        self.get(name)
+        """A read-only copy of the volume's files now. On btrfs, of the whole tree at one instant; as plain
+        directories, taken file by file while sandboxes may write (each file whole; suspend its sandboxes first
+        for one instant)."""
+        volume = self.get(name)
         if snapshot_name and any(s.name == snapshot_name for s in self.snapshots()):
             raise NameTaken(f"a volume snapshot named {echo(snapshot_name)} exists; pick another name")
         snapshot_id = "vs-" + "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(12))
@@ -135,19 +177,21 @@ class Volumes:
         staging = self._snapshots() / f".new-{snapshot_id}-{os.getpid()}"
         staging.mkdir()
         try:
-            _copy_tree(self._dir(name) / "data", staging / "data")
+            self.disk.clone(self._dir(name) / "data", staging / "data", read_only=True)
             info = VolumeSnapshotInfo(id=snapshot_id, volume=name, name=snapshot_name, created_at=time.time(),
-                                      size_bytes=tree_size(staging / "data"))  # fmt: skip
+                                      size_bytes=self.disk.size(staging / "data"),
+                                      max_size_mb=volume.max_size_mb)  # fmt: skip
             atomic_write(staging / "snapshot.json", info.model_dump_json().encode(), mode=0o600)
             os.rename(staging, self._snapshot_dir(snapshot_id))
             fsync_dir(self._snapshots())
         except BaseException:
-            remove_tree(staging)
+            self.disk.remove(staging)
             raise
         return info
 
     def snapshot(self, ref: str) -> VolumeSnapshotInfo:
         """A snapshot by its id or its name."""
+        self.disk.ready(create=False)
         if SNAPSHOT_ID.fullmatch(ref):
             with contextlib.suppress(FileNotFoundError, ValidationError):
                 return VolumeSnapshotInfo.model_validate_json((self._snapshot_dir(ref) / "snapshot.json").read_bytes())
@@ -158,7 +202,9 @@ class Volumes:
 
     def snapshots(self, volume: str | None = None) -> list[VolumeSnapshotInfo]:
         found = []
-        for record in sorted(self._snapshots().glob("vs-*/snapshot.json")) if self._snapshots().is_dir() else []:
+        if not self.disk.ready(create=False) or not self._snapshots().is_dir():
+            return found
+        for record in sorted(self._snapshots().glob("vs-*/snapshot.json")):
             with contextlib.suppress(ValidationError, OSError):
                 info = VolumeSnapshotInfo.model_validate_json(record.read_bytes())
                 if info.id == record.parent.name and volume in (None, info.volume):
@@ -169,7 +215,7 @@ class Volumes:
         info = self.snapshot(ref)
         doomed = self._snapshots() / f".removed-{info.id}-{os.getpid()}"
         os.rename(self._snapshot_dir(info.id), doomed)
-        remove_tree(doomed)
+        self.disk.remove(doomed)
 
     # -- files
 
@@ -179,148 +225,20 @@ class Volumes:
 
     def sweep(self) -> None:
         """Creates, snapshots and removals cut off by a daemon's death leave hidden entries: they go."""
+        try:
+            if not self.disk.ready(create=False):
+                return
+        except BackendError as exc:  # logged: a start never fails on the volume store; its calls say why
+            log.error("the volume store could not be mounted: %s", exc)
+            return
         for parent in (self.directory, self._snapshots()):
             for stale in parent.glob(".*-*") if parent.is_dir() else []:
                 try:
-                    remove_tree(stale)
+                    self.disk.remove(stale)
                 except BackendError as exc:  # logged: a start never fails on what a cut-off removal left
                     log.warning("could not sweep %s: %s", stale, exc)
+        self.disk.sweep()
 
 
-def _copy_tree(source: Path, dest: Path) -> None:
-    """``source``'s files as ``dest`` (which must not exist), walked by directory descriptors opened with
-    ``O_NOFOLLOW`` and checked to be what was listed: a directory a sandbox swaps for a link mid-copy is skipped,
-    never followed. Regular files (shared with ``FICLONE`` where the file system can: reflinks), directories and
-    links are copied with their owners, modes and times, hard links as hard links; FIFOs, sockets and device nodes
-    are left out. An entry that vanishes or changes while it is copied is skipped. The copy stops, refused, before
-    it would leave the host's disk less than RESERVE free, or past MAX_ENTRIES entries."""
-    free = os.statvfs(dest.parent)
-    copy = _Copy(dest, budget=free.f_bavail * free.f_frsize - RESERVE)
-    src = os.open(source, DIR_FLAGS)
-    try:
-        os.mkdir(dest, 0o700)
-        dst = os.open(dest, DIR_FLAGS)
-        try:
-            copy.directory(src, dst, "", 0)
-            _same_owner_mode_times(src, dst)
-        finally:
-            os.close(dst)
-    except OSError as exc:
-        raise BackendError(f"copying the volume's files failed: {exc}") from None
-    finally:
-        os.close(src)
-
-
-@dataclass
-class _Copy:
-    root: Path
-    budget: int  # bytes the copy may still write
-    entries: int = 0
-    linked: dict[tuple[int, int], str] = field(default_factory=dict)  # a hard-linked file's first copy
-
-    def directory(self, src: int, dst: int, relative: str, depth: int) -> None:
-        if depth > MAX_DEPTH:
-            raise InvalidRequest(f"the volume nests directories deeper than {MAX_DEPTH}; a snapshot stops there")
-        with os.scandir(src) as listing:
-            for entry in listing:
-                self.entries += 1
-                if self.entries > MAX_ENTRIES:
-                    raise InvalidRequest(f"the volume holds more than {MAX_ENTRIES} entries; a snapshot stops there")
-                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                    self.entry(src, dst, entry.name, f"{relative}/{entry.name}", depth)
-
-    def entry(self, src: int, dst: int, name: str, relative: str, depth: int) -> None:
-        info = os.stat(name, dir_fd=src, follow_symlinks=False)
-        if stat.S_ISLNK(info.st_mode):
-            os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
-            os.chown(name, info.st_uid, info.st_gid, dir_fd=dst, follow_symlinks=False)
-            return
-        if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-            return  # a FIFO, socket or device a sandbox made: not a volume's content
-        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and (info.st_dev, info.st_ino) in self.linked:
-            os.link(self.root / self.linked[(info.st_dev, info.st_ino)], name, dst_dir_fd=dst)
-            return
-        flags = (DIR_FLAGS if stat.S_ISDIR(info.st_mode) else FILE_FLAGS) | os.O_NONBLOCK
-        try:
-            child = os.open(name, flags, dir_fd=src)
-        except OSError:
-            return  # gone or swapped since it was listed
-        try:
-            opened = os.fstat(child)
-            if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
-                return  # swapped between the listing and the open
-            if stat.S_ISDIR(opened.st_mode):
-                os.mkdir(name, 0o700, dir_fd=dst)
-                made = os.open(name, DIR_FLAGS, dir_fd=dst)
-                try:
-                    self.directory(child, made, relative, depth + 1)
-                    _same_owner_mode_times(child, made)
-                finally:
-                    os.close(made)
-                return
-            made = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst)
-            try:
-                self.budget -= _copy_bytes(child, made, opened.st_size, self.budget)
-                _same_owner_mode_times(child, made)
-            finally:
-                os.close(made)
-            if opened.st_nlink > 1:
-                self.linked[(opened.st_dev, opened.st_ino)] = relative.lstrip("/")
-        finally:
-            os.close(child)
-
-
-def _copy_bytes(src: int, dst: int, size: int, budget: int) -> int:
-    """A reflink where the file system has them (XFS, btrfs: no data copied, 0 returned); else the data's extents
-    only, so a sparse file stays sparse (a sandbox's 1 TB file of holes does not become 1 TB on the host). Returns
-    the bytes written; refuses to write past ``budget``."""
-    try:
-        fcntl.ioctl(dst, FICLONE, src)
-        return 0
-    except OSError:
-        pass
-    offset = written = 0
-    while offset < size:
-        try:
-            start = os.lseek(src, offset, os.SEEK_DATA)
-            end = os.lseek(src, start, os.SEEK_HOLE)
-        except OSError:  # ENXIO: only a hole is left (or the file shrank)
-            break
-        if end <= start:  # the region turned into a hole meanwhile
-            offset = start + 1
-            continue
-        while start < end:
-            if written + (end - start) > budget:
-                raise NoSpace("a snapshot would leave the host's disk nearly full; free space, or remove snapshots")
-            copied = os.copy_file_range(src, dst, end - start, start, start)
-            if copied == 0:
-                break
-            start, written = start + copied, written + copied
-        offset = max(end, offset + 1)
-    os.ftruncate(dst, size)
-    return written
-
-
-def _same_owner_mode_times(src: int, dst: int) -> None:
-    info = os.fstat(src)
-    os.fchown(dst, info.st_uid, info.st_gid)
-    os.fchmod(dst, stat.S_IMODE(info.st_mode))
-    os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
-
-
-def remove_tree(path: Path) -> None:
-    """``path`` and everything below it, however deep, never through a link (GNU rm walks by descriptors)."""
-    done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise BackendError(f"removing {path.name} failed: {done.stderr.strip()[-300:]}")
-
-
-def tree_size(path: Path) -> int:
-    """Bytes the files below ``path`` take (du walks by descriptors: a link a sandbox swaps in is not followed)."""
-    try:
-        done = subprocess.run(["du", "-s", "-x", "-B1", "--", str(path)], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        log.warning("du of %s took over a minute; its size is reported as 0", path)
-        return 0
-    head = done.stdout.split("\t", 1)[0]
-    return int(head) if head.isdigit() else 0
+def _bytes(max_size_mb: int | None) -> int | None:
+    return None if max_size_mb is None else max_size_mb << 20

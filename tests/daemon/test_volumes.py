@@ -185,3 +185,45 @@ def test_a_daemon_killed_under_a_sandbox_with_a_volume_brings_both_back(own_daem
         parked.terminate()
         volume = Volume.get("kept", client=client)
         volume.delete()
+
+
+def test_a_volume_keeps_to_its_size_limit_and_its_forks_keep_the_limit(client: Client) -> None:
+    volume = Volume.create(unique("limited"), max_size_mb=32, client=client)
+    info = volume.info()
+    assert (info.store, info.max_size_mb) == ("btrfs", 32)  # this machine has btrfs: snapshots copy nothing
+    sbx = Sandbox.create(backend="gvisor", volumes={"/data": volume.name}, client=client)
+    try:
+        over = sbx.run(["sh", "-c", "echo kept > /data/small.txt; head -c 64M /dev/urandom > /data/big"])
+        assert over.exit_code != 0 and "quota" in over.stderr.lower(), over.stderr  # EDQUOT, in the sandbox
+        assert sbx.run(["cat", "/data/small.txt"]).stdout == "kept\n"
+        volume.set_max_size(None)
+        assert sbx.run(["sh", "-c", "head -c 64M /dev/urandom > /data/big"]).exit_code == 0  # no limit now
+        assert volume.set_max_size(96).max_size_mb == 96
+        snapshot = volume.snapshot()
+        fork = Volume.create(unique("limited-fork"), from_snapshot=snapshot.id, client=client)
+        assert fork.info().max_size_mb == 96 and {e["name"] for e in fork.files()} == {"small.txt", "big"}
+        fork.delete()
+        Volume.delete_snapshot(snapshot.id, client=client)
+    finally:
+        sbx.terminate()
+    volume.delete()
+    with pytest.raises(InvalidRequest, match="max_size_mb"):
+        Volume.create(unique("zero"), max_size_mb=0, client=client)
+
+
+def test_without_btrfs_volumes_are_directories_and_a_size_limit_is_refused(own_daemon: Daemon) -> None:
+    own_daemon.start(STASIS_VOLUME_STORE="copy")
+    with own_daemon.client() as client:
+        with pytest.raises(InvalidRequest, match="needs the btrfs volume store"):
+            Volume.create("limited", max_size_mb=64, client=client)
+        volume = Volume.create("plain", client=client)
+        assert volume.info().store == "copy"
+        sbx = Sandbox.create(backend="gvisor", volumes={"/data": "plain"}, client=client)
+        try:
+            sbx.run(["sh", "-c", "echo one > /data/f.txt"])
+            fork = Volume.create("plain-fork", from_snapshot=volume.snapshot().id, client=client)
+            sbx.run(["sh", "-c", "echo the-second-one > /data/f.txt"])
+        finally:
+            sbx.terminate()
+        assert fork.info().store == "copy" and [(e["name"], e["size"]) for e in fork.files()] == [("f.txt", 4)]
+    assert not own_daemon.paths.volume_image.exists()

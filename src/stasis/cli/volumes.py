@@ -1,4 +1,5 @@
-"""`stasis volume create|ls|rm|ls-files|snapshot|snapshots|rm-snapshot`: directory trees that outlive sandboxes."""
+"""`stasis volume create|ls|set|rm|ls-files|snapshot|snapshots|rm-snapshot|push|pull`: directory trees that outlive
+sandboxes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ volume_app = typer.Typer(help="Volumes: files that outlive sandboxes, mounted wi
                          no_args_is_help=True)  # fmt: skip
 app.add_typer(volume_app, name="volume")
 VolumeName = Annotated[str, typer.Argument(help="The volume's name.")]
+MaxSize = Annotated[
+    int | None,
+    typer.Option("--max-size-mb", min=1, help="A size limit in MiB: past it, writes fail (needs the btrfs store)."),
+]
 
 
 def _size(n: int) -> str:
@@ -29,10 +34,11 @@ def volume_create(
     from_snapshot: Annotated[
         str | None, typer.Option("--from-snapshot", help="A writable fork of this snapshot.")
     ] = None,
+    max_size_mb: MaxSize = None,
 ) -> None:
     """Create an empty volume, or a fork of a snapshot's files."""
     with err.status(f"creating volume {name}..."):
-        Volume.create(name, from_snapshot=from_snapshot, client=client())
+        Volume.create(name, from_snapshot=from_snapshot, max_size_mb=max_size_mb, client=client())
     out.print(f"created volume [bold]{name}[/bold]" + (f" from {from_snapshot}" if from_snapshot else ""))
 
 
@@ -44,12 +50,28 @@ def volume_ls(as_json: Json = False) -> None:
         sys.stdout.write(json.dumps([v.model_dump(mode="json") for v in volumes], indent=2) + "\n")
         return
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "SIZE", "MOUNTED BY", "FROM", "CREATED"):
+    for column in ("NAME", "SIZE", "LIMIT", "MOUNTED BY", "FROM", "CREATED"):
         table.add_column(column)
     for v in volumes:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created_at))
-        table.add_row(v.name, _size(v.size_bytes), ", ".join(v.mounted_by) or "-", v.from_snapshot or "-", created)
+        limit = f"{v.max_size_mb} MiB" if v.max_size_mb else "-"
+        table.add_row(v.name, _size(v.size_bytes), limit, ", ".join(v.mounted_by) or "-", v.from_snapshot or "-",
+                      created)  # fmt: skip
     out.print(table if volumes else "no volumes; make one with `stasis volume create NAME`")
+
+
+@volume_app.command("set")
+def volume_set(
+    name: VolumeName,
+    max_size_mb: MaxSize = None,
+    no_limit: Annotated[bool, typer.Option("--no-limit", help="Remove the size limit.")] = False,
+) -> None:
+    """Change a volume's size limit (below what it holds: it keeps its files and takes no more writes)."""
+    if (max_size_mb is None) == (not no_limit):
+        raise typer.BadParameter("give --max-size-mb N or --no-limit")
+    info = Volume(name, client()).set_max_size(max_size_mb)
+    limit = f"{info.max_size_mb} MiB" if info.max_size_mb else "no limit"
+    out.print(f"volume [bold]{name}[/bold]: {limit} ({_size(info.size_bytes)} used)")
 
 
 @volume_app.command("rm")

@@ -5,6 +5,7 @@
     b = Sandbox.create(volumes={"/data": {"name": "data", "read_only": True}})
     snap = data.snapshot()                                  # a read-only copy of its files now
     fork = Volume.create("data-fork", from_snapshot=snap.id)   # writable, diverges from "data"
+    Volume.create("scratch", max_size_mb=512)               # past 512 MiB a write fails (EDQUOT)
 
 A volume's files are not in a sandbox's checkpoints: a restore or fork mounts the same volume again.
 ``AsyncVolume`` is the same over :class:`AsyncClient`.
@@ -17,14 +18,25 @@ from typing import Any
 from urllib.parse import quote
 
 from ..models import build
-from ..volume_models import CreateVolumeRequest, SnapshotVolumeRequest, VolumeInfo, VolumeSnapshotInfo
+from ..volume_models import (
+    CreateVolumeRequest,
+    SnapshotVolumeRequest,
+    UpdateVolumeRequest,
+    VolumeInfo,
+    VolumeSnapshotInfo,
+)
 from ._base import Call, _model, _models
 from ._client import AsyncClient, Client
 
 
-def _create(name: str, from_snapshot: str | None) -> Call:
-    body = build(CreateVolumeRequest, name=name, from_snapshot=from_snapshot).model_dump()
+def _create(name: str, from_snapshot: str | None, max_size_mb: int | None) -> Call:
+    body = build(CreateVolumeRequest, name=name, from_snapshot=from_snapshot, max_size_mb=max_size_mb).model_dump()
     return Call("POST", "/v1/volumes", _model(VolumeInfo), json=body)
+
+
+def _update(name: str, max_size_mb: int | None) -> Call:
+    body = build(UpdateVolumeRequest, max_size_mb=max_size_mb).model_dump()
+    return Call("PATCH", f"/v1/volumes/{quote(name)}", _model(VolumeInfo), json=body)
 
 
 def _snapshot(name: str, snapshot_name: str | None) -> Call:
@@ -62,10 +74,14 @@ class Volume:
     client: Client
 
     @classmethod
-    def create(cls, name: str, *, from_snapshot: str | None = None, client: Client | None = None) -> Volume:
-        """An empty volume, or (``from_snapshot``: a snapshot's id or name) a writable fork of a snapshot."""
+    def create(
+        cls, name: str, *, from_snapshot: str | None = None, max_size_mb: int | None = None,
+        client: Client | None = None,
+    ) -> Volume:  # fmt: skip
+        """An empty volume, or (``from_snapshot``: a snapshot's id or name) a writable fork of a snapshot.
+        ``max_size_mb``: a size limit (a fork keeps its snapshot's); past it a write fails with EDQUOT."""
         client = client or Client()
-        client.call(_create(name, from_snapshot))
+        client.call(_create(name, from_snapshot, max_size_mb))
         return cls(name, client)
 
     @classmethod
@@ -93,6 +109,10 @@ class Volume:
     def snapshot(self, name: str | None = None) -> VolumeSnapshotInfo:
         return self.client.call(_snapshot(self.name, name))  # type: ignore[no-any-return]
 
+    def set_max_size(self, max_size_mb: int | None) -> VolumeInfo:
+        """A new size limit (None: none). Below what it holds, it keeps its files and takes no more writes."""
+        return self.client.call(_update(self.name, max_size_mb))  # type: ignore[no-any-return]
+
     def files(self, path: str = "/") -> list[dict[str, Any]]:
         """The entries of one directory of the volume (name, type, path, size, mode, uid, gid, times; a link's
         target): links are listed, never followed."""
@@ -112,8 +132,10 @@ class AsyncVolume:
     client: AsyncClient
 
     @classmethod
-    async def create(cls, name: str, *, client: AsyncClient, from_snapshot: str | None = None) -> AsyncVolume:
-        await client.call(_create(name, from_snapshot))
+    async def create(
+        cls, name: str, *, client: AsyncClient, from_snapshot: str | None = None, max_size_mb: int | None = None
+    ) -> AsyncVolume:
+        await client.call(_create(name, from_snapshot, max_size_mb))
         return cls(name, client)
 
     @staticmethod
@@ -125,6 +147,9 @@ class AsyncVolume:
 
     async def snapshot(self, name: str | None = None) -> VolumeSnapshotInfo:
         return await self.client.call(_snapshot(self.name, name))  # type: ignore[no-any-return]
+
+    async def set_max_size(self, max_size_mb: int | None) -> VolumeInfo:
+        return await self.client.call(_update(self.name, max_size_mb))  # type: ignore[no-any-return]
 
     async def files(self, path: str = "/") -> list[dict[str, Any]]:
         return (await self.client.call(_files(self.name, path)))["entries"]  # type: ignore[no-any-return]

@@ -44,7 +44,7 @@ from ...images.runtime import agent_runtime
 from ...network import namespaces
 from ...network.namespaces import Device
 from ...paths import Paths
-from ...volumes import Volumes
+from ...volumes import Volumes, choose_disk
 from ..base import BackendState, BoxRef, External, Fetch, FromCheckpoint, HostState
 from ..suspend_image import SuspendImage
 from . import changes, disk, fifos, mounts
@@ -174,7 +174,7 @@ class GvisorBackend:
         resolv = resolv_conf(self.paths.home) if box.network else None
         own = None if box.python else agent_runtime(self.paths.images)  # an image without python3
         image = box.image_rootfs if self._storage(box) == "fast" else None
-        store = Volumes(self.paths.volumes)
+        store = Volumes(self.paths.volumes, choose_disk(self.paths.volumes, self.paths.volume_image))
         volumes = [(m.path, store.data(m.name), m.read_only) for m in box.spec.volumes]
         config = oci_config(box.id, box.hostname, box.spec, str(p["rootfs"]), agent_path, tmp, netns, resolv,
                             box.python, own, image, volumes)  # fmt: skip

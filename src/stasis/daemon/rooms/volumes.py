@@ -9,14 +9,14 @@ from typing import Any
 from ...errors import Conflict, echo
 from ...models import SandboxSpec, SandboxStatus
 from ...volume_models import CreateVolumeRequest, VolumeInfo, VolumeSnapshotInfo
-from ...volumes import Volumes
+from ...volumes import Volumes, choose_disk
 from ..core.service import SandboxService
 
 
 class VolumesRoom:
     def __init__(self, core: SandboxService) -> None:
         self.core = core
-        self.store = Volumes(core.paths.volumes)
+        self.store = Volumes(core.paths.volumes, choose_disk(core.paths.volumes, core.paths.volume_image))
         self.store.sweep()
 
     def users(self, name: str) -> list[str]:
@@ -29,7 +29,9 @@ class VolumesRoom:
 
     def info(self, name: str) -> VolumeInfo:
         info = self.store.get(name)
-        return info.model_copy(update={"size_bytes": self.store.size(name), "mounted_by": self.users(name)})
+        return info.model_copy(
+            update={"size_bytes": self.store.size(name), "mounted_by": self.users(name), "store": self.store.disk.kind}
+        )
 
     def list(self) -> list[VolumeInfo]:
         return [self.info(v.name) for v in self.store.list()]
@@ -40,8 +42,12 @@ class VolumesRoom:
             self.store.get(mount.name)
 
     async def create(self, request: CreateVolumeRequest) -> VolumeInfo:
-        await asyncio.to_thread(self.store.create, request.name, request.from_snapshot)
+        await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, request.max_size_mb)
         return await asyncio.to_thread(self.info, request.name)
+
+    async def set_limit(self, name: str, max_size_mb: int | None) -> VolumeInfo:
+        await asyncio.to_thread(self.store.set_limit, name, max_size_mb)
+        return await asyncio.to_thread(self.info, name)
 
     async def remove(self, name: str) -> None:
         self.store.get(name)

@@ -1,4 +1,5 @@
-"""Volumes: create (empty, or a fork of a snapshot), list, remove, snapshot, list a directory's files."""
+"""Volumes: create (empty, or a fork of a snapshot), list, change its size limit, remove, snapshot, list a
+directory's files."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from ....volume_models import CreateVolumeRequest, SnapshotVolumeRequest, VolumeInfo, VolumeSnapshotInfo
+from ....volume_models import (
+    CreateVolumeRequest,
+    SnapshotVolumeRequest,
+    UpdateVolumeRequest,
+    VolumeInfo,
+    VolumeSnapshotInfo,
+)
 from ..deps import RoomsDep
 
 router = APIRouter()
@@ -28,6 +35,11 @@ async def volume(name: str, rooms: RoomsDep) -> VolumeInfo:
     return await asyncio.to_thread(rooms.volumes.info, name)
 
 
+@router.patch("/v1/volumes/{name}")
+async def update_volume(name: str, request: UpdateVolumeRequest, rooms: RoomsDep) -> VolumeInfo:
+    return await rooms.volumes.set_limit(name, request.max_size_mb)
+
+
 @router.delete("/v1/volumes/{name}")
 async def remove_volume(name: str, rooms: RoomsDep) -> dict[str, str]:
     await rooms.volumes.remove(name)
@@ -43,7 +55,7 @@ async def snapshot_volume(
 
 @router.get("/v1/volume-snapshots")
 async def volume_snapshots(rooms: RoomsDep, volume: str | None = None) -> list[VolumeSnapshotInfo]:
-    return rooms.volumes.store.snapshots(volume)
+    return await asyncio.to_thread(rooms.volumes.store.snapshots, volume)
 
 
 @router.delete("/v1/volume-snapshots/{ref}")
