@@ -2,20 +2,19 @@
 
     python benchmarks/volumes.py [--rounds 3] [--files 10000] [--mib 1024]
 
-The files are written straight into the volume's directory on the host (a sandbox's writes land there the same
-way). Each round takes a snapshot (`Volume.snapshot()`: a copy walked by directory descriptors, reflinked where
-the file system can) and forks it into a new volume (`Volume.create(from_snapshot=)`), beside `cp -a` of the
-volume's files on the same file system. On a file system with reflinks (XFS, btrfs) no data is copied; on ext4
-(this machine) all of it is. Writes
-benchmarks/results/volumes.json.
+The files are written straight into the volume's directory on the host, in the daemon's mount namespace (a
+sandbox's writes land there the same way). Each round takes a snapshot (`Volume.snapshot()`) and forks it into a
+new volume (`Volume.create(from_snapshot=)`), beside `cp -a` of the volume's files on the same file system. With
+the btrfs store (root, a kernel with btrfs: this machine) both are subvolume snapshots and copy nothing; with
+`STASIS_VOLUME_STORE=copy` (plain directories) they copy the files. Writes benchmarks/results/volumes.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
+import sys
 import time
 import uuid
 
@@ -24,15 +23,21 @@ from common import report_ratios, serving_daemon
 from stasis import Client, Volume
 from stasis.volumes import Volumes
 
+FILL = """
+import os, sys
+root, files, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+block = os.urandom(total // files)
+for i in range(files):
+    folder = os.path.join(root, f"d{i // 100:03d}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"f{i:05d}.bin"), "wb") as f:
+        f.write(block)
+"""
 
-def fill(root: str, files: int, total: int) -> None:
-    size = total // files
-    block = os.urandom(size)
-    for i in range(files):
-        folder = os.path.join(root, f"d{i // 100:03d}")
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"f{i:05d}.bin"), "wb") as f:
-            f.write(block)
+
+def in_daemon_namespace(pin: str, *argv: str) -> None:
+    """Run ``argv`` where the daemon's mounts are (the btrfs store is mounted only there)."""
+    subprocess.run(["nsenter", f"--mount={pin}", *argv] if os.path.exists(pin) else list(argv), check=True)
 
 
 def main() -> None:
@@ -44,9 +49,11 @@ def main() -> None:
     snapshots, forks, copies = [], [], []
     with serving_daemon("stasis-bench-volumes-") as paths, Client(paths) as client:
         volume = Volume.create(f"bench-{uuid.uuid4().hex[:6]}", client=client)
-        data = Volumes(paths.volumes).data(volume.name)
-        fill(str(data), args.files, args.mib << 20)
-        subprocess.run(["sync"], check=True)
+        store = volume.info().store
+        data = Volumes(paths.volumes).data(volume.name) if store == "copy" else paths.volumes / volume.name / "data"
+        pin = str(paths.mount_pin)
+        in_daemon_namespace(pin, sys.executable, "-c", FILL, str(data), str(args.files), str(args.mib << 20))
+        in_daemon_namespace(pin, "sync")
         for round_number in range(args.rounds):
             started = time.perf_counter()
             snapshot = volume.snapshot()
@@ -57,9 +64,9 @@ def main() -> None:
             forks.append(time.perf_counter() - started)
             copy = data.parent / f"copy-{round_number}"
             started = time.perf_counter()
-            subprocess.run(["cp", "-a", str(data), str(copy)], check=True)
+            in_daemon_namespace(pin, "cp", "-a", str(data), str(copy))
             copies.append(time.perf_counter() - started)
-            shutil.rmtree(copy)
+            in_daemon_namespace(pin, "rm", "-rf", str(copy))
             fork.delete()
             Volume.delete_snapshot(snapshot.id, client=client)
         volume.delete()
@@ -68,7 +75,7 @@ def main() -> None:
         f"fork of the snapshot ({args.mib} MiB in {args.files} files)": (forks, copies, "cp -a of the files"),
     }
     report_ratios("Volumes: snapshot and fork", "volumes", rows, {"rounds": args.rounds, "files": args.files,
-                                                                   "mib": args.mib})  # fmt: skip
+                                                                   "mib": args.mib, "store": store})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -343,14 +343,14 @@ class CheckpointInfo(BaseModel):
 
 
 class RemoteRequest(Strict):
-    ref: str = Field(min_length=1, max_length=200, description="a sandbox's or checkpoint's name or id")
-    kind: Literal["sandbox", "checkpoint"] | None = Field(None, description="which, when a name could be either")
+    ref: str = Field(min_length=1, max_length=200, description="a sandbox's, checkpoint's or volume's name or id")
+    kind: Literal["sandbox", "checkpoint", "volume"] | None = Field(None, description="which (a volume: always said)")
 
 
 class TransferResult(BaseModel):
     """What a push to or a pull from the remote store did."""
 
-    kind: Literal["sandbox", "checkpoint"]
+    kind: Literal["sandbox", "checkpoint", "volume"]
     id: str
     name: str | None
     url: str = Field(description="its manifest in the remote store")
@@ -363,9 +363,9 @@ class TransferResult(BaseModel):
 
 
 class RemoteEntry(BaseModel):
-    """A sandbox or checkpoint in the remote store."""
+    """A sandbox, checkpoint or volume in the remote store."""
 
-    kind: Literal["sandbox", "checkpoint"]
+    kind: Literal["sandbox", "checkpoint", "volume"]
     id: str
     name: str | None
     backend: str

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -106,9 +107,12 @@ class Volumes:
                 found.append(self.get(record.parent.name))
         return found
 
-    def create(self, name: str, from_snapshot: str | None = None, max_size_mb: int | None = None) -> VolumeInfo:
-        """A new volume, empty or a writable fork of a snapshot (which keeps the limit its volume had, unless
-        ``max_size_mb`` says another)."""
+    def create(
+        self, name: str, from_snapshot: str | None = None, max_size_mb: int | None = None,
+        fill: Callable[[Path], None] | None = None,
+    ) -> VolumeInfo:  # fmt: skip
+        """A new volume: empty, a writable fork of a snapshot (which keeps the limit its volume had, unless
+        ``max_size_mb`` says another), or holding the files ``fill`` makes (at a path that does not exist yet)."""
         self.disk.ready(create=True)
         final = self._dir(name)
         if final.exists():
@@ -123,6 +127,8 @@ class Volumes:
         try:
             if source is None:
                 self.disk.empty(staging / "data")
+                if fill is not None:
+                    _fill(staging / "data", fill)
             else:
                 self.disk.clone(self._snapshot_dir(source.id) / "data", staging / "data", read_only=False)
             os.chmod(staging / "data", DATA_MODE)
@@ -144,6 +150,19 @@ class Volumes:
         info = info.model_copy(update={"max_size_mb": max_size_mb})
         atomic_write(self._dir(name) / "volume.json", info.model_dump_json().encode(), mode=0o600)
         return info
+
+    @contextlib.contextmanager
+    def frozen(self, name: str) -> Iterator[Path]:
+        """The volume's files as a snapshot would take them, read only, for as long as the block runs."""
+        self.get(name)
+        self._snapshots().mkdir(parents=True, exist_ok=True, mode=0o700)
+        staging = self._snapshots() / f".frozen-{name}-{secrets.token_hex(4)}"
+        staging.mkdir()
+        try:
+            self.disk.clone(self._dir(name) / "data", staging / "data", read_only=True)
+            yield staging / "data"
+        finally:
+            self.disk.remove(staging)
 
     def remove(self, name: str) -> None:
         """The volume and its files (the caller checked no sandbox mounts it); its snapshots stay."""
@@ -238,6 +257,18 @@ class Volumes:
                 except BackendError as exc:  # logged: a start never fails on what a cut-off removal left
                     log.warning("could not sweep %s: %s", stale, exc)
         self.disk.sweep()
+
+
+def _fill(data: Path, fill: Callable[[Path], None]) -> None:
+    """``fill`` makes a tree beside nothing else inside ``data`` (a btrfs subvolume: nothing renames into one from
+    outside), which then becomes ``data``: its entries moved up, its owner and mode kept."""
+    incoming = data / f".stasis-incoming-{secrets.token_hex(8)}"
+    fill(incoming)
+    for entry in os.listdir(incoming):
+        os.rename(incoming / entry, data / entry)
+    made = os.lstat(incoming)
+    os.chown(data, made.st_uid, made.st_gid)
+    os.rmdir(incoming)
 
 
 def _bytes(max_size_mb: int | None) -> int | None:

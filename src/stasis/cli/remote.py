@@ -12,7 +12,9 @@ from ..models import TransferResult
 from ..sdk._host import remote_call, remote_listing_call
 from ._common import Json, ago, app, client, err, out, shown
 
-Kind = Annotated[str | None, typer.Option("--kind", help="sandbox | checkpoint, when a name could be either.")]
+Kind = Annotated[
+    str | None, typer.Option("--kind", help="sandbox | checkpoint, when a name could be either; volume for a volume.")
+]
 
 
 def _report(result: TransferResult, verb: str, as_json: bool) -> None:

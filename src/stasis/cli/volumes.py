@@ -120,3 +120,20 @@ def volume_rm_snapshot(ref: Annotated[str, typer.Argument(help="The snapshot's i
     """Remove a volume snapshot (the volumes forked from it keep their files)."""
     Volume.delete_snapshot(ref, client=client())
     out.print(f"removed volume snapshot [bold]{ref}[/bold]")
+
+
+@volume_app.command("push")
+def volume_push(name: VolumeName) -> None:
+    """Send a copy of a volume's files to the remote store (another node pulls it; the newest push wins)."""
+    with err.status(f"pushing volume {name}..."):
+        result = Volume(name, client()).push()
+    out.print(f"pushed volume [bold]{name}[/bold] ({result.bytes / 1e6:.1f} MB, {result.moved_bytes / 1e6:.1f} MB "
+              f"on the wire, {result.seconds:.1f}s)")  # fmt: skip
+
+
+@volume_app.command("pull")
+def volume_pull(name: VolumeName) -> None:
+    """Make volume NAME here from the remote store's copy (refused if this node has one of that name)."""
+    with err.status(f"pulling volume {name}..."):
+        Volume.pull(name, client=client())
+    out.print(f"pulled volume [bold]{name}[/bold]")

@@ -32,6 +32,7 @@ from .rooms.ports import Ports
 from .rooms.remote import RemoteService
 from .rooms.secrets import SecretsRoom
 from .rooms.ssh import HostKeys
+from .rooms.volume_remote import VolumeTransfers
 from .rooms.volumes import VolumesRoom
 
 
@@ -44,6 +45,8 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     pools = PoolManager(core, tables.pools, checkpoints)
     ports = Ports(core, tables.ports)
     secrets, volumes = SecretsRoom(core), VolumesRoom(core)
+    if remote is not None:
+        remote.volumes = VolumeTransfers(remote, volumes)
     front, ops = Front(core, checkpoints, pools, remote, secrets.check, volumes.check), GuestOperations(core)
     idle_to_store = remote.push_sandbox if remote is not None and remote.config.idle_to_store else None
     e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets, volumes)

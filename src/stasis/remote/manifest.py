@@ -53,3 +53,27 @@ class Manifest(BaseModel):
 
     def document(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+class VolumeManifest(BaseModel):
+    """A volume's files as one node pushed them (the newest push of a name wins): a copy, not an owner."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    format: int
+    kind: Literal["volume"]
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    max_size_mb: int | None = Field(None, ge=1)
+    files: dict[str, Any]
+    pushed_by: str = ""
+    pushed_at: float = 0.0
+
+    @classmethod
+    def parse(cls, document: dict[str, Any], where: str) -> VolumeManifest:
+        try:
+            manifest = cls.model_validate(document)
+        except ValidationError as exc:
+            raise CheckpointCorrupt(f"{where} is not a volume manifest stasis can read: {str(exc)[:300]}") from None
+        if manifest.format != FORMAT or ".." in manifest.name:
+            raise CheckpointCorrupt(f"{where} was written in format {manifest.format} (this stasis reads {FORMAT})")
+        return manifest

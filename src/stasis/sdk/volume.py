@@ -6,6 +6,7 @@
     snap = data.snapshot()                                  # a read-only copy of its files now
     fork = Volume.create("data-fork", from_snapshot=snap.id)   # writable, diverges from "data"
     Volume.create("scratch", max_size_mb=512)               # past 512 MiB a write fails (EDQUOT)
+    data.push(); Volume.pull("data")                         # through the remote store, to another node
 
 A volume's files are not in a sandbox's checkpoints: a restore or fork mounts the same volume again.
 ``AsyncVolume`` is the same over :class:`AsyncClient`.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from ..models import build
+from ..models import TransferResult, build
 from ..volume_models import (
     CreateVolumeRequest,
     SnapshotVolumeRequest,
@@ -27,6 +28,7 @@ from ..volume_models import (
 )
 from ._base import Call, _model, _models
 from ._client import AsyncClient, Client
+from ._host import remote_call
 
 
 def _create(name: str, from_snapshot: str | None, max_size_mb: int | None) -> Call:
@@ -112,6 +114,17 @@ class Volume:
     def set_max_size(self, max_size_mb: int | None) -> VolumeInfo:
         """A new size limit (None: none). Below what it holds, it keeps its files and takes no more writes."""
         return self.client.call(_update(self.name, max_size_mb))  # type: ignore[no-any-return]
+
+    def push(self) -> TransferResult:
+        """Send a copy of its files to the daemon's remote store (the newest push of a name wins)."""
+        return self.client.call(remote_call("push", self.name, "volume"))  # type: ignore[no-any-return]
+
+    @classmethod
+    def pull(cls, name: str, client: Client | None = None) -> Volume:
+        """A new volume here with the remote store's copy of volume ``name``."""
+        client = client or Client()
+        client.call(remote_call("pull", name, "volume"))
+        return cls(name, client)
 
     def files(self, path: str = "/") -> list[dict[str, Any]]:
         """The entries of one directory of the volume (name, type, path, size, mode, uid, gid, times; a link's

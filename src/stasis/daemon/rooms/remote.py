@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -67,6 +67,9 @@ from ..core.service import SandboxService
 from ..core.tables import PushTable
 from .checkpointing import Checkpoints
 
+if TYPE_CHECKING:
+    from .volume_remote import VolumeTransfers
+
 log = logging.getLogger(__name__)
 
 S = SandboxStatus
@@ -88,6 +91,7 @@ class RemoteService:
         self.cache = ChunkCache(service.paths.home / "remote-cache", config.cache_limit_bytes)
         self.chunks = Chunks(self.objects, self.cache)
         self.externals = service.paths.images / "remote-externals"  # files sandboxes depend on, fetched here
+        self.volumes: VolumeTransfers | None = None  # volumes follow their sandboxes (set where volumes are kept)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -156,6 +160,8 @@ class RemoteService:
             directory = service.files_of(info)  # suspended: nothing of the host holds its files
             section, transfer = await asyncio.to_thread(self.chunks.upload_tree, directory)
             externals = await self._push_externals(info.spec.backend, directory)
+            if self.volumes is not None:
+                await self.volumes.send(info.spec.volumes)
             record = info.model_dump(mode="json")
             manifest = self._manifest("sandbox", info.id, info.name, info.spec.backend, info.image_key or "",
                                       info.spec.image, info.runtime, record, section, externals)  # fmt: skip
@@ -211,6 +217,8 @@ class RemoteService:
                     f"a different sandbox named {info.name!r} is on this node; remove or rename it, then pull again",
                     name=info.name,
                 )
+        if self.volumes is not None:
+            await self.volumes.fetch_missing(info.spec.volumes)  # before it is taken: a sandbox without them is not
         if owner is None:  # take it: of nodes racing here exactly one write succeeds
             taken = manifest.model_copy(
                 update={"owner": self.node, "generation": manifest.generation + 1, "taken_at": time.time()}
@@ -232,6 +240,8 @@ class RemoteService:
         return self._result("sandbox", info.id, info.name, key, transfer, owner=self.node)
 
     async def push(self, ref: str, kind: str | None) -> TransferResult:
+        if kind == "volume":
+            return await self._volumes().push(ref)
         if kind == "checkpoint":
             return await self.push_checkpoint(ref)
         if kind == "sandbox":
@@ -243,6 +253,8 @@ class RemoteService:
         return await self.push_sandbox(ref)
 
     async def pull(self, ref: str, kind: str | None) -> TransferResult:
+        if kind == "volume":
+            return await self._volumes().pull(ref)
         if kind == "checkpoint":
             return await self.pull_checkpoint(ref)
         if kind == "sandbox":
@@ -272,6 +284,8 @@ class RemoteService:
                         record = SandboxInfo.model_validate(m.record)
                 entries.append(RemoteEntry(**m.model_dump(include=set(fields)), image=m.image.ref,
                                            pushed_at=m.pushed_at, sandbox=record))  # fmt: skip
+        if self.volumes is not None:
+            entries += await self.volumes.entries()
         return sorted(entries, key=lambda e: e.pushed_at)
 
     # ------------------------------------------------------------ after a restart
@@ -297,6 +311,11 @@ class RemoteService:
         return sandbox_id in self.table.pushes()
 
     # ------------------------------------------------------------ helpers
+
+    def _volumes(self) -> VolumeTransfers:
+        if self.volumes is None:
+            raise Unsupported("this daemon keeps no volumes")
+        return self.volumes
 
     async def _leave(self, info: SandboxInfo, url: str) -> None:
         """The store owns it now: remove this node's copy (a restart finishes this if cut off)."""
