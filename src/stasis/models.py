@@ -316,6 +316,7 @@ class CreateCheckpointRequest(Strict):
     name: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     ttl_secs: int | None = Field(None, ge=1, le=MAX_SECONDS, description="delete after this long; None: keep forever")
+    include_volumes: bool = Field(False, description="keep a snapshot of each mounted volume: a restore forks them")
 
     @field_validator("name")
     @classmethod
@@ -340,6 +341,7 @@ class CheckpointInfo(BaseModel):
     sha256: str | None
     size_bytes: int
     metadata: dict[str, Any]
+    volume_snapshots: dict[str, str] = Field(default_factory=dict, description="volume -> its snapshot, if included")
 
 
 class RemoteRequest(Strict):

@@ -14,6 +14,7 @@ Used where the daemon runs as root and the kernel has btrfs (checked by :func:`u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -99,7 +100,7 @@ class BtrfsDisk:
     def _is_mounted(self) -> bool:
         target = str(self.directory)
         with open("/proc/self/mounts") as mounts:
-            return any(line.split()[1:3] == [target, "btrfs"] for line in mounts)
+            return any([f.replace("\\040", " ") for f in line.split()[1:3]] == [target, "btrfs"] for line in mounts)
 
     # -- what the store asks of a disk
 
@@ -124,8 +125,12 @@ class BtrfsDisk:
 
     def size(self, path: Path) -> int:
         """Bytes the subvolume refers to (shared with its snapshots or not), as its qgroup counts them."""
-        done = subprocess.run(["btrfs", "qgroup", "show", "-rf", "--raw", str(path)], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        try:
+            done = subprocess.run(["btrfs", "qgroup", "show", "-rf", "--raw", str(path)], capture_output=True,
+                                  text=True, timeout=60)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            log.warning("btrfs qgroup show of %s took over a minute; its size is reported as 0", path)
+            return 0
         for line in done.stdout.splitlines():
             fields = line.split()
             if len(fields) >= 2 and fields[0].startswith("0/") and fields[1].isdigit():
@@ -138,7 +143,8 @@ class BtrfsDisk:
 
     def sweep(self) -> None:
         """The qgroups of deleted subvolumes."""
-        subprocess.run(["btrfs", "qgroup", "clear-stale", str(self.directory)], capture_output=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(["btrfs", "qgroup", "clear-stale", str(self.directory)], capture_output=True, timeout=60)
 
 
 def _is_subvolume(path: Path) -> bool:

@@ -18,6 +18,7 @@ under ``data/`` was written by a sandbox: the host never follows a link in it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -109,10 +110,11 @@ class Volumes:
 
     def create(
         self, name: str, from_snapshot: str | None = None, max_size_mb: int | None = None,
-        fill: Callable[[Path], None] | None = None,
+        fill: Callable[[Path], None] | None = None, incarnation: str | None = None,
     ) -> VolumeInfo:  # fmt: skip
         """A new volume: empty, a writable fork of a snapshot (which keeps the limit its volume had, unless
-        ``max_size_mb`` says another), or holding the files ``fill`` makes (at a path that does not exist yet)."""
+        ``max_size_mb`` says another), or holding the files ``fill`` makes (at a path that does not exist yet;
+        within the limit already). ``incarnation``: a pulled copy keeps its volume's."""
         self.disk.ready(create=True)
         final = self._dir(name)
         if final.exists():
@@ -120,23 +122,27 @@ class Volumes:
         source = self.snapshot(from_snapshot) if from_snapshot else None
         if max_size_mb is None and source is not None:
             max_size_mb = source.max_size_mb
-        staging = self.directory / f".new-{name}-{os.getpid()}"
-        if staging.exists():
-            self.disk.remove(staging)
+        staging = self.directory / f".new-{name}-{secrets.token_hex(4)}"  # its own: creates of one name may race
         staging.mkdir()
         try:
             if source is None:
                 self.disk.empty(staging / "data")
+                self.disk.limit(staging / "data", _bytes(max_size_mb))
                 if fill is not None:
                     _fill(staging / "data", fill)
             else:
                 self.disk.clone(self._snapshot_dir(source.id) / "data", staging / "data", read_only=False)
+                self.disk.limit(staging / "data", _bytes(max_size_mb))
             os.chmod(staging / "data", DATA_MODE)
-            self.disk.limit(staging / "data", _bytes(max_size_mb))
             info = VolumeInfo(name=name, created_at=time.time(), from_snapshot=source.id if source else None,
-                              incarnation=secrets.token_hex(8), max_size_mb=max_size_mb)  # fmt: skip
+                              incarnation=incarnation or secrets.token_hex(8), max_size_mb=max_size_mb)  # fmt: skip
             atomic_write(staging / "volume.json", info.model_dump_json().encode(), mode=0o600)
-            os.rename(staging, final)
+            try:
+                os.rename(staging, final)  # onto a directory another create made meanwhile: ENOTEMPTY
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise NameTaken(f"a volume named {echo(name)} was made meanwhile; pick another name") from None
+                raise
             fsync_dir(self.directory)
         except BaseException:
             self.disk.remove(staging)

@@ -227,3 +227,36 @@ def test_without_btrfs_volumes_are_directories_and_a_size_limit_is_refused(own_d
             sbx.terminate()
         assert fork.info().store == "copy" and [(e["name"], e["size"]) for e in fork.files()] == [("f.txt", 4)]
     assert not own_daemon.paths.volume_image.exists()
+
+
+def test_a_checkpoint_that_includes_its_volumes_restores_and_forks_them_as_they_were(client: Client) -> None:
+    volume = Volume.create(unique("kept"), client=client)
+    sbx = Sandbox.create(backend="gvisor", volumes={"/data": volume.name}, client=client)
+    made: list[Sandbox] = []
+    try:
+        sbx.run(["sh", "-c", "echo at-the-checkpoint > /data/state.txt"])
+        included = sbx.checkpoint(CheckpointType.MEMORY, include_volumes=True)
+        plain = sbx.checkpoint(CheckpointType.MEMORY)
+        assert list(included.volume_snapshots) == [volume.name] and plain.volume_snapshots == {}
+        sbx.run(["sh", "-c", "echo later > /data/state.txt"])
+
+        made.append(Sandbox.create(snapshot_id=included.id, client=client))
+        made += Sandbox.fork(included.id, 2, client=client)
+        forks = [s.info().spec.volumes[0] for s in made]
+        assert len({m.name for m in forks} | {volume.name}) == 4 and {m.path for m in forks} == {"/data"}
+        made[1].run(["sh", "-c", "echo one-child > /data/state.txt"])  # each has its own fork: they diverge
+        assert [s.run(["cat", "/data/state.txt"]).stdout for s in made] == [
+            "at-the-checkpoint\n", "one-child\n", "at-the-checkpoint\n"]  # fmt: skip
+        assert sbx.run(["cat", "/data/state.txt"]).stdout == "later\n"  # the volume itself is untouched
+
+        made.append(Sandbox.create(snapshot_id=plain.id, client=client))  # without: the volume as it is now
+        assert made[-1].run(["cat", "/data/state.txt"]).stdout == "later\n"
+        Sandbox.delete_checkpoint(included.id, client=client)  # its snapshots go with it
+        Sandbox.delete_checkpoint(plain.id, client=client)
+        assert Volume.snapshots(volume.name, client=client) == []
+    finally:
+        for s in [*made, sbx]:
+            s.terminate()
+    for v in Volume.list(client=client):
+        if v.name.startswith(volume.name):
+            Volume(v.name, client).delete()

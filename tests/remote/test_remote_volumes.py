@@ -65,3 +65,14 @@ def test_a_volume_follows_its_sandbox_to_another_node_and_moves_on_its_own(
         moved.terminate()
         for client in (client_a, client_b):
             Volume("project", client).delete()
+
+        # A node's own volume that only shares a name with the one a sandbox left with is never mounted by it.
+        for client in (client_a, client_b):
+            Volume.create("other", client=client)
+        Sandbox.create("lonely", backend="gvisor", volumes={"/o": "other"}, client=client_a)
+        assert cli(a, "push", "lonely").returncode == 0
+        refused = cli(b, "resume", "lonely")
+        assert refused.returncode != 0 and "is another volume" in " ".join(refused.stderr.split()), refused.stderr
+        assert Sandbox.list(client=client_b) == []
+        for client in (client_a, client_b):
+            Volume("other", client).delete()

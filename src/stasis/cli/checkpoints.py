@@ -22,12 +22,15 @@ def checkpoint(
     type_: Annotated[str, typer.Option("--type", help="memory (processes too) | filesystem (files only)")] = "memory",
     checkpoint_name: Annotated[str | None, typer.Option("--name", help="A unique name for the checkpoint.")] = None,
     ttl_secs: Annotated[int | None, typer.Option("--ttl-secs", help="Delete it after this long.")] = None,
+    include_volumes: Annotated[
+        bool, typer.Option("--include-volumes", help="Snapshot its volumes too: a restore mounts forks of them.")
+    ] = False,
 ) -> None:
     """Checkpoint a sandbox; it keeps running. Prints the checkpoint id."""
     sbx = Sandbox.connect(name, client=client())
     with err.status(f"checkpointing {name} ({type_})..."):
         started = time.monotonic()
-        info = sbx.checkpoint(type_, name=checkpoint_name, ttl_secs=ttl_secs)
+        info = sbx.checkpoint(type_, name=checkpoint_name, ttl_secs=ttl_secs, include_volumes=include_volumes)
     err.print(f"{type_} checkpoint of {name}: {info.size_bytes / 1e6:.1f} MB in {time.monotonic() - started:.2f}s")
     print(info.id)
 

@@ -47,7 +47,9 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     secrets, volumes = SecretsRoom(core), VolumesRoom(core)
     if remote is not None:
         remote.volumes = VolumeTransfers(remote, volumes)
+    checkpoints.keep_volumes, checkpoints.drop_volumes = volumes.keep, volumes.drop
     front, ops = Front(core, checkpoints, pools, remote, secrets.check, volumes.check), GuestOperations(core)
+    front.fork_volumes, front.discard_volumes = volumes.fork_for, volumes.discard
     idle_to_store = remote.push_sandbox if remote is not None and remote.config.idle_to_store else None
     e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets, volumes)
     rooms = Rooms(

@@ -29,7 +29,7 @@ from typing import Any
 
 import lz4.frame
 
-from ..errors import BackendError, CheckpointCorrupt
+from ..errors import BackendError, CheckpointCorrupt, InvalidRequest
 from ..fsutil import fsync_dir, fsync_tree
 from .cache import ChunkCache
 from .directory import DirectoryStore
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 CHUNK = 4 << 20
 BLOB_MIN = 1 << 20  # regular files at least this big are chunked by offset
+MAX_BLOB = 1 << 40  # a file's length, holes included: its manifest lists a piece (or a hole) per CHUNK
 WORKERS = 8
 ZERO = bytes(CHUNK)
 TAR_FLAGS = ["--xattrs", "--xattrs-include=*", "--numeric-owner", "--sparse"]
@@ -155,6 +156,11 @@ class Chunks:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             stat = os.fstat(fd)
+            if stat.st_size > MAX_BLOB:
+                raise InvalidRequest(
+                    f"{rel} is {stat.st_size} bytes long (holes or not); the remote store takes files up to "
+                    f"{MAX_BLOB >> 30} GiB: shrink or remove it, then push again"
+                )
             futures: list[Future[str] | None] = []
             for offset in range(0, stat.st_size, CHUNK):
                 if not _has_data(fd, offset, CHUNK):
@@ -198,10 +204,7 @@ class Chunks:
         if packed is None:
             packed = self.objects.get(chunk_key(sha))
             moved = len(packed)
-        try:
-            data = lz4.frame.decompress(packed)
-        except RuntimeError:
-            data = b""
+        data = _unpack(packed)
         if hashlib.sha256(data).hexdigest() != sha:
             raise CheckpointCorrupt(
                 f"piece {sha[:16]} from {self.objects.url(chunk_key(sha))} does not match its sha256: the object was "
@@ -278,6 +281,17 @@ def _walk(root: Path) -> tuple[list[str], list[str]]:
             else:
                 small.append(rel)
     return small, sorted(blobs)
+
+
+def _unpack(packed: bytes) -> bytes:
+    """A piece's bytes, never more than CHUNK (a piece from the store that would expand past it is refused, not
+    inflated: its hash is checked after); b"" for one that is not lz4."""
+    decompressor = lz4.frame.LZ4FrameDecompressor()
+    try:
+        data = decompressor.decompress(packed, max_length=CHUNK)
+    except RuntimeError:
+        return b""
+    return data if decompressor.eof else b""
 
 
 def _has_data(fd: int, offset: int, length: int) -> bool:

@@ -37,6 +37,7 @@ class Manifest(BaseModel):
     generation: int = 0
     push_id: str | None = None
     taken_at: float | None = None
+    volumes: dict[str, str] = Field(default_factory=dict)  # a sandbox's: each volume it mounts, its incarnation
 
     @classmethod
     def parse(cls, document: dict[str, Any], where: str) -> Manifest:
@@ -63,7 +64,8 @@ class VolumeManifest(BaseModel):
     format: int
     kind: Literal["volume"]
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-    max_size_mb: int | None = Field(None, ge=1)
+    max_size_mb: int | None = Field(None, ge=1, le=1 << 30)
+    incarnation: str = Field("", pattern=r"^[0-9a-f]{0,32}$")
     files: dict[str, Any]
     pushed_by: str = ""
     pushed_at: float = 0.0

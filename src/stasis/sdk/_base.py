@@ -93,6 +93,7 @@ class CheckpointOptions(TypedDict, total=False):
     name: str
     metadata: dict[str, Any]
     ttl_secs: int
+    include_volumes: bool  # a snapshot of each mounted volume: a restore or fork mounts new forks of them
 
 
 def command_argv(command: Command, args: list[str] | None) -> list[str]:
@@ -250,6 +251,7 @@ class SandboxBase:
         request = build(
             CreateCheckpointRequest, type=CheckpointType(checkpoint_type), name=options.get("name"),
             metadata=options.get("metadata") or {}, ttl_secs=options.get("ttl_secs"),
+            include_volumes=options.get("include_volumes", False),
         )  # fmt: skip
         return Call("POST", f"{self._url}/checkpoints", _model(CheckpointInfo), json=request.model_dump(mode="json"))
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from ... import faults
 from ...fsutil import no_space
 from ...models import CheckpointInfo, CheckpointType, CreateCheckpointRequest, SandboxStatus
+from ...volume_models import VolumeMount
 from ..core.checkpoints import CheckpointFiles
 from ..core.service import SandboxService, new_id
 from ..core.states import require
@@ -27,6 +29,9 @@ class Checkpoints:
         self.core = core
         self.table = table
         self.files: CheckpointFiles = core.checkpoint_files
+        # a checkpoint that includes its volumes keeps a snapshot of each (set where volumes are kept)
+        self.keep_volumes: Callable[[str, list[VolumeMount]], dict[str, str]] = lambda checkpoint_id, mounts: {}
+        self.drop_volumes: Callable[[dict[str, str]], None] = lambda snapshots: None
 
     # ------------------------------------------------------------ reading, for every room and face
 
@@ -62,12 +67,16 @@ class Checkpoints:
                 try:
                     partial = self.files.begin(checkpoint.id)
                     await step.backend.checkpoint(step.box, channel, partial, request.type == CheckpointType.MEMORY)
+                    if request.include_volumes and info.spec.volumes:  # just after: the sandbox runs on meanwhile
+                        kept = await asyncio.to_thread(self.keep_volumes, checkpoint.id, info.spec.volumes)
+                        checkpoint = checkpoint.model_copy(update={"volume_snapshots": kept})
                     faults.point("checkpoint.before_seal")
                     sha256, size = await asyncio.to_thread(self.files.seal, checkpoint.id, not internal)
                     faults.point("checkpoint.after_seal")
                     checkpoint = checkpoint.model_copy(update={"sha256": sha256, "size_bytes": size})
                     self.table.seal_checkpoint(checkpoint)  # outcome: 'ready'
                 except BaseException as exc:
+                    self.drop_volumes(checkpoint.volume_snapshots)
                     self.files.remove(checkpoint.id)
                     self.table.delete_checkpoint(checkpoint.id)
                     if (full := no_space(exc, self.files.root)) is not exc:
@@ -88,6 +97,7 @@ class Checkpoints:
         checkpoint = self.table.get_checkpoint(ref)
         self.table.delete_checkpoint(checkpoint.id)  # the record first: a crash leaves a folder the sweep removes
         self.files.remove(checkpoint.id)
+        self.drop_volumes(checkpoint.volume_snapshots)
         log.info("deleted checkpoint %s", checkpoint.id)
         return checkpoint
 

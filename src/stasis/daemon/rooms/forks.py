@@ -46,7 +46,7 @@ async def fork_checkpoint(
     if isinstance(source, Restore) and source.verify:  # its bytes checked once, not once per child
         await asyncio.to_thread(checkpoints.files.verify, checkpoint.id, checkpoint.sha256)
         source = dataclasses.replace(source, verify=False)
-    children = await asyncio.gather(*(service.create(None, source) for _ in range(times)), return_exceptions=True)
+    children = await asyncio.gather(*(front.create_from(None, source) for _ in range(times)), return_exceptions=True)
     return await _all_or_none(service, children)
 
 

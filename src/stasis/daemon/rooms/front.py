@@ -8,12 +8,15 @@ a resume of a sandbox this node does not hold takes it over from the remote stor
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from ...errors import SandboxNotFound, StateError
 from ...models import CreateSandboxRequest, SandboxInfo, SandboxSpec
 from ..core.service import SandboxService
-from ..core.sources import CheckpointsRead, Source, source_of
+from ..core.sources import CheckpointsRead, Restore, Source, source_of
 from .pools import PoolManager
 from .remote import RemoteService
 
@@ -29,6 +32,9 @@ class Front:
         check_volumes: Callable[[SandboxSpec], None] = lambda spec: None,
     ) -> None:
         self.check_volumes = check_volumes
+        # a checkpoint that included its volumes: the new sandbox mounts forks of their snapshots (set in wiring)
+        self.fork_volumes: Callable[[SandboxSpec, dict[str, str]], tuple[SandboxSpec, list[str]]] | None = None
+        self.discard_volumes: Callable[[list[str]], None] = lambda forks: None
         self.core = core
         self.checkpoints = checkpoints
         self.pools = pools
@@ -41,8 +47,23 @@ class Front:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)
         source = await self.source(request)
-        self.check_volumes(source.spec)  # the request's, or a checkpoint's: each must still exist, said now
-        return await self.core.create(request.name, source)
+        if "volumes" in request.model_fields_set and isinstance(source, Restore):  # a FILESYSTEM restore told
+            mounted_as_told = source.checkpoint.model_copy(update={"volume_snapshots": {}})  # which volumes: those
+            source = dataclasses.replace(source, checkpoint=mounted_as_told)
+        return await self.create_from(request.name, source)
+
+    async def create_from(self, name: str | None, source: Source, **extra: Any) -> SandboxInfo:
+        """A sandbox from ``source``; for a checkpoint that included its volumes, mounting new forks of them."""
+        forks: list[str] = []
+        if isinstance(source, Restore) and source.checkpoint.volume_snapshots and self.fork_volumes is not None:
+            spec, forks = await asyncio.to_thread(self.fork_volumes, source.spec, source.checkpoint.volume_snapshots)
+            source = dataclasses.replace(source, spec=spec)
+        try:
+            self.check_volumes(source.spec)  # the request's, or a checkpoint's: each must still exist, said now
+            return await self.core.create(name, source, **extra)
+        except BaseException:
+            await asyncio.to_thread(self.discard_volumes, forks)
+            raise
 
     async def source(self, request: CreateSandboxRequest) -> Source:
         pull = self.remote.pull_checkpoint if self.remote is not None else None

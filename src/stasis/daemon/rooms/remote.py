@@ -160,15 +160,16 @@ class RemoteService:
             directory = service.files_of(info)  # suspended: nothing of the host holds its files
             section, transfer = await asyncio.to_thread(self.chunks.upload_tree, directory)
             externals = await self._push_externals(info.spec.backend, directory)
-            if self.volumes is not None:
-                await self.volumes.send(info.spec.volumes)
+            volumes = await self.volumes.send(info.spec.volumes) if self.volumes is not None else {}
             record = info.model_dump(mode="json")
             manifest = self._manifest("sandbox", info.id, info.name, info.spec.backend, info.image_key or "",
                                       info.spec.image, info.runtime, record, section, externals)  # fmt: skip
             faults.point("remote.push.after_chunks")
             push_id = secrets.token_hex(8)
             generation = previous.generation + 1 if previous is not None else 1
-            manifest = manifest.model_copy(update={"owner": None, "generation": generation, "push_id": push_id})
+            manifest = manifest.model_copy(
+                update={"owner": None, "generation": generation, "push_id": push_id, "volumes": volumes}
+            )
             if info.name:  # the name's pointer first: the manifest may be the last thing this daemon writes
                 await asyncio.to_thread(self.objects.put, f"names/sandboxes/{info.name}", info.id.encode())
             self.table.begin_push(info.id, push_id)  # intent: a restart settles it against the store
@@ -218,7 +219,7 @@ class RemoteService:
                     name=info.name,
                 )
         if self.volumes is not None:
-            await self.volumes.fetch_missing(info.spec.volumes)  # before it is taken: a sandbox without them is not
+            await self.volumes.fetch_missing(info.id, info.spec.volumes, manifest.volumes)  # before it is taken
         if owner is None:  # take it: of nodes racing here exactly one write succeeds
             taken = manifest.model_copy(
                 update={"owner": self.node, "generation": manifest.generation + 1, "taken_at": time.time()}

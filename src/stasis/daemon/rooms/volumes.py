@@ -4,11 +4,13 @@ sandboxes mount each one. A volume a sandbox (not ended) mounts is never removed
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 from typing import Any
 
-from ...errors import Conflict, echo
+from ...errors import Conflict, NotFound, echo
 from ...models import SandboxSpec, SandboxStatus
-from ...volume_models import CreateVolumeRequest, VolumeInfo, VolumeSnapshotInfo
+from ...volume_models import CreateVolumeRequest, VolumeInfo, VolumeMount, VolumeSnapshotInfo
 from ...volumes import Volumes, choose_disk
 from ..core.service import SandboxService
 
@@ -58,6 +60,50 @@ class VolumesRoom:
 
     async def snapshot(self, name: str, snapshot_name: str | None) -> VolumeSnapshotInfo:
         return await asyncio.to_thread(self.store.take_snapshot, name, snapshot_name)
+
+    # -- volumes a checkpoint includes
+
+    def keep(self, checkpoint_id: str, mounts: list[VolumeMount]) -> dict[str, str]:
+        """A snapshot of each mounted volume, named after the checkpoint that includes them: volume -> snapshot."""
+        taken: dict[str, str] = {}
+        try:
+            for index, name in enumerate(dict.fromkeys(m.name for m in mounts)):
+                taken[name] = self.store.take_snapshot(name, f"{checkpoint_id}-v{index}").id
+        except BaseException:
+            self.drop(taken)
+            raise
+        return taken
+
+    def drop(self, snapshots: dict[str, str]) -> None:
+        for snapshot_id in snapshots.values():
+            with contextlib.suppress(NotFound):
+                self.store.remove_snapshot(snapshot_id)
+
+    def fork_for(self, spec: SandboxSpec, snapshots: dict[str, str]) -> tuple[SandboxSpec, list[str]]:
+        """``spec`` mounting, for each volume a checkpoint included, a new writable fork of its snapshot
+        (``NAME-xxxxxx``) in its place; and the forks' names (removed by :meth:`discard` if the create fails)."""
+        made: dict[str, str] = {}
+        try:
+            for name, snapshot_id in snapshots.items():
+                made[name] = f"{name[:55]}-{secrets.token_hex(3)}"
+                self.store.create(made[name], snapshot_id)
+        except BaseException:
+            self.discard([fork for fork in made.values() if self._exists(fork)])
+            raise
+        mounts = [m.model_copy(update={"name": made.get(m.name, m.name)}) for m in spec.volumes]
+        return spec.model_copy(update={"volumes": mounts}), list(made.values())
+
+    def discard(self, forks: list[str]) -> None:
+        for fork in forks:
+            with contextlib.suppress(NotFound):
+                self.store.remove(fork)
+
+    def _exists(self, name: str) -> bool:
+        try:
+            self.store.get(name)
+        except NotFound:
+            return False
+        return True
 
     async def files(self, name: str, path: str, depth: int) -> dict[str, Any]:
         return {"path": path, "entries": await asyncio.to_thread(self.store.files, name, path, depth)}
