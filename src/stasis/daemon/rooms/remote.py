@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -63,12 +63,21 @@ from ...remote.directory import DirectoryStore
 from ...remote.manifest import FORMAT, ImageRef, Manifest
 from ...remote.objects import ObjectStore
 from ...validation import ID_PATTERN, NAME_PATTERN
+from ...volume_models import VolumeMount
 from ..core.service import SandboxService
 from ..core.tables import PushTable
 from .checkpointing import Checkpoints
 
-if TYPE_CHECKING:
-    from .volume_remote import VolumeTransfers
+
+class VolumeTransfers(Protocol):
+    """Volumes to and from the store (:mod:`.volume_remote`), which follow the sandboxes that mount them."""
+
+    async def push(self, name: str) -> TransferResult: ...
+    async def pull(self, name: str) -> TransferResult: ...
+    async def entries(self) -> list[RemoteEntry]: ...
+    async def send(self, mounts: list[VolumeMount]) -> dict[str, str]: ...
+    async def fetch_missing(self, sandbox: str, mounts: list[VolumeMount], incarnations: dict[str, str]) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
