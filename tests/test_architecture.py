@@ -189,6 +189,8 @@ TABLE_OWNERS = {
     "pools": f"{DAEMON}.rooms.pools",
     "ports": f"{DAEMON}.rooms.ports",
     "pushes": f"{DAEMON}.rooms.remote",
+    "teams": f"{DAEMON}.rooms.teams",
+    "team_keys": f"{DAEMON}.rooms.teams",
 }
 TABLE_MODULES = (f"{DAEMON}.core.store", f"{DAEMON}.core.tables")
 WRITE = re.compile(r"\b(?:INSERT(?: OR REPLACE)? INTO|UPDATE|DELETE FROM)\s+(\w+)", re.IGNORECASE)

@@ -81,6 +81,12 @@ class InvalidRequest(StasisError, ValueError):
     status_code = 400
 
 
+class Unauthorized(InvalidRequest):
+    """No token or key, or one that does not work (wrong, expired, revoked)."""
+
+    status_code = 401
+
+
 class Unsupported(InvalidRequest):
     pass
 
@@ -193,6 +199,18 @@ class PoolNotReady(StasisError):
 
 class TemplateNotReady(InvalidRequest):
     """The ready command did not pass in time; the message has its output and the start command's."""
+
+
+class QuotaExceeded(StasisError):
+    """A team's quota would be passed: the message says what is used, the limit, and what to do."""
+
+    status_code = 429
+
+
+class Forbidden(StasisError):
+    """The key is good but lacks the scope (or the route is the daemon owner's)."""
+
+    status_code = 403
 
 
 class ModelError(StasisError):

@@ -122,6 +122,7 @@ class SandboxSpec(Strict):
         description="the desktop image: stasis starts its session (X, a window manager, Chromium, VNC) at boot; "
         "false: the client starts its own, as E2B Desktop's SDK does",
     )
+    team: str | None = Field(None, max_length=63, description="its team (a team key's creates are its team's)")
 
     @field_validator("network", mode="before")
     @classmethod

@@ -69,6 +69,7 @@ class VolumeInfo(BaseModel):
     max_size_mb: int | None = Field(None, description="its size limit (btrfs store): past it, writes fail (EDQUOT)")
     mounted_by: list[str] = Field(default_factory=list, description="sandboxes (not ended) whose spec mounts it")
     store: str = Field("", description="btrfs (snapshots copy nothing, size limits) or copy (plain directories)")
+    team: str | None = Field(None, description="its team (made with a team's key); None: the daemon owner's")
 
 
 class VolumeSnapshotInfo(BaseModel):
@@ -78,6 +79,7 @@ class VolumeSnapshotInfo(BaseModel):
     created_at: float
     size_bytes: int = 0
     max_size_mb: int | None = Field(None, description="its volume's size limit then: a fork keeps it")
+    team: str | None = None  # its volume's
 
 
 MAX_SIZE_MB = Field(None, ge=1, le=1 << 30, description="a size limit in MiB (needs the btrfs volume store)")

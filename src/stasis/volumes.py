@@ -110,7 +110,7 @@ class Volumes:
 
     def create(
         self, name: str, from_snapshot: str | None = None, max_size_mb: int | None = None,
-        fill: Callable[[Path], None] | None = None, incarnation: str | None = None,
+        fill: Callable[[Path], None] | None = None, incarnation: str | None = None, team: str | None = None,
     ) -> VolumeInfo:  # fmt: skip
         """A new volume: empty, a writable fork of a snapshot (which keeps the limit its volume had, unless
         ``max_size_mb`` says another), or holding the files ``fill`` makes (at a path that does not exist yet;
@@ -120,8 +120,9 @@ class Volumes:
         if final.exists():
             raise NameTaken(f"a volume named {echo(name)} exists; pick another name or remove it first")
         source = self.snapshot(from_snapshot) if from_snapshot else None
-        if max_size_mb is None and source is not None:
-            max_size_mb = source.max_size_mb
+        if source is not None:
+            max_size_mb = source.max_size_mb if max_size_mb is None else max_size_mb
+            team = source.team if team is None else team
         staging = self.directory / f".new-{name}-{secrets.token_hex(4)}"  # its own: creates of one name may race
         staging.mkdir()
         try:
@@ -135,7 +136,8 @@ class Volumes:
                 self.disk.limit(staging / "data", _bytes(max_size_mb))
             os.chmod(staging / "data", DATA_MODE)
             info = VolumeInfo(name=name, created_at=time.time(), from_snapshot=source.id if source else None,
-                              incarnation=incarnation or secrets.token_hex(8), max_size_mb=max_size_mb)  # fmt: skip
+                              incarnation=incarnation or secrets.token_hex(8), max_size_mb=max_size_mb,
+                              team=team)  # fmt: skip
             atomic_write(staging / "volume.json", info.model_dump_json().encode(), mode=0o600)
             try:
                 os.rename(staging, final)  # onto a directory another create made meanwhile: ENOTEMPTY
@@ -205,7 +207,7 @@ class Volumes:
             self.disk.clone(self._dir(name) / "data", staging / "data", read_only=True)
             info = VolumeSnapshotInfo(id=snapshot_id, volume=name, name=snapshot_name, created_at=time.time(),
                                       size_bytes=self.disk.size(staging / "data"),
-                                      max_size_mb=volume.max_size_mb)  # fmt: skip
+                                      max_size_mb=volume.max_size_mb, team=volume.team)  # fmt: skip
             atomic_write(staging / "snapshot.json", info.model_dump_json().encode(), mode=0o600)
             os.rename(staging, self._snapshot_dir(snapshot_id))
             fsync_dir(self._snapshots())

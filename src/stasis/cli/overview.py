@@ -43,6 +43,8 @@ OVERVIEW: dict[str, dict[str, str]] = {
         "port-forward": "Forward a local TCP port into the sandbox",
         "ssh": "Log in with your OpenSSH client",
         "ssh-config": "The OpenSSH config for `ssh stasis-NAME`",
+        "team": "Teams sharing this daemon, and their quotas",
+        "key": "A team's keys: scopes, expiry, revoke",
     },
     "The daemon, environments and other faces": {
         "image": "Images: import, build, list, remove",

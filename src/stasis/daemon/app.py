@@ -19,9 +19,10 @@ from .faces import mcp_http
 from .faces.accepts import quiet_accept_failures
 from .faces.console import create_console
 from .faces.e2b.resident import serve_e2b
-from .faces.guards import map_errors, require_token
+from .faces.guards import map_errors
 from .faces.limits import BodyLimit
 from .faces.routes import ROUTERS
+from .faces.tenancy import Tenancy
 from .wiring import build
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,7 @@ def create_app(
     app.state.rooms = rooms
     mcp_app = mcp_http.mount(app, paths)
     app.mount("/ui", create_console(rooms))
-    if token:
-        require_token(app, token)
+    app.add_middleware(Tenancy, token=token)
     map_errors(app, paths)
     for router in ROUTERS:
         app.include_router(router)

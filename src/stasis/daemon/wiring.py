@@ -32,6 +32,7 @@ from .rooms.ports import Ports
 from .rooms.remote import RemoteService
 from .rooms.secrets import SecretsRoom
 from .rooms.ssh import HostKeys
+from .rooms.teams import TeamsRoom
 from .rooms.volume_remote import VolumeTransfers
 from .rooms.volumes import VolumesRoom
 
@@ -44,7 +45,8 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     remote = RemoteService(core, remote_config, checkpoints, tables.pushes) if remote_config else None
     pools = PoolManager(core, tables.pools, checkpoints)
     ports = Ports(core, tables.ports)
-    secrets, volumes = SecretsRoom(core), VolumesRoom(core)
+    secrets, volumes, teams = SecretsRoom(core), VolumesRoom(core), TeamsRoom(core, tables.teams)
+    core.use_quotas(teams.admit)
     if remote is not None:
         remote.volumes = VolumeTransfers(remote, volumes)
     checkpoints.keep_volumes, checkpoints.drop_volumes = volumes.keep, volumes.drop
@@ -56,7 +58,7 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
         paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
         ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints, idle_to_store),
         e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
-        desktop=DesktopRoom(core, ports, ops), secrets=secrets, volumes=volumes, token=token,
+        desktop=DesktopRoom(core, ports, ops), secrets=secrets, volumes=volumes, teams=teams, token=token,
     )  # fmt: skip
     e2b.code_interpreter = rooms.code.ensure
     # what the core calls back: when a sandbox starts here, and when it ends (what a room holds of it goes too)

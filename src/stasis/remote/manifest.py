@@ -66,6 +66,7 @@ class VolumeManifest(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     max_size_mb: int | None = Field(None, ge=1, le=1 << 30)
     incarnation: str = Field("", pattern=r"^[0-9a-f]{0,32}$")
+    team: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     files: dict[str, Any]
     pushed_by: str = ""
     pushed_at: float = 0.0

@@ -19,7 +19,7 @@ from ...fsutil import no_space
 from ...guest import protocol as P
 from ...guest.client import GuestChannel
 from ...images import ImageStore
-from ...models import CheckpointType, SandboxInfo, SandboxStatus
+from ...models import CheckpointType, SandboxInfo, SandboxSpec, SandboxStatus
 from ...network.engine import NetworkEngine
 from .activity import Activity
 from .boxes import Boxes
@@ -58,6 +58,7 @@ class Lifecycle:
     watchdog: Watchdog
     _teardown_hooks: list[TeardownHook]
     _ready_hooks: list[ReadyHook]
+    _admit: Callable[[SandboxSpec, str | None], None]  # a team's quotas: raises to refuse a start
     _channels: dict[str, GuestChannel]
     _locks: dict[str, asyncio.Lock]
 
@@ -188,6 +189,7 @@ class Lifecycle:
         if checkpoint is not None and source.verify:
             await asyncio.to_thread(self.checkpoint_files.verify, checkpoint.id, checkpoint.sha256)
         from_checkpoint = checkpoint.id if checkpoint else None
+        self._admit(source.spec, None)  # no await between this and the row: two creates cannot both slip in
         info = self.store.insert_sandbox(
             new_id("sb-"), name, source.spec, source.image_key, from_checkpoint, pool, forked_from
         )
@@ -289,6 +291,7 @@ class Lifecycle:
             cold = cold or (info.status == S.SUSPENDED and bool(info.runtime.get(COLD_SUSPEND)))
             if not cold:
                 require(info, S.SUSPENDED)
+            self._admit(info.spec, info.id)
             started = time.monotonic()
             async with self.operation(info, S.RESUMING, "cold boot with its files" if cold else None) as step:
                 await self.attach_network(info)

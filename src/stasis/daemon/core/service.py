@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from ...backends.base import Backend
 from ...errors import GuestDisconnected, StasisError, StateError, Unsupported
 from ...guest.client import GuestChannel
 from ...images import ImageStore
-from ...models import CreateSandboxRequest, SandboxInfo, SandboxStatus
+from ...models import CreateSandboxRequest, SandboxInfo, SandboxSpec, SandboxStatus
 from ...netpolicy import NetworkPolicy
 from ...network.audit import EgressAudit
 from ...network.engine import NetworkEngine
@@ -67,6 +67,7 @@ class SandboxService(Lifecycle):
         self.boxes = Boxes(paths, self.images, self.network)
         self.watchdog = Watchdog(self.died)
         self._teardown_hooks = []  # what features above hold of a sandbox (its exposed ports' listeners) goes with it
+        self._admit = lambda spec, sandbox_id: None
         self._ready_hooks = []  # what features above put into a sandbox each time it starts here (its secrets' CA)
         self._channels = {}
         self._locks = {}
@@ -111,6 +112,10 @@ class SandboxService(Lifecycle):
     def on_teardown(self, hook: TeardownHook) -> None:
         """``hook`` runs when a sandbox ends here (a room letting go of its listeners)."""
         self._teardown_hooks.append(hook)
+
+    def use_quotas(self, admit: Callable[[SandboxSpec, str | None], None]) -> None:
+        """``admit`` runs before a sandbox starts (created or resumed) and raises to refuse it (a team's quotas)."""
+        self._admit = admit
 
     def use_secrets(self, broker: Any) -> None:
         """The broker the egress proxy asks to put secrets into a sandbox's HTTPS requests."""

@@ -66,6 +66,22 @@ CREATE TABLE IF NOT EXISTS pushes (  -- a sandbox being handed to the remote sto
     push_id TEXT NOT NULL,
     at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS teams (   -- tenants: their quotas; their keys below (only a key's hash is kept)
+    name TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    quotas TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS team_keys (
+    id TEXT PRIMARY KEY,
+    team TEXT NOT NULL,
+    secret_sha256 TEXT NOT NULL,
+    scopes TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL,
+    revoked_at REAL,
+    last_used_at REAL,
+    description TEXT NOT NULL DEFAULT ''
+);
 CREATE TABLE IF NOT EXISTS ports (   -- exposed ports: the daemon listens for them again after a restart
     sandbox_id TEXT NOT NULL,
     port INTEGER NOT NULL,

@@ -1,16 +1,19 @@
 """The tables the rooms own, one class each, on the daemon's one SQLite file (:mod:`.store` opens it and keeps
 the schema). The core hands each to its one owner through the wiring: checkpoints to
 :mod:`..rooms.checkpointing`, pools to :mod:`..rooms.pools`, exposed ports to :mod:`..rooms.ports`, pushes to
-:mod:`..rooms.remote`; ``tests/test_architecture.py`` holds that nothing else writes them."""
+:mod:`..rooms.remote`, teams and their keys to :mod:`..rooms.teams`; ``tests/test_architecture.py`` holds that
+nothing else writes them."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
 
 from ...errors import CheckpointNotFound, NameTaken
 from ...models import CheckpointInfo
+from ...team_models import KeyInfo, TeamInfo, TeamQuotas
 
 
 class Table:
@@ -131,13 +134,72 @@ class PushTable(Table):
         return {row["sandbox_id"]: row["push_id"] for row in self.db.execute("SELECT * FROM pushes")}
 
 
+class TeamTable(Table):
+    """Teams and their keys (:mod:`..rooms.teams`)."""
+
+    def insert_team(self, team: TeamInfo) -> None:
+        try:
+            self.db.execute("INSERT INTO teams (name, created_at, quotas) VALUES (?, ?, ?)",
+                                (team.name, team.created_at, team.quotas.model_dump_json()))  # fmt: skip
+        except sqlite3.IntegrityError:
+            raise NameTaken(f"a team named {team.name!r} exists") from None
+
+    def delete_team(self, name: str) -> None:
+        with self.db:  # one transaction: a removed team has no key left that works
+            self.db.execute("BEGIN")
+            self.db.execute("UPDATE team_keys SET revoked_at = ? WHERE team = ? AND revoked_at IS NULL",
+                            (time.time(), name))  # fmt: skip
+            self.db.execute("DELETE FROM teams WHERE name = ?", (name,))
+
+    def update_quotas(self, name: str, quotas: TeamQuotas) -> None:
+        self.db.execute("UPDATE teams SET quotas = ? WHERE name = ?", (quotas.model_dump_json(), name))
+
+    def teams(self) -> list[TeamInfo]:
+        rows = self.db.execute("SELECT * FROM teams ORDER BY name").fetchall()
+        return [TeamInfo(name=r["name"], created_at=r["created_at"],
+                         quotas=TeamQuotas.model_validate_json(r["quotas"])) for r in rows]  # fmt: skip
+
+    def insert_key(self, key: KeyInfo, secret_sha256: str) -> None:
+        self.db.execute(
+            "INSERT INTO team_keys (id, team, secret_sha256, scopes, created_at, expires_at, description) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (key.id, key.team, secret_sha256, json.dumps(key.scopes), key.created_at, key.expires_at,
+             key.description),
+        )  # fmt: skip
+
+    def revoke_key(self, key_id: str) -> None:
+        self.db.execute(
+            "UPDATE team_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), key_id)
+        )
+
+    def key_used(self, key_id: str, at: float) -> None:
+        self.db.execute("UPDATE team_keys SET last_used_at = ? WHERE id = ?", (at, key_id))
+
+    def key_row(self, key_id: str) -> tuple[KeyInfo, str] | None:
+        """A key and its secret's hash."""
+        row = self.db.execute("SELECT * FROM team_keys WHERE id = ?", (key_id,)).fetchone()
+        return None if row is None else (_key(row), row["secret_sha256"])
+
+    def keys(self, team: str | None = None) -> list[KeyInfo]:
+        rows = self.db.execute("SELECT * FROM team_keys WHERE ? IS NULL OR team = ? ORDER BY created_at",
+                               (team, team)).fetchall()  # fmt: skip
+        return [_key(r) for r in rows]
+
+
+def _key(row: sqlite3.Row) -> KeyInfo:
+    return KeyInfo(id=row["id"], team=row["team"], scopes=json.loads(row["scopes"]), created_at=row["created_at"],
+                   expires_at=row["expires_at"], revoked_at=row["revoked_at"], last_used_at=row["last_used_at"],
+                   description=row["description"])  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Tables:
     checkpoints: CheckpointTable
     pools: PoolTable
     ports: PortTable
     pushes: PushTable
+    teams: TeamTable
 
     @classmethod
     def on(cls, db: sqlite3.Connection) -> Tables:
-        return cls(CheckpointTable(db), PoolTable(db), PortTable(db), PushTable(db))
+        return cls(CheckpointTable(db), PoolTable(db), PortTable(db), PushTable(db), TeamTable(db))

@@ -25,6 +25,7 @@ from ..rooms.ports import Ports
 from ..rooms.remote import RemoteService
 from ..rooms.secrets import SecretsRoom
 from ..rooms.ssh import HostKeys
+from ..rooms.teams import TeamsRoom
 from ..rooms.volumes import VolumesRoom
 from .e2b.listener import E2bListeners
 from .e2b.room import E2bRoom
@@ -48,6 +49,7 @@ class Rooms:
     desktop: DesktopRoom
     secrets: SecretsRoom
     volumes: VolumesRoom
+    teams: TeamsRoom
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
     settling: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # before recovery, after a restart

@@ -1,8 +1,7 @@
-"""What every HTTP request passes: the API token over TCP, and errors as ``{type, message, details}``."""
+"""Errors as every HTTP answer gives them: ``{type, message, details}`` (who may ask: :mod:`.tenancy`)."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import sqlite3
 
@@ -21,25 +20,6 @@ log = logging.getLogger(__name__)
 
 def error_response(exc: StasisError, status_code: int | None = None) -> JSONResponse:
     return JSONResponse(exc.to_payload(), status_code=status_code or exc.status_code)
-
-
-def require_token(app: FastAPI, token: str) -> None:
-    """Over TCP every request but the console's own login needs ``Authorization: Bearer <token>``; the unix
-    socket's mode 0600 already guards it."""
-
-    @app.middleware("http")
-    async def check(request: Request, call_next):  # type: ignore[no-untyped-def]
-        server = request.scope.get("server")
-        if server is not None and server[1] is None:
-            return await call_next(request)
-        # the path routing uses (scope's), never one rebuilt from the Host header
-        if request.scope["path"] == "/ui" or request.scope["path"].startswith("/ui/"):
-            return await call_next(request)
-        sent = request.headers.get("authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-            refused = InvalidRequest("missing or wrong API token; send 'Authorization: Bearer $STASIS_TOKEN'")
-            return error_response(refused, 401)
-        return await call_next(request)
 
 
 def map_errors(app: FastAPI, paths: Paths) -> None:

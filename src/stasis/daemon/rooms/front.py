@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import SandboxNotFound, StateError
+from ...errors import CheckpointNotFound, Forbidden, SandboxNotFound, StateError
 from ...models import CreateSandboxRequest, SandboxInfo, SandboxSpec
 from ..core.service import SandboxService
 from ..core.sources import CheckpointsRead, Restore, Source, source_of
@@ -42,11 +42,19 @@ class Front:
         self.check_secrets = check_secrets  # refuses a create naming a secret it lacks, or one a rule cannot send
 
     async def create(self, request: CreateSandboxRequest) -> SandboxInfo:
+        """``request.team`` set: a team's sandbox (its key's), from a checkpoint of its own or a boot, never a
+        pool's member or the owner's secrets."""
+        team = request.team
+        if team is not None and (request.secrets or request.egress_headers):
+            raise Forbidden("secrets are the daemon owner's: a team's sandbox cannot use them (yet)")
         self.check_secrets(list(request.secrets), request.egress_headers)
-        if (claimed := await self.pools.claim(request)) is not None:
+        if team is None and (claimed := await self.pools.claim(request)) is not None:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)
         source = await self.source(request)
+        if team is not None and isinstance(source, Restore) and source.checkpoint.spec.team != team:
+            what = f"template {request.template!r}" if request.template else f"checkpoint {request.snapshot_id!r}"
+            raise CheckpointNotFound(f"no {what} of team {team}")
         if "volumes" in request.model_fields_set and isinstance(source, Restore):  # a FILESYSTEM restore told
             mounted_as_told = source.checkpoint.model_copy(update={"volume_snapshots": {}})  # which volumes: those
             source = dataclasses.replace(source, checkpoint=mounted_as_told)

@@ -48,7 +48,7 @@ class VolumeTransfers:
         remote = self.remote
         section, transfer = await asyncio.to_thread(self._upload, name)
         manifest = VolumeManifest(format=FORMAT, kind="volume", name=name, max_size_mb=info.max_size_mb,
-                                  incarnation=info.incarnation, files=section, pushed_by=remote.node,
+                                  incarnation=info.incarnation, team=info.team, files=section, pushed_by=remote.node,
                                   pushed_at=time.time())  # fmt: skip
         existing = await asyncio.to_thread(remote.objects.read_document, key)
         await asyncio.to_thread(remote.objects.write_document, key, manifest.model_dump(mode="json"),
@@ -83,7 +83,8 @@ class VolumeTransfers:
         def fill(dest: Path) -> None:
             transfers.append(self.remote.chunks.download_tree(manifest.files, dest))
 
-        await asyncio.to_thread(self.store.create, name, None, limit, fill, manifest.incarnation or None)
+        await asyncio.to_thread(self.store.create, name, None, limit, fill, manifest.incarnation or None,
+                                manifest.team)  # fmt: skip
         log.info("pulled volume %s: %s", name, transfers[0].as_dict())
         return self._result(name, key, transfers[0])
 

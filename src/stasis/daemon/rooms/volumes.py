@@ -8,7 +8,7 @@ import contextlib
 import secrets
 from typing import Any
 
-from ...errors import Conflict, NotFound, echo
+from ...errors import Conflict, NotFound, VolumeNotFound, echo
 from ...models import SandboxSpec, SandboxStatus
 from ...volume_models import CreateVolumeRequest, VolumeInfo, VolumeMount, VolumeSnapshotInfo
 from ...volumes import Volumes, choose_disk
@@ -35,16 +35,22 @@ class VolumesRoom:
             update={"size_bytes": self.store.size(name), "mounted_by": self.users(name), "store": self.store.disk.kind}
         )
 
-    def list(self) -> list[VolumeInfo]:
-        return [self.info(v.name) for v in self.store.list()]
+    def list(self, team: str | None = None) -> list[VolumeInfo]:
+        """Every volume; ``team``'s only, if given."""
+        return [self.info(v.name) for v in self.store.list() if team is None or v.team == team]
 
     def check(self, spec: SandboxSpec) -> None:
-        """Every volume a new sandbox mounts exists (said now, not by a boot that fails)."""
+        """Every volume a new sandbox mounts exists (said now, not by a boot that fails), and is its team's."""
         for mount in spec.volumes:
-            self.store.get(mount.name)
+            volume = self.store.get(mount.name)
+            if spec.team is not None and volume.team != spec.team:
+                raise VolumeNotFound(f"no volume named {echo(mount.name)}; `stasis volume ls` lists them")
 
-    async def create(self, request: CreateVolumeRequest) -> VolumeInfo:
-        await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, request.max_size_mb)
+    async def create(self, request: CreateVolumeRequest, team: str | None = None) -> VolumeInfo:
+        if team is not None and request.from_snapshot and self.store.snapshot(request.from_snapshot).team != team:
+            raise VolumeNotFound(f"no volume snapshot {echo(request.from_snapshot)}")
+        await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, request.max_size_mb,
+                                team=team)  # fmt: skip
         return await asyncio.to_thread(self.info, request.name)
 
     async def set_limit(self, name: str, max_size_mb: int | None) -> VolumeInfo:

@@ -17,12 +17,13 @@ from . import (
     sandboxes,
     secrets,
     system,
+    teams,
     terminals,
     volumes,
 )
 
 FACES = (
     system, images, sandboxes, pools, checkpoints, remote, secrets,
-    commands, code, desktop, egress, terminals, ports, files, e2b, volumes,
+    commands, code, desktop, egress, terminals, ports, files, e2b, volumes, teams,
 )  # fmt: skip
 ROUTERS = [face.router for face in FACES]

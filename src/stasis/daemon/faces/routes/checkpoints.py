@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from ....models import CheckpointInfo, CreateCheckpointRequest, ForkRequest, SandboxInfo
 from ...rooms import forks
 from ..deps import RoomsDep
+from ..tenancy import PrincipalDep
 
 router = APIRouter()
 
@@ -17,8 +18,8 @@ async def checkpoint(ref: str, request: CreateCheckpointRequest, rooms: RoomsDep
 
 
 @router.get("/v1/checkpoints")
-async def list_checkpoints(rooms: RoomsDep) -> list[CheckpointInfo]:
-    return rooms.checkpoints.list()
+async def list_checkpoints(rooms: RoomsDep, principal: PrincipalDep) -> list[CheckpointInfo]:
+    return [c for c in rooms.checkpoints.list() if principal.sees(c.spec.team)]
 
 
 @router.get("/v1/checkpoints/{ref}")

@@ -8,11 +8,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ....errors import StasisError
+from ....errors import SandboxNotFound, StasisError
 from ....models import CreateSandboxRequest, ForkRequest, RemoveRequest, RemoveResult, SandboxInfo
 from ....netpolicy import NetworkPolicy
 from ...rooms.forks import fork as fork_sandbox
 from ..deps import RoomsDep
+from ..tenancy import PrincipalDep
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -20,13 +21,18 @@ REMOVING_AT_ONCE = 8
 
 
 @router.post("/v1/sandboxes", status_code=201)
-async def create(request: CreateSandboxRequest, rooms: RoomsDep) -> SandboxInfo:
+async def create(request: CreateSandboxRequest, rooms: RoomsDep, principal: PrincipalDep) -> SandboxInfo:
+    if principal.team is not None:  # a key's sandbox is its team's, whatever the request says
+        request = request.model_copy(update={"team": principal.team})
+    elif request.team is not None:
+        rooms.teams.team(request.team)  # the owner may make one for a team that exists
     return await rooms.front.create(request)
 
 
 @router.get("/v1/sandboxes")
 async def list_sandboxes(
     rooms: RoomsDep,
+    principal: PrincipalDep,
     all: bool = False,
     limit: Annotated[int | None, Query(ge=1, le=1000, description="at most this many (a page)")] = None,
     after: Annotated[str | None, Query(description="the id of the last sandbox of the previous page")] = None,
@@ -35,15 +41,20 @@ async def list_sandboxes(
     if after is not None:
         last = rooms.core.record(after)
         cursor = (last.created_at, last.id)
-    return rooms.core.list(include_terminated=all, limit=limit, after=cursor)
+    if principal.team is None:
+        return rooms.core.list(include_terminated=all, limit=limit, after=cursor)
+    theirs = [i for i in rooms.core.list(include_terminated=all, after=cursor) if i.spec.team == principal.team]
+    return theirs[:limit]
 
 
 @router.post("/v1/sandboxes/remove")
-async def remove_many(request: RemoveRequest, rooms: RoomsDep) -> RemoveResult:
+async def remove_many(request: RemoveRequest, rooms: RoomsDep, principal: PrincipalDep) -> RemoveResult:
     """Every sandbox named, removed at once (a few at a time); one that cannot be is said, the rest still go."""
     limit = asyncio.Semaphore(REMOVING_AT_ONCE)
 
     async def remove(ref: str) -> SandboxInfo:
+        if not principal.sees(rooms.core.lookup(ref).spec.team):
+            raise SandboxNotFound(f"no sandbox named or with id {ref[:80]!r}")
         async with limit:
             return await rooms.core.terminate(ref)
 

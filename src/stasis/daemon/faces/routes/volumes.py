@@ -16,18 +16,19 @@ from ....volume_models import (
     VolumeSnapshotInfo,
 )
 from ..deps import RoomsDep
+from ..tenancy import PrincipalDep
 
 router = APIRouter()
 
 
 @router.post("/v1/volumes", status_code=201)
-async def create_volume(request: CreateVolumeRequest, rooms: RoomsDep) -> VolumeInfo:
-    return await rooms.volumes.create(request)
+async def create_volume(request: CreateVolumeRequest, rooms: RoomsDep, principal: PrincipalDep) -> VolumeInfo:
+    return await rooms.volumes.create(request, principal.team)
 
 
 @router.get("/v1/volumes")
-async def volumes(rooms: RoomsDep) -> list[VolumeInfo]:
-    return await asyncio.to_thread(rooms.volumes.list)
+async def volumes(rooms: RoomsDep, principal: PrincipalDep) -> list[VolumeInfo]:
+    return await asyncio.to_thread(rooms.volumes.list, principal.team)
 
 
 @router.get("/v1/volumes/{name}")
@@ -54,8 +55,11 @@ async def snapshot_volume(
 
 
 @router.get("/v1/volume-snapshots")
-async def volume_snapshots(rooms: RoomsDep, volume: str | None = None) -> list[VolumeSnapshotInfo]:
-    return await asyncio.to_thread(rooms.volumes.store.snapshots, volume)
+async def volume_snapshots(
+    rooms: RoomsDep, principal: PrincipalDep, volume: str | None = None
+) -> list[VolumeSnapshotInfo]:
+    found = await asyncio.to_thread(rooms.volumes.store.snapshots, volume)
+    return [s for s in found if principal.sees(s.team)]
 
 
 @router.delete("/v1/volume-snapshots/{ref}")

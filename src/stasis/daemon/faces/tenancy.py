@@ -1,0 +1,156 @@
+"""Who is asking, and may they: every HTTP request and WebSocket of the daemon passes here first.
+
+- Over the unix socket (mode 0600: the owner's) the asker is the owner, as is a TCP client sending the owner's
+  token. Any other TCP client sends a team's key (:mod:`..rooms.teams`) or is refused (401).
+- A team's key reaches its team's sandboxes, checkpoints, volumes and keys, and reads the image list; every other
+  route is the owner's (403). Reading needs ``read``; running commands, files, terminals and ports in a sandbox
+  need ``exec``; anything else that changes something needs ``write``.
+- A sandbox, checkpoint, volume or volume snapshot of another team is not found (404), never forbidden: a key
+  learns nothing of what other teams have. Lists are filtered by the routes (:func:`principal_of`).
+
+The console (``/ui``) keeps its own login, with the owner's token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Annotated, Any
+
+from fastapi import Depends
+from starlette.requests import HTTPConnection
+
+from ...errors import (
+    CheckpointNotFound,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    SandboxNotFound,
+    StasisError,
+    Unauthorized,
+)
+from ..rooms.teams import OWNER, Principal
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+App = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+PRINCIPAL = "stasis.principal"
+TEAM_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/volumes", "/v1/volume-snapshots", "/v1/keys",
+               "/v1/whoami")  # fmt: skip
+TEAM_READS = ("/v1/images", "/v1/health")  # read only
+EXEC = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes|files|dirs|pty|ssh|code|desktop|ports/[0-9]+/connect)(/|$)")
+OWNED = (
+    (re.compile(r"^/v1/sandboxes/([^/]+)"), "sandbox"),
+    (re.compile(r"^/v1/checkpoints/([^/]+)"), "checkpoint"),
+    (re.compile(r"^/v1/volumes/([^/]+)"), "volume"),
+    (re.compile(r"^/v1/volume-snapshots/([^/]+)"), "snapshot"),
+)
+NOT_OWNED_PATHS = {"/v1/sandboxes/remove"}  # a verb on many, filtered by its route
+
+
+class Tenancy:
+    def __init__(self, app: App, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:  # fmt: skip
+        if scope["type"] not in ("http", "websocket") or _console(scope["path"]):
+            return await self.app(scope, receive, send)
+        try:
+            principal = self.principal(scope)
+            if principal.team is not None:
+                self.check(scope, principal)
+        except StasisError as exc:
+            return await _refuse(scope, receive, send, exc)
+        scope[PRINCIPAL] = principal
+        await self.app(scope, receive, send)
+
+    def principal(self, scope: Scope) -> Principal:
+        server = scope.get("server")
+        if self.token is None or (server is not None and server[1] is None):
+            return OWNER  # the unix socket (mode 0600) is the owner's
+        sent = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        if hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
+            return OWNER
+        if sent.startswith("Bearer ") and (found := scope["app"].state.rooms.teams.authenticate(sent[7:])):
+            return found  # type: ignore[no-any-return]
+        raise Unauthorized("missing, wrong, expired or revoked API token or key; send 'Authorization: Bearer "
+                            "$STASIS_TOKEN'")  # fmt: skip
+
+    def check(self, scope: Scope, principal: Principal) -> None:
+        path, method = scope["path"], scope.get("method", "GET")
+        reading = scope["type"] == "http" and method in ("GET", "HEAD")
+        if not (_under(path, TEAM_ROUTES) or (reading and _under(path, TEAM_READS))):
+            raise Forbidden(f"{path[:80]} is the daemon owner's; a team's key reaches its sandboxes, checkpoints, "
+                            "volumes and keys")  # fmt: skip
+        needed = "exec" if scope["type"] == "websocket" or EXEC.match(path) else "read" if reading else "write"
+        if not path.startswith("/v1/keys") and not principal.allows(needed):
+            raise Forbidden(f"this key of team {principal.team} lacks the {needed} scope it needs here "
+                            f"(it has {', '.join(sorted(principal.scopes))})")  # fmt: skip
+        if path not in NOT_OWNED_PATHS:
+            _check_owner(scope["app"].state.rooms, path, principal)
+
+
+def _check_owner(rooms: Any, path: str, principal: Principal) -> None:
+    """Another team's resource named in ``path`` is not found, as one that does not exist."""
+    for pattern, kind in OWNED:
+        if (match := pattern.match(path)) is None:
+            continue
+        ref = match[1]
+        try:
+            team = _team_of(rooms, kind, ref)
+        except NotFound:
+            return  # the route says so, as it would to anyone
+        if not principal.sees(team):
+            missing = {"sandbox": SandboxNotFound, "checkpoint": CheckpointNotFound}.get(kind, NotFound)
+            raise missing(f"no {kind} named or with id {ref[:80]!r}")
+        return
+
+
+def _team_of(rooms: Any, kind: str, ref: str) -> str | None:
+    if kind == "sandbox":
+        return rooms.core.lookup(ref).spec.team  # type: ignore[no-any-return]
+    if kind == "checkpoint":
+        return rooms.checkpoints.get(ref).spec.team  # type: ignore[no-any-return]
+    if kind == "volume":
+        try:
+            return rooms.volumes.store.get(ref).team  # type: ignore[no-any-return]
+        except InvalidRequest:
+            raise NotFound(ref) from None
+    return rooms.volumes.store.snapshot(ref).team  # type: ignore[no-any-return]
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def _console(path: str) -> bool:
+    return path == "/ui" or path.startswith("/ui/")
+
+
+async def _refuse(scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]],
+                  exc: StasisError) -> None:  # fmt: skip
+    if scope["type"] == "websocket":
+        await receive()  # websocket.connect
+        await send({"type": "websocket.close", "code": 4000 + exc.status_code, "reason": exc.message[:120]})
+        return
+    body = json.dumps(exc.to_payload()).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": exc.status_code,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})  # fmt: skip
+
+
+async def principal_of(connection: HTTPConnection) -> Principal:
+    return connection.scope.get(PRINCIPAL, OWNER)  # type: ignore[no-any-return]
+
+
+PrincipalDep = Annotated[Principal, Depends(principal_of)]

@@ -1,0 +1,171 @@
+"""Teams: tenants of one daemon. A key belongs to a team and carries scopes and an optional expiry; only the
+sha256 of its secret is kept (a key is 192 random bits: a slow hash would add nothing). A team's quotas are
+checked where a sandbox starts running (a create, a resume, an automatic resume), before anything is made.
+
+A key reads ``sk_stasis_<id>_<secret>``: the id finds its row, the secret is compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+from ...errors import Conflict, Forbidden, NotFound, QuotaExceeded, echo
+from ...models import SandboxSpec, SandboxStatus
+from ...team_models import SCOPES, CreatedKey, CreateKeyRequest, CreateTeamRequest, KeyInfo, TeamInfo, TeamQuotas
+from ..core.service import SandboxService
+from ..core.tables import TeamTable
+
+log = logging.getLogger(__name__)
+
+S = SandboxStatus
+KEY = re.compile(r"sk_stasis_([0-9a-z]{12})_([0-9a-f]{48})")
+RUNNING = {S.PENDING, S.RUNNING, S.SNAPSHOTTING, S.RESUMING}  # what counts against a team's running quotas
+TOUCH_EVERY = 60.0  # seconds between writes of a key's last use
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who sends a request: the daemon's owner (its socket, or its token), or a team's key."""
+
+    team: str | None
+    scopes: frozenset[str]
+    key_id: str | None = None
+
+    def allows(self, scope: str) -> bool:
+        if "admin" in self.scopes or scope in self.scopes:
+            return True
+        return scope == "read" and bool(self.scopes & {"write", "exec"})
+
+    def sees(self, team: str | None) -> bool:
+        """Whether what belongs to ``team`` is this principal's to see (the owner sees everything)."""
+        return self.team is None or team == self.team
+
+
+OWNER = Principal(None, frozenset(SCOPES))
+
+
+class TeamsRoom:
+    def __init__(self, core: SandboxService, table: TeamTable) -> None:
+        self.core = core
+        self.table = table  # this room is its one writer
+        self._touched: dict[str, float] = {}
+
+    # -- teams
+
+    def create_team(self, request: CreateTeamRequest) -> TeamInfo:
+        team = TeamInfo(name=request.name, created_at=time.time(), quotas=request.quotas)
+        self.table.insert_team(team)
+        log.info("team %s created", team.name)
+        return team
+
+    def teams(self) -> list[TeamInfo]:
+        return self.table.teams()
+
+    def team(self, name: str) -> TeamInfo:
+        for team in self.table.teams():
+            if team.name == name:
+                return team
+        raise NotFound(f"no team named {echo(name)}; `stasis team ls` lists them")
+
+    def remove_team(self, name: str) -> None:
+        self.team(name)
+        if live := [info.name or info.id for info in self.core.list() if info.spec.team == name]:
+            raise Conflict(f"team {echo(name)} has sandboxes ({', '.join(live[:5])}); terminate them first")
+        self.table.delete_team(name)  # its keys are revoked with it
+        log.info("team %s removed", name)
+
+    def set_quotas(self, name: str, changes: dict[str, int | float | None]) -> TeamInfo:
+        """The quotas named in ``changes`` set (None: no limit); the others kept."""
+        team = self.team(name)
+        quotas = TeamQuotas.model_validate({**team.quotas.model_dump(), **changes})
+        self.table.update_quotas(name, quotas)
+        return team.model_copy(update={"quotas": quotas})
+
+    # -- keys
+
+    def create_key(self, request: CreateKeyRequest, by: Principal) -> CreatedKey:
+        self._may_manage(request.team, by)
+        self.team(request.team)
+        if by.team is not None and not set(request.scopes) <= by.scopes | {"read"}:
+            raise Forbidden("a key can make keys with at most its own scopes")
+        key_id = "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(12))
+        secret = secrets.token_hex(24)
+        now = time.time()
+        info = KeyInfo(id=key_id, team=request.team, scopes=request.scopes, created_at=now,
+                       expires_at=now + request.expires_in_secs if request.expires_in_secs else None,
+                       description=request.description)  # fmt: skip
+        self.table.insert_key(info, _digest(secret))
+        log.info("key %s made for team %s with scopes %s", key_id, request.team, ",".join(request.scopes))
+        return CreatedKey(**info.model_dump(), key=f"sk_stasis_{key_id}_{secret}")
+
+    def keys(self, by: Principal, team: str | None = None) -> list[KeyInfo]:
+        if by.team is not None:
+            self._may_manage(by.team, by)
+            team = by.team
+        return self.table.keys(team)
+
+    def revoke(self, key_id: str, by: Principal) -> KeyInfo:
+        found = self.table.key_row(key_id)
+        if found is None or not by.sees(found[0].team):
+            raise NotFound(f"no key {echo(key_id)}; `stasis key ls` lists them")
+        self._may_manage(found[0].team, by)
+        self.table.revoke_key(key_id)
+        log.info("key %s of team %s revoked", key_id, found[0].team)
+        return found[0].model_copy(update={"revoked_at": time.time()})
+
+    @staticmethod
+    def _may_manage(team: str, by: Principal) -> None:
+        if by.team is not None and (by.team != team or not by.allows("admin")):
+            raise Forbidden("only the daemon's owner, or a key of the team with the admin scope, manages its keys")
+
+    def authenticate(self, presented: str) -> Principal | None:
+        """The team key ``presented`` stands for, if it is one that works now."""
+        match = KEY.fullmatch(presented)
+        if match is None:
+            return None
+        found = self.table.key_row(match[1])
+        if found is None or not hmac.compare_digest(found[1], _digest(match[2])):
+            return None
+        key, now = found[0], time.time()
+        if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
+            return None
+        if now - self._touched.get(key.id, 0.0) > TOUCH_EVERY:
+            self._touched[key.id] = now
+            self.table.key_used(key.id, now)
+        return Principal(key.team, frozenset(key.scopes), key.id)
+
+    # -- quotas
+
+    def admit(self, spec: SandboxSpec, sandbox_id: str | None = None) -> None:
+        """Refuse (429) a sandbox of a team that would pass the team's quotas by running; ``sandbox_id``: one
+        resuming (it does not count against itself)."""
+        if spec.team is None:
+            return
+        try:
+            quotas = self.team(spec.team).quotas
+        except NotFound:
+            raise Forbidden(f"team {spec.team!r} was removed; its sandboxes cannot start") from None
+        running = [i.spec for i in self.core.list() if i.spec.team == spec.team and i.status in RUNNING
+                   and i.id != sandbox_id]  # fmt: skip
+        checks = (
+            ("running sandboxes", quotas.max_running, len(running), 1, "max-running"),
+            ("CPUs", quotas.max_cpus, sum(s.cpus for s in running), spec.cpus, "max-cpus"),
+            ("MiB of memory", quotas.max_memory_mb, sum(s.memory_mb for s in running), spec.memory_mb, "max-memory-mb"),
+        )
+        for what, limit, used, more, option in checks:
+            if limit is not None and used + more > limit:
+                raise QuotaExceeded(
+                    f"team {spec.team} has {used:g} {what} in use of its {limit:g}, and this sandbox needs {more:g} "
+                    f"more; suspend or terminate one of its sandboxes (suspended ones do not count), or raise the "
+                    f"quota: stasis team set {spec.team} --{option} N"
+                )
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()

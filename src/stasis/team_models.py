@@ -1,0 +1,83 @@
+"""Wire models of teams: tenants of one daemon, their keys (with scopes and an expiry) and their quotas."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .validation import validate_name
+
+SCOPES = ("read", "write", "exec", "admin")
+SCOPE_HELP = (
+    "read: list and inspect; write: create, change and remove (and read); exec: run commands and touch files in "
+    "sandboxes (and read); admin: all of these, and the team's keys"
+)
+MAX_SECONDS = 10 * 365 * 86400
+
+
+def normalize_scopes(scopes: list[str]) -> list[str]:
+    """``sandboxes:write`` or ``write``; each once, in SCOPES order. Unknown ones are refused."""
+    wanted = {scope.strip().removeprefix("sandboxes:") for scope in scopes}
+    unknown = sorted(wanted - set(SCOPES))
+    if unknown or not wanted:
+        named = ", ".join(unknown) or "(none given)"
+        raise ValueError(f"unknown scope {named}: use {', '.join(SCOPES)} ({SCOPE_HELP})")
+    return [scope for scope in SCOPES if scope in wanted]
+
+
+class TeamQuotas(BaseModel):
+    """What a team may use at once; None: no limit. Suspended sandboxes do not count."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_running: int | None = Field(None, ge=0, le=100_000, description="sandboxes running at once")
+    max_cpus: float | None = Field(None, ge=0, le=100_000, description="CPUs of its running sandboxes together")
+    max_memory_mb: int | None = Field(None, ge=0, le=1 << 30, description="memory of its running sandboxes together")
+
+
+class TeamInfo(BaseModel):
+    name: str
+    created_at: float
+    quotas: TeamQuotas = Field(default_factory=TeamQuotas)
+
+
+class CreateTeamRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    quotas: TeamQuotas = Field(default_factory=TeamQuotas)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        return validate_name(name, "team")
+
+
+class KeyInfo(BaseModel):
+    id: str
+    team: str
+    scopes: list[str]
+    created_at: float
+    expires_at: float | None = None
+    revoked_at: float | None = None
+    last_used_at: float | None = None
+    description: str = ""
+
+
+class CreatedKey(KeyInfo):
+    key: str = Field(description="the key itself: shown this once, only its hash is kept")
+
+
+class CreateKeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    team: str
+    scopes: list[str] = Field(default_factory=lambda: ["read", "write", "exec"], max_length=16)
+    expires_in_secs: int | None = Field(None, ge=1, le=MAX_SECONDS, description="None: never expires")
+    description: str = Field("", max_length=200)
+
+    @field_validator("team")
+    @classmethod
+    def _valid_team(cls, team: str) -> str:
+        return validate_name(team, "team")
+
+    @field_validator("scopes")
+    @classmethod
+    def _valid_scopes(cls, scopes: list[str]) -> list[str]:
+        return normalize_scopes(scopes)

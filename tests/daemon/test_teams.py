@@ -1,0 +1,158 @@
+"""Teams on one daemon over TCP: each team's key reaches its own sandboxes, checkpoints and volumes and nothing of
+another team's (not found, never forbidden); scopes limit what a key may do; quotas refuse a start up front (a
+suspended sandbox does not count); revoked and expired keys stop working; the owner's token sees everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from stasis import (
+    CheckpointNotFound,
+    CheckpointType,
+    Client,
+    Conflict,
+    Forbidden,
+    QuotaExceeded,
+    Sandbox,
+    SandboxNotFound,
+    Unauthorized,
+    Volume,
+    VolumeNotFound,
+)
+from stasis.sdk import team as teams
+from tests.conftest import Daemon, wait_until
+from tests.images.test_oci import free_port
+
+OWNER_TOKEN = "owner-token-of-the-teams-test"
+
+
+@pytest.fixture
+def served(own_daemon: Daemon) -> Iterator[Daemon]:
+    own_daemon.sticky_env["STASIS_TOKEN"] = OWNER_TOKEN
+    own_daemon.url = f"http://127.0.0.1:{free_port()}"  # type: ignore[attr-defined]
+    own_daemon.start("--tcp", own_daemon.url.removeprefix("http://"))  # type: ignore[attr-defined]
+    yield own_daemon
+
+
+def cli(daemon: Daemon, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**daemon.env, "STASIS_URL": daemon.url, "STASIS_TOKEN": token}  # type: ignore[attr-defined]
+    return subprocess.run([sys.executable, "-m", "stasis", *args], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def new_key(daemon: Daemon, team: str, *options: str) -> str:
+    made = cli(daemon, OWNER_TOKEN, "key", "create", "--team", team, *options, "--json")
+    assert made.returncode == 0, made.stderr
+    return json.loads(made.stdout)["key"]  # type: ignore[no-any-return]
+
+
+def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemon) -> None:
+    url = served.url  # type: ignore[attr-defined]
+    for team in ("red", "blue"):
+        assert cli(served, OWNER_TOKEN, "team", "create", team).returncode == 0
+    red_key, blue_key = new_key(served, "red"), new_key(served, "blue", "--scope", "sandboxes:write", "--scope", "exec")
+    reader_key = new_key(served, "red", "--scope", "read")
+    with Client(url=url, token=red_key) as red, Client(url=url, token=blue_key) as blue, \
+            Client(url=url, token=reader_key) as reader, Client(url=url, token=OWNER_TOKEN) as owner:  # fmt: skip
+        assert teams.whoami(client=red)["team"] == "red" and teams.whoami(client=owner)["team"] is None
+        sbx = Sandbox.create(backend="gvisor", memory_mb=256, client=red)
+        assert sbx.info().spec.team == "red"
+        sbx.run("echo red-only > /root/secret.txt")
+        Volume.create("red-data", client=red)
+        checkpoint = sbx.checkpoint(CheckpointType.FILESYSTEM)
+
+        # Another team finds nothing of red's: every way in answers "not found".
+        assert Sandbox.list(client=blue) == [] and Volume.list(client=blue) == []
+        with pytest.raises(SandboxNotFound):
+            Sandbox.connect(sbx.id, client=blue)
+        raw = httpx.Client(base_url=url, headers={"authorization": f"Bearer {blue_key}"})
+        for method, path in (
+            ("POST", f"/v1/sandboxes/{sbx.id}/exec"),
+            ("GET", f"/v1/sandboxes/{sbx.id}/files"),
+            ("DELETE", f"/v1/sandboxes/{sbx.id}"),
+            ("GET", f"/v1/checkpoints/{checkpoint.id}"),
+            ("GET", "/v1/volumes/red-data"),
+            ("POST", f"/v1/checkpoints/{checkpoint.id}/fork"),
+        ):
+            answer = raw.request(method, path, json={"command": ["cat", "/root/secret.txt"]})
+            assert answer.status_code == 404, (method, path, answer.text)  # fmt: skip
+        with pytest.raises(CheckpointNotFound):
+            Sandbox.create(snapshot_id=checkpoint.id, client=blue)
+        with pytest.raises(VolumeNotFound):
+            Sandbox.create(backend="gvisor", volumes={"/data": "red-data"}, client=blue)
+        removed = raw.post("/v1/sandboxes/remove", json={"refs": [sbx.id]}).json()
+        assert removed["removed"] == [] and sbx.id in removed["failed"]
+        for path in ("/v1/secrets", "/v1/teams", "/v1/pools", "/metrics"):  # the owner's routes
+            assert raw.get(path).status_code == 403, path
+        with pytest.raises(Forbidden, match="secrets are the daemon owner's"):
+            Sandbox.create(backend="gvisor", secrets=["ANY"], network=True, client=blue)
+
+        # A read-only key of red's sees red's sandbox but may not change or run anything.
+        assert [s.id for s in Sandbox.list(client=reader)] == [sbx.id]
+        with pytest.raises(Forbidden, match="write scope"):
+            Sandbox.create(backend="gvisor", client=reader)
+        with pytest.raises(Forbidden, match="exec scope"):
+            Sandbox.connect(sbx.id, client=reader).run("true")
+
+        # The owner sees everything, and red's restore of its own checkpoint is red's.
+        assert sbx.id in {s.id for s in Sandbox.list(client=owner)}
+        restored = Sandbox.create(snapshot_id=checkpoint.id, client=red)
+        assert restored.run("cat /root/secret.txt").stdout == "red-only\n" and restored.info().spec.team == "red"
+
+        # Quotas: refused up front with what is used; a suspended sandbox does not count.
+        assert cli(served, OWNER_TOKEN, "team", "set", "red", "--max-running", "2").returncode == 0
+        with pytest.raises(QuotaExceeded, match="2 running sandboxes in use of its 2") as refused:
+            Sandbox.create(backend="gvisor", client=red)
+        assert "stasis team set red --max-running" in str(refused.value)
+        restored.suspend()
+        third = Sandbox.create(backend="gvisor", memory_mb=256, client=red)
+        with pytest.raises(QuotaExceeded):
+            restored.run("true")  # an automatic resume counts as a start
+        third.terminate()
+        assert restored.run("true").exit_code == 0
+
+        # Removing the team is refused while it has sandboxes; revoked and expired keys stop working.
+        with pytest.raises(Conflict, match="has sandboxes"):
+            teams.remove_team("red", client=owner)
+        short = new_key(served, "red", "--expires", "1")
+        with Client(url=url, token=short) as expiring:
+            wait_until(lambda: _refused(expiring), timeout=30)
+        red_id = next(k.id for k in teams.list_keys(client=owner, team="red") if k.scopes == ["read", "write", "exec"])
+        assert cli(served, OWNER_TOKEN, "key", "revoke", red_id).returncode == 0
+        with pytest.raises(Unauthorized):
+            Sandbox.list(client=red)
+        listed = json.loads(cli(served, OWNER_TOKEN, "key", "ls", "--json").stdout)
+        assert not any("key" in k or "secret" in json.dumps(k) for k in listed)  # only hashes are kept
+        for s in (sbx, restored):
+            Sandbox.connect(s.id, client=owner).terminate()
+        Sandbox.delete_checkpoint(checkpoint.id, client=owner)
+        Volume("red-data", owner).delete()
+        teams.remove_team("red", client=owner)
+        with pytest.raises(Unauthorized):
+            Sandbox.list(client=reader)  # a removed team's keys are revoked with it
+    bad = httpx.get(f"{url}/v1/sandboxes", headers={"authorization": "Bearer sk_stasis_aaaaaaaaaaaa_" + "0" * 48})
+    assert bad.status_code == 401
+
+
+def _refused(client: Client) -> bool:
+    try:
+        Sandbox.list(client=client)
+    except Unauthorized:
+        return True
+    return False
+
+
+def test_the_unix_socket_is_the_owners(served: Daemon) -> None:
+    with Client(url=served.url, token=OWNER_TOKEN) as owner:  # type: ignore[attr-defined]
+        teams.create_team("green", client=owner)
+    assert os.stat(served.paths.socket).st_mode & 0o777 == 0o600
+    with served.client() as local:  # no token: the socket's mode is the guard
+        assert teams.whoami(client=local)["team"] is None
+        assert [t.name for t in teams.list_teams(client=local)] == ["green"]
