@@ -13,7 +13,7 @@ from ..sdk import Sandbox
 from ._common import Json, Name, ago, app, client, err, in_, out
 
 checkpoints_app = typer.Typer(help="List (the default) and remove checkpoints.", invoke_without_command=True)
-app.add_typer(checkpoints_app, name="checkpoints")
+app.add_typer(checkpoints_app, name="checkpoints", hidden=True)  # on the front page through `checkpoint`'s line
 
 
 @app.command()

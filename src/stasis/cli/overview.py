@@ -28,8 +28,7 @@ OVERVIEW: dict[str, dict[str, str]] = {
         "code": "Run code in a Jupyter kernel that keeps its variables",
     },
     "Checkpoints and moves": {
-        "checkpoint": "Checkpoint a sandbox; it keeps running",
-        "checkpoints": "List and remove checkpoints",
+        "checkpoint": "Checkpoint a sandbox; it keeps running (list them: `checkpoints`)",
         "push": "Send a sandbox or checkpoint to the remote store",
         "pull": "Take a sandbox or checkpoint from the remote store",
         "remote": "What the remote store holds",
@@ -43,8 +42,7 @@ OVERVIEW: dict[str, dict[str, str]] = {
         "port-forward": "Forward a local TCP port into the sandbox",
         "ssh": "Log in with your OpenSSH client",
         "ssh-config": "The OpenSSH config for `ssh stasis-NAME`",
-        "team": "Teams sharing this daemon, and their quotas",
-        "key": "A team's keys: scopes, expiry, revoke",
+        "team": "Teams sharing this daemon: quotas; their keys: `stasis key`",
     },
     "The daemon, environments and other faces": {
         "image": "Images: import, build, list, remove",

@@ -18,7 +18,7 @@ from ._common import Json, app, client, out
 team_app = typer.Typer(help="Teams: tenants of this daemon, each with its quotas and keys.", no_args_is_help=True)
 key_app = typer.Typer(help="Keys: a team's way in (STASIS_TOKEN=KEY with STASIS_URL).", no_args_is_help=True)
 app.add_typer(team_app, name="team")
-app.add_typer(key_app, name="key")
+app.add_typer(key_app, name="key", hidden=True)  # on the front page through `team`'s line (it fits one screen)
 TeamName = Annotated[str, typer.Argument(help="The team's name.")]
 QUOTAS = {"max_running": int, "max_cpus": float, "max_memory_mb": int}
 Limit = Annotated[str | None, typer.Option(help="A number, or 'none' for no limit.")]
