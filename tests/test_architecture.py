@@ -185,12 +185,16 @@ def test_the_readme_is_a_front_door_not_a_manual() -> None:
 TABLE_OWNERS = {
     "sandboxes": f"{DAEMON}.core",
     "transitions": f"{DAEMON}.core",
+    "events": f"{DAEMON}.core",
     "checkpoints": f"{DAEMON}.rooms.checkpointing",
     "pools": f"{DAEMON}.rooms.pools",
     "ports": f"{DAEMON}.rooms.ports",
     "pushes": f"{DAEMON}.rooms.remote",
     "teams": f"{DAEMON}.rooms.teams",
     "team_keys": f"{DAEMON}.rooms.teams",
+    "webhooks": f"{DAEMON}.rooms.webhooks",
+    "webhook_deliveries": f"{DAEMON}.rooms.webhooks",
+    "webhook_attempts": f"{DAEMON}.rooms.webhooks",
 }
 TABLE_MODULES = (f"{DAEMON}.core.store", f"{DAEMON}.core.tables")
 WRITE = re.compile(r"\b(?:INSERT(?: OR REPLACE)? INTO|UPDATE|DELETE FROM)\s+(\w+)", re.IGNORECASE)
@@ -304,7 +308,12 @@ def test_each_rule_fails_on_a_planted_violation(tmp_path: Path) -> None:
     (src / "stasis" / "long_function.py").write_text(f"def f() -> None:\n{body}")
 
     assert table_writes(src) == {
-        f"{DAEMON}.rooms.planted": ["transition (sandboxes)", "transition (transitions)", "save_port (ports)"]
+        f"{DAEMON}.rooms.planted": [
+            "transition (events)",
+            "transition (sandboxes)",
+            "transition (transitions)",
+            "save_port (ports)",
+        ]
     }
     assert core_insides(src) == {f"{DAEMON}.rooms.planted": ["core.store"]}
     assert sorted(oversized(src)) == ["stasis/long.py: 451 lines", "stasis/long_function.py:1 f(): 81 lines"]

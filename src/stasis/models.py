@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -322,8 +323,9 @@ class CreateCheckpointRequest(Strict):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, name: str | None) -> str | None:
-        if name is not None and not NAME_PATTERN.fullmatch(name):
-            raise ValueError(f"invalid checkpoint name {name[:80]!r}: use 1-63 letters, digits, '.', '_' or '-'")
+        if name is not None and (not NAME_PATTERN.fullmatch(name) or re.fullmatch(r"ck-[0-9a-z]{12}", name)):
+            raise ValueError(f"invalid checkpoint name {name[:80]!r}: use 1-63 letters, digits, '.', '_' or '-' "
+                             "(not in the form of a checkpoint id)")  # fmt: skip
         return name
 
 

@@ -89,6 +89,21 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
             Sandbox.create(backend="gvisor", volumes={"/data": "red-data"}, client=blue)
         removed = raw.post("/v1/sandboxes/remove", json={"refs": [sbx.id]}).json()
         assert removed["removed"] == [] and sbx.id in removed["failed"]
+        # ... word for word what a name nobody has gets, so a key learns nothing of what other teams have
+        for kind, path in (("sandbox", "/v1/sandboxes/{}"), ("checkpoint", "/v1/checkpoints/{}"),
+                           ("volume", "/v1/volumes/{}")):  # fmt: skip
+            theirs = {"sandbox": sbx.id, "checkpoint": checkpoint.id, "volume": "red-data"}[kind]
+            nobodys = {"sandbox": "sb-000000000000", "checkpoint": "ck-000000000000", "volume": "no-such"}[kind]
+            answers = [raw.get(path.format(ref)).json() for ref in (theirs, nobodys)]
+            assert json.dumps(answers[0]).replace(theirs, "X") == json.dumps(answers[1]).replace(nobodys, "X"), kind
+        red_named_remove = Sandbox.create("remove", backend="gvisor", memory_mb=256, client=red)
+        assert raw.get("/v1/sandboxes/remove").status_code == 404  # the bulk verb's path is no way around
+        assert raw.delete("/v1/sandboxes/remove").status_code == 404
+        red_named_remove.terminate()
+        with pytest.raises(Forbidden, match="owner's templates"):
+            sbx.checkpoint(CheckpointType.FILESYSTEM, name="template-web")  # a team cannot plant a template
+        with pytest.raises(CheckpointNotFound, match="team red's"):
+            Sandbox.create(snapshot_id=checkpoint.id, client=owner)  # never mixed into another's create
         for path in ("/v1/secrets", "/v1/teams", "/v1/pools", "/metrics"):  # the owner's routes
             assert raw.get(path).status_code == 403, path
         with pytest.raises(Forbidden, match="secrets are the daemon owner's"):
@@ -100,6 +115,8 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
             Sandbox.create(backend="gvisor", client=reader)
         with pytest.raises(Forbidden, match="exec scope"):
             Sandbox.connect(sbx.id, client=reader).run("true")
+        with pytest.raises(Forbidden, match="exec scope"):
+            Sandbox.connect(sbx.id, client=reader).ports()  # a port's URL and token reach into the sandbox
 
         # The owner sees everything, and red's restore of its own checkpoint is red's.
         assert sbx.id in {s.id for s in Sandbox.list(client=owner)}

@@ -48,6 +48,7 @@ def create_app(
         await Recovery(rooms.core, rooms.settling).run()
         await rooms.pools.start()
         rooms.reaper.start()
+        rooms.webhooks.start()
         await rooms.e2b.sweep()
         if e2b is not None:
             await serve_e2b(rooms, paths, e2b)
@@ -56,6 +57,7 @@ def create_app(
         if mcp_app is not None:
             await mcp_app.aclose()
         await rooms.reaper.stop()
+        await rooms.webhooks.stop()
         await rooms.pools.close()
         await rooms.ports.close()
         await rooms.core.close()

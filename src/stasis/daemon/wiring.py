@@ -35,6 +35,7 @@ from .rooms.ssh import HostKeys
 from .rooms.teams import TeamsRoom
 from .rooms.volume_remote import VolumeTransfers
 from .rooms.volumes import VolumesRoom
+from .rooms.webhooks import WebhooksRoom
 
 
 def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms:
@@ -47,6 +48,8 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     ports = Ports(core, tables.ports)
     secrets, volumes, teams = SecretsRoom(core), VolumesRoom(core), TeamsRoom(core, tables.teams)
     core.use_quotas(teams.admit)
+    teams.holdings = lambda team: [f"checkpoint {c.id}" for c in checkpoints.list() if c.spec.team == team] + [
+        f"volume {v.name}" for v in volumes.store.list() if v.team == team]  # fmt: skip
     if remote is not None:
         remote.volumes = VolumeTransfers(remote, volumes)
     checkpoints.keep_volumes, checkpoints.drop_volumes = volumes.keep, volumes.drop
@@ -58,7 +61,8 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
         paths=paths, core=core, front=front, checkpoints=checkpoints, pools=pools, ports=ports, remote=remote,
         ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints, idle_to_store),
         e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
-        desktop=DesktopRoom(core, ports, ops), secrets=secrets, volumes=volumes, teams=teams, token=token,
+        desktop=DesktopRoom(core, ports, ops), secrets=secrets, volumes=volumes, teams=teams,
+        webhooks=WebhooksRoom(core, tables.webhooks), token=token,
     )  # fmt: skip
     e2b.code_interpreter = rooms.code.ensure
     # what the core calls back: when a sandbox starts here, and when it ends (what a room holds of it goes too)

@@ -136,6 +136,13 @@ class SandboxService(Lifecycle):
         infos = self.store.list(include_terminated, include_pooled=False, limit=limit, after=after)
         return [self.present(info) for info in infos]
 
+    def events_after(self, seq: int, limit: int = 500) -> list[dict[str, Any]]:
+        """Lifecycle events past ``seq`` (the outbox :mod:`.events` describes), oldest first."""
+        return self.store.events_after(seq, limit)
+
+    def last_event(self) -> int:
+        return self.store.last_event()
+
     def records(self, *, include_terminated: bool = False, status: SandboxStatus | None = None) -> list[SandboxInfo]:
         """Every stored record, pool members too, oldest first (``status``: only those in it)."""
         return self.store.list(include_terminated, status=status)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import secrets
 import sqlite3
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from ...errors import NameTaken, SandboxNotFound
 from ...fsutil import connect_sqlite
 from ...models import CreateSandboxRequest, SandboxInfo, SandboxSpec, SandboxStatus
 from ...validation import ID_PATTERN
+from .events import event_of
 from .states import check_transition, phase
 from .tables import Tables
 
@@ -54,6 +56,16 @@ CREATE TABLE IF NOT EXISTS transitions (
     detail TEXT
 );
 CREATE INDEX IF NOT EXISTS transitions_by_sandbox ON transitions(sandbox_id, seq);
+CREATE TABLE IF NOT EXISTS events (  -- lifecycle events, written with their transition: the webhooks' outbox
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    at REAL NOT NULL,
+    type TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    sandbox_name TEXT,
+    team TEXT,
+    reason TEXT
+);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY,
     name TEXT UNIQUE,
@@ -81,6 +93,39 @@ CREATE TABLE IF NOT EXISTS team_keys (
     revoked_at REAL,
     last_used_at REAL,
     description TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS webhooks (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    events TEXT NOT NULL,
+    team TEXT,
+    allow_private INTEGER NOT NULL,
+    secret TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    description TEXT NOT NULL DEFAULT '',
+    cursor INTEGER NOT NULL          -- the last event it has a delivery for
+);
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    id TEXT PRIMARY KEY,
+    webhook_id TEXT NOT NULL,
+    event_seq INTEGER NOT NULL,
+    status TEXT NOT NULL,            -- pending, delivered, failed
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at REAL,
+    delivered_at REAL,
+    last_status INTEGER,
+    last_error TEXT,
+    last_duration_ms REAL,
+    UNIQUE (webhook_id, event_seq)
+);
+CREATE INDEX IF NOT EXISTS deliveries_due ON webhook_deliveries(webhook_id, status, next_at);
+CREATE TABLE IF NOT EXISTS webhook_attempts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    delivery_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    status_code INTEGER,
+    duration_ms REAL NOT NULL,
+    error TEXT
 );
 CREATE TABLE IF NOT EXISTS ports (   -- exposed ports: the daemon listens for them again after a restart
     sandbox_id TEXT NOT NULL,
@@ -340,17 +385,35 @@ class Store:
     def _journal(
         self, sandbox_id: str, current: SandboxStatus | None, target: SandboxStatus, detail: str | None
     ) -> None:
+        """The transition, and in the same transaction the lifecycle event it makes (if any)."""
+        intent = self.db.execute(
+            "SELECT detail FROM transitions WHERE sandbox_id = ? ORDER BY seq DESC LIMIT 1", (sandbox_id,)
+        ).fetchone()
+        now = time.time()
         self.db.execute(
             "INSERT INTO transitions (sandbox_id, at, phase, from_status, to_status, detail) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                sandbox_id,
-                time.time(),
-                phase(target),
-                current.value if current else None,
-                target.value,
-                detail,
-            ),
+            (sandbox_id, now, phase(target), current.value if current else None, target.value, detail),
         )
+        row = self.db.execute(
+            "SELECT name, pool, forked_from, json_extract(spec, '$.team') AS team FROM sandboxes WHERE id = ?",
+            (sandbox_id,),
+        ).fetchone()
+        made = event_of(current, target, detail, intent["detail"] if intent else None, row and row["forked_from"])
+        if row is not None and made is not None and row["pool"] is None:  # a pool's waiting member: not yet anyone's
+            self.db.execute(
+                "INSERT INTO events (id, at, type, sandbox_id, sandbox_name, team, reason) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                ("ev_" + secrets.token_hex(12), now, made[0], sandbox_id, row["name"], row["team"], made[1]),
+            )
+
+    def events_after(self, seq: int, limit: int = 500) -> list[dict[str, Any]]:
+        """Lifecycle events past ``seq``, oldest first."""
+        rows = self.db.execute("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+        return [dict(row) for row in rows]
+
+    def last_event(self) -> int:
+        row = self.db.execute("SELECT MAX(seq) AS seq FROM events").fetchone()
+        return int(row["seq"] or 0)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,8 +1,8 @@
 """The tables the rooms own, one class each, on the daemon's one SQLite file (:mod:`.store` opens it and keeps
 the schema). The core hands each to its one owner through the wiring: checkpoints to
 :mod:`..rooms.checkpointing`, pools to :mod:`..rooms.pools`, exposed ports to :mod:`..rooms.ports`, pushes to
-:mod:`..rooms.remote`, teams and their keys to :mod:`..rooms.teams`; ``tests/test_architecture.py`` holds that
-nothing else writes them."""
+:mod:`..rooms.remote`, teams and their keys to :mod:`..rooms.teams`, webhooks to :mod:`..rooms.webhooks`;
+``tests/test_architecture.py`` holds that nothing else writes them."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import CheckpointNotFound, NameTaken
 from ...models import CheckpointInfo
 from ...team_models import KeyInfo, TeamInfo, TeamQuotas
+from ...webhook_models import AttemptInfo, DeliveryInfo, WebhookInfo
 
 
 class Table:
@@ -192,6 +194,92 @@ def _key(row: sqlite3.Row) -> KeyInfo:
                    description=row["description"])  # fmt: skip
 
 
+class WebhookTable(Table):
+    """Webhooks, their deliveries (one per webhook and event) and every attempt (:mod:`..rooms.webhooks`)."""
+
+    def insert_webhook(self, hook: WebhookInfo, secret: str, cursor: int) -> None:
+        self.db.execute(
+            "INSERT INTO webhooks (id, url, events, team, allow_private, secret, created_at, description, cursor) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (hook.id, hook.url, json.dumps(hook.events), hook.team, int(hook.allow_private), secret,
+             hook.created_at, hook.description, cursor),
+        )  # fmt: skip
+
+    def delete_webhook(self, hook_id: str) -> None:
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM webhook_attempts WHERE delivery_id IN "
+                            "(SELECT id FROM webhook_deliveries WHERE webhook_id = ?)", (hook_id,))  # fmt: skip
+            self.db.execute("DELETE FROM webhook_deliveries WHERE webhook_id = ?", (hook_id,))
+            self.db.execute("DELETE FROM webhooks WHERE id = ?", (hook_id,))
+
+    def webhooks(self) -> list[tuple[WebhookInfo, str, int]]:
+        """Each webhook, its secret and its cursor."""
+        rows = self.db.execute("SELECT * FROM webhooks ORDER BY created_at").fetchall()
+        return [(WebhookInfo(id=r["id"], url=r["url"], events=json.loads(r["events"]), team=r["team"],
+                             allow_private=bool(r["allow_private"]), created_at=r["created_at"],
+                             description=r["description"]), r["secret"], r["cursor"]) for r in rows]  # fmt: skip
+
+    def enqueue(self, hook_id: str, event_seqs: list[int], cursor: int, now: float) -> None:
+        """Deliveries of these events, and the cursor past them, in one transaction."""
+        with self.db:
+            self.db.execute("BEGIN")
+            for seq in event_seqs:
+                self.db.execute(
+                    "INSERT OR IGNORE INTO webhook_deliveries (id, webhook_id, event_seq, status, next_at) "
+                    "VALUES (?, ?, ?, 'pending', ?)", (f"dl_{hook_id[3:]}_{seq}", hook_id, seq, now),
+                )  # fmt: skip
+            self.db.execute("UPDATE webhooks SET cursor = ? WHERE id = ?", (cursor, hook_id))
+
+    def pending(self, hook_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        """A webhook's pending deliveries, oldest event first, with their event."""
+        rows = self.db.execute(
+            "SELECT d.*, e.id AS event_id, e.type AS event_type, e.at AS event_at, e.sandbox_id, e.sandbox_name, "
+            "e.team, e.reason FROM webhook_deliveries d JOIN events e ON e.seq = d.event_seq "
+            "WHERE d.webhook_id = ? AND d.status = 'pending' ORDER BY d.event_seq LIMIT ?",
+            (hook_id, limit),
+        )  # fmt: skip
+        return [dict(row) for row in rows]
+
+    def attempted(self, delivery_id: str, outcome: dict[str, Any]) -> None:
+        """One attempt's outcome, logged, and the delivery's state after it, in one transaction."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute(
+                "INSERT INTO webhook_attempts (delivery_id, at, status_code, duration_ms, error) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (delivery_id, outcome["at"], outcome["code"], outcome["ms"], outcome["error"]),
+            )
+            self.db.execute(
+                "UPDATE webhook_deliveries SET status = ?, attempts = attempts + 1, next_at = ?, delivered_at = ?, "
+                "last_status = ?, last_error = ?, last_duration_ms = ? WHERE id = ?",
+                (outcome["status"], outcome["next_at"], outcome["delivered_at"], outcome["code"], outcome["error"],
+                 outcome["ms"], delivery_id),
+            )  # fmt: skip
+
+    def retry_now(self, delivery_id: str, now: float) -> bool:
+        done = self.db.execute(
+            "UPDATE webhook_deliveries SET status = 'pending', next_at = ? WHERE id = ?", (now, delivery_id)
+        )
+        return done.rowcount > 0
+
+    def deliveries(self, hook_id: str, limit: int = 100) -> list[DeliveryInfo]:
+        rows = self.db.execute(
+            "SELECT d.*, e.id AS event_id, e.type AS event_type, e.sandbox_id FROM webhook_deliveries d "
+            "JOIN events e ON e.seq = d.event_seq WHERE d.webhook_id = ? ORDER BY d.event_seq DESC LIMIT ?",
+            (hook_id, limit),
+        )  # fmt: skip
+        fields = set(DeliveryInfo.model_fields)
+        return [DeliveryInfo(**{k: v for k, v in dict(r).items() if k in fields}) for r in rows]
+
+    def attempts(self, delivery_id: str) -> list[AttemptInfo]:
+        rows = self.db.execute(
+            "SELECT at, status_code, duration_ms, error FROM webhook_attempts WHERE delivery_id = ? ORDER BY seq",
+            (delivery_id,),
+        )
+        return [AttemptInfo(**dict(r)) for r in rows]
+
+
 @dataclass(frozen=True)
 class Tables:
     checkpoints: CheckpointTable
@@ -199,7 +287,8 @@ class Tables:
     ports: PortTable
     pushes: PushTable
     teams: TeamTable
+    webhooks: WebhookTable
 
     @classmethod
     def on(cls, db: sqlite3.Connection) -> Tables:
-        return cls(CheckpointTable(db), PoolTable(db), PortTable(db), PushTable(db), TeamTable(db))
+        return cls(CheckpointTable(db), PoolTable(db), PortTable(db), PushTable(db), TeamTable(db), WebhookTable(db))

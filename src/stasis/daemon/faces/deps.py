@@ -27,6 +27,7 @@ from ..rooms.secrets import SecretsRoom
 from ..rooms.ssh import HostKeys
 from ..rooms.teams import TeamsRoom
 from ..rooms.volumes import VolumesRoom
+from ..rooms.webhooks import WebhooksRoom
 from .e2b.listener import E2bListeners
 from .e2b.room import E2bRoom
 
@@ -50,6 +51,7 @@ class Rooms:
     secrets: SecretsRoom
     volumes: VolumesRoom
     teams: TeamsRoom
+    webhooks: WebhooksRoom
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
     settling: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # before recovery, after a restart

@@ -30,6 +30,8 @@ from ...errors import (
     SandboxNotFound,
     StasisError,
     Unauthorized,
+    VolumeNotFound,
+    echo,
 )
 from ..rooms.teams import OWNER, Principal
 
@@ -41,14 +43,14 @@ PRINCIPAL = "stasis.principal"
 TEAM_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/volumes", "/v1/volume-snapshots", "/v1/keys",
                "/v1/whoami")  # fmt: skip
 TEAM_READS = ("/v1/images", "/v1/health")  # read only
-EXEC = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes|files|dirs|pty|ssh|code|desktop|ports/[0-9]+/connect)(/|$)")
+EXEC = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes|files|dirs|pty|ssh|code|desktop|ports)(/|$)")
 OWNED = (
     (re.compile(r"^/v1/sandboxes/([^/]+)"), "sandbox"),
     (re.compile(r"^/v1/checkpoints/([^/]+)"), "checkpoint"),
     (re.compile(r"^/v1/volumes/([^/]+)"), "volume"),
     (re.compile(r"^/v1/volume-snapshots/([^/]+)"), "snapshot"),
 )
-NOT_OWNED_PATHS = {"/v1/sandboxes/remove"}  # a verb on many, filtered by its route
+NOT_OWNED = {("POST", "/v1/sandboxes/remove")}  # a verb on many, filtered by its route
 
 
 class Tenancy:
@@ -91,12 +93,13 @@ class Tenancy:
         if not path.startswith("/v1/keys") and not principal.allows(needed):
             raise Forbidden(f"this key of team {principal.team} lacks the {needed} scope it needs here "
                             f"(it has {', '.join(sorted(principal.scopes))})")  # fmt: skip
-        if path not in NOT_OWNED_PATHS:
+        if (method, path) not in NOT_OWNED:
             _check_owner(scope["app"].state.rooms, path, principal)
 
 
 def _check_owner(rooms: Any, path: str, principal: Principal) -> None:
-    """Another team's resource named in ``path`` is not found, as one that does not exist."""
+    """The resource ``path`` names, if another team's, is not found: the very answer a name nobody has gets (for a
+    key, a sandbox that moved to the store is not found either: keys never pull from it)."""
     for pattern, kind in OWNED:
         if (match := pattern.match(path)) is None:
             continue
@@ -104,11 +107,22 @@ def _check_owner(rooms: Any, path: str, principal: Principal) -> None:
         try:
             team = _team_of(rooms, kind, ref)
         except NotFound:
-            return  # the route says so, as it would to anyone
+            raise missing(kind, ref) from None
         if not principal.sees(team):
-            missing = {"sandbox": SandboxNotFound, "checkpoint": CheckpointNotFound}.get(kind, NotFound)
-            raise missing(f"no {kind} named or with id {ref[:80]!r}")
+            raise missing(kind, ref)
         return
+
+
+def missing(kind: str, ref: str) -> NotFound:
+    """What the rooms say of a name nobody has, word for word."""
+    shown = ref if len(ref) <= 80 else ref[:80] + "..."
+    if kind == "sandbox":
+        return SandboxNotFound(f"no sandbox named or with id {shown!r}; `stasis ls` lists them", ref=shown)
+    if kind == "checkpoint":
+        return CheckpointNotFound(f"no checkpoint named or with id {ref[:80]!r}; `stasis checkpoints` lists them")
+    if kind == "volume":
+        return VolumeNotFound(f"no volume named {echo(ref)}; `stasis volume ls` lists them")
+    return VolumeNotFound(f"no volume snapshot {echo(ref)}; `stasis volume snapshots` lists them")
 
 
 def _team_of(rooms: Any, kind: str, ref: str) -> str | None:
@@ -136,6 +150,10 @@ async def _refuse(scope: Scope, receive: Callable[[], Awaitable[Message]], send:
                   exc: StasisError) -> None:  # fmt: skip
     if scope["type"] == "websocket":
         await receive()  # websocket.connect
+        if isinstance(exc, NotFound):  # as the route answers a name nobody has: accepted, then closed
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": 4400, "reason": exc.message[:120]})
+            return
         await send({"type": "websocket.close", "code": 4000 + exc.status_code, "reason": exc.message[:120]})
         return
     body = json.dumps(exc.to_payload()).encode()

@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable
 
 from ... import faults
+from ...errors import Forbidden
 from ...fsutil import no_space
-from ...models import CheckpointInfo, CheckpointType, CreateCheckpointRequest, SandboxStatus
+from ...models import TEMPLATE_PREFIX, CheckpointInfo, CheckpointType, CreateCheckpointRequest, SandboxStatus
 from ...volume_models import VolumeMount
 from ..core.checkpoints import CheckpointFiles
 from ..core.service import SandboxService, new_id
@@ -49,6 +50,8 @@ class Checkpoints:
         """Capture the sandbox (paused briefly) as an immutable artifact; it keeps running."""
         core = self.core
         info = await core.ensure_running(core.lookup(ref))
+        if info.spec.team is not None and (request.name or "").startswith(TEMPLATE_PREFIX):
+            raise Forbidden(f"checkpoint names starting {TEMPLATE_PREFIX!r} are the daemon owner's templates")
         async with core.locked(info.id) as info:
             require(info, S.RUNNING)
             channel = await core.channel(info)

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import CheckpointNotFound, Forbidden, SandboxNotFound, StateError
+from ...errors import CheckpointNotFound, Forbidden, NotFound, SandboxNotFound, StateError
 from ...models import CreateSandboxRequest, SandboxInfo, SandboxSpec
 from ..core.service import SandboxService
 from ..core.sources import CheckpointsRead, Restore, Source, source_of
@@ -51,10 +51,17 @@ class Front:
         if team is None and (claimed := await self.pools.claim(request)) is not None:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)
-        source = await self.source(request)
-        if team is not None and isinstance(source, Restore) and source.checkpoint.spec.team != team:
-            what = f"template {request.template!r}" if request.template else f"checkpoint {request.snapshot_id!r}"
-            raise CheckpointNotFound(f"no {what} of team {team}")
+        try:
+            source = await self.source(request, pull=team is None)  # a key never pulls from the store
+        except NotFound:
+            if team is None:
+                raise
+            raise self._no_source(request) from None
+        if isinstance(source, Restore) and source.checkpoint.spec.team != team:  # never another's, either way
+            if team is not None:
+                raise self._no_source(request)
+            raise CheckpointNotFound(f"checkpoint {source.checkpoint.id} is team {source.checkpoint.spec.team}'s: "
+                                     "create with team set to it")  # fmt: skip
         if "volumes" in request.model_fields_set and isinstance(source, Restore):  # a FILESYSTEM restore told
             mounted_as_told = source.checkpoint.model_copy(update={"volume_snapshots": {}})  # which volumes: those
             source = dataclasses.replace(source, checkpoint=mounted_as_told)
@@ -73,14 +80,23 @@ class Front:
             await asyncio.to_thread(self.discard_volumes, forks)
             raise
 
-    async def source(self, request: CreateSandboxRequest) -> Source:
-        pull = self.remote.pull_checkpoint if self.remote is not None else None
-        return await source_of(request, self.checkpoints, self.core.images, pull)
+    async def source(self, request: CreateSandboxRequest, pull: bool = True) -> Source:
+        fetch = self.remote.pull_checkpoint if self.remote is not None and pull else None
+        return await source_of(request, self.checkpoints, self.core.images, fetch)
 
-    async def resume(self, ref: str) -> SandboxInfo:
+    @staticmethod
+    def _no_source(request: CreateSandboxRequest) -> NotFound:
+        """What a key is told of a checkpoint or template that is not its team's: what a missing one gets."""
+        if request.template is not None and request.snapshot_id is None:
+            return NotFound(f"no template named {request.template[:80]!r}")
+        return CheckpointNotFound(
+            f"no checkpoint named or with id {str(request.snapshot_id)[:80]!r}; `stasis checkpoints` lists them"
+        )
+
+    async def resume(self, ref: str, team: str | None = None) -> SandboxInfo:
         """This node's sandbox, or one the remote store holds (taken over first); one that moved to another
-        node is refused, naming that node."""
-        core, remote = self.core, self.remote
+        node is refused, naming that node. A team's key resumes only its own here (:mod:`..faces.tenancy`)."""
+        core, remote = self.core, (self.remote if team is None else None)
         try:
             info = core.lookup(ref)
         except SandboxNotFound:

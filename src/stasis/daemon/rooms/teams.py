@@ -13,6 +13,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...errors import Conflict, Forbidden, NotFound, QuotaExceeded, echo
@@ -25,7 +26,13 @@ log = logging.getLogger(__name__)
 
 S = SandboxStatus
 KEY = re.compile(r"sk_stasis_([0-9a-z]{12})_([0-9a-f]{48})")
-RUNNING = {S.PENDING, S.RUNNING, S.SNAPSHOTTING, S.RESUMING}  # what counts against a team's running quotas
+RUNNING = {
+    S.PENDING,
+    S.RUNNING,
+    S.SNAPSHOTTING,
+    S.RESUMING,
+    S.SUSPENDING,
+}  # what counts against a team's running quotas
 TOUCH_EVERY = 60.0  # seconds between writes of a key's last use
 
 
@@ -54,6 +61,7 @@ class TeamsRoom:
     def __init__(self, core: SandboxService, table: TeamTable) -> None:
         self.core = core
         self.table = table  # this room is its one writer
+        self.holdings: Callable[[str], list[str]] = lambda team: []  # a team's checkpoints and volumes (wiring)
         self._touched: dict[str, float] = {}
 
     # -- teams
@@ -77,6 +85,8 @@ class TeamsRoom:
         self.team(name)
         if live := [info.name or info.id for info in self.core.list() if info.spec.team == name]:
             raise Conflict(f"team {echo(name)} has sandboxes ({', '.join(live[:5])}); terminate them first")
+        if held := self.holdings(name):  # a team made again with this name would have them
+            raise Conflict(f"team {echo(name)} still has {', '.join(held[:5])}; remove them first")
         self.table.delete_team(name)  # its keys are revoked with it
         log.info("team %s removed", name)
 
@@ -97,8 +107,11 @@ class TeamsRoom:
         key_id = "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(12))
         secret = secrets.token_hex(24)
         now = time.time()
-        info = KeyInfo(id=key_id, team=request.team, scopes=request.scopes, created_at=now,
-                       expires_at=now + request.expires_in_secs if request.expires_in_secs else None,
+        expires = now + request.expires_in_secs if request.expires_in_secs else None
+        parent = self.table.key_row(by.key_id) if by.key_id else None
+        if parent is not None and parent[0].expires_at is not None:  # a key made by a key never outlives it
+            expires = min(expires or parent[0].expires_at, parent[0].expires_at)
+        info = KeyInfo(id=key_id, team=request.team, scopes=request.scopes, created_at=now, expires_at=expires,
                        description=request.description)  # fmt: skip
         self.table.insert_key(info, _digest(secret))
         log.info("key %s made for team %s with scopes %s", key_id, request.team, ",".join(request.scopes))

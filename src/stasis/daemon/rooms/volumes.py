@@ -48,7 +48,9 @@ class VolumesRoom:
 
     async def create(self, request: CreateVolumeRequest, team: str | None = None) -> VolumeInfo:
         if team is not None and request.from_snapshot and self.store.snapshot(request.from_snapshot).team != team:
-            raise VolumeNotFound(f"no volume snapshot {echo(request.from_snapshot)}")
+            raise VolumeNotFound(
+                f"no volume snapshot {echo(request.from_snapshot)}; `stasis volume snapshots` lists them"
+            )
         await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, request.max_size_mb,
                                 team=team)  # fmt: skip
         return await asyncio.to_thread(self.info, request.name)

@@ -20,10 +20,11 @@ from . import (
     teams,
     terminals,
     volumes,
+    webhooks,
 )
 
 FACES = (
     system, images, sandboxes, pools, checkpoints, remote, secrets,
-    commands, code, desktop, egress, terminals, ports, files, e2b, volumes, teams,
+    commands, code, desktop, egress, terminals, ports, files, e2b, volumes, teams, webhooks,
 )  # fmt: skip
 ROUTERS = [face.router for face in FACES]

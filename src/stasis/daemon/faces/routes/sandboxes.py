@@ -13,7 +13,7 @@ from ....models import CreateSandboxRequest, ForkRequest, RemoveRequest, RemoveR
 from ....netpolicy import NetworkPolicy
 from ...rooms.forks import fork as fork_sandbox
 from ..deps import RoomsDep
-from ..tenancy import PrincipalDep
+from ..tenancy import PrincipalDep, missing
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -39,7 +39,14 @@ async def list_sandboxes(
 ) -> list[SandboxInfo]:
     cursor = None
     if after is not None:
-        last = rooms.core.record(after)
+        try:
+            last = rooms.core.record(after)
+        except SandboxNotFound:
+            if principal.team is None:
+                raise
+            raise missing("sandbox", after) from None
+        if not principal.sees(last.spec.team) or (principal.team is not None and last.pool is not None):
+            raise missing("sandbox", after)
         cursor = (last.created_at, last.id)
     if principal.team is None:
         return rooms.core.list(include_terminated=all, limit=limit, after=cursor)
@@ -53,8 +60,13 @@ async def remove_many(request: RemoveRequest, rooms: RoomsDep, principal: Princi
     limit = asyncio.Semaphore(REMOVING_AT_ONCE)
 
     async def remove(ref: str) -> SandboxInfo:
-        if not principal.sees(rooms.core.lookup(ref).spec.team):
-            raise SandboxNotFound(f"no sandbox named or with id {ref[:80]!r}")
+        if principal.team is not None:
+            try:
+                theirs = rooms.core.lookup(ref).spec.team == principal.team
+            except SandboxNotFound:
+                theirs = False
+            if not theirs:
+                raise missing("sandbox", ref)
         async with limit:
             return await rooms.core.terminate(ref)
 
@@ -86,8 +98,8 @@ async def suspend(ref: str, rooms: RoomsDep, keep_memory: bool | None = None) ->
 
 
 @router.post("/v1/sandboxes/{ref}/resume")
-async def resume(ref: str, rooms: RoomsDep) -> SandboxInfo:
-    return await rooms.front.resume(ref)
+async def resume(ref: str, rooms: RoomsDep, principal: PrincipalDep) -> SandboxInfo:
+    return await rooms.front.resume(ref, principal.team)
 
 
 @router.post("/v1/sandboxes/{ref}/fork", status_code=201)

@@ -1,0 +1,106 @@
+"""One delivery of a lifecycle event to a webhook: the body, its signature, and where the request may go.
+
+The signature is Stripe's scheme: ``Stasis-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<body>" under the
+webhook's secret>``; a receiver recomputes it and refuses a ``t`` too old (a replay). A webhook added without
+``allow_private`` reaches public addresses only: its host is resolved at each delivery, every address it has must
+be global and not one of this host's own, and the request goes to the address that was checked (so a name that
+changes its answer between the check and the connection cannot send it to the sandbox network, a private range or
+this host's ports).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import hmac
+import ipaddress
+import json
+import socket
+import subprocess
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from ...errors import InvalidRequest
+from ...netpolicy import is_special
+
+TIMEOUT = 10.0
+
+
+def body_of(event: dict[str, Any]) -> bytes:
+    document = {
+        "id": event["event_id"], "type": event["event_type"], "at": event["event_at"], "reason": event["reason"],
+        "sandbox": {"id": event["sandbox_id"], "name": event["sandbox_name"], "team": event["team"]},
+        "delivery_id": event["id"],
+    }  # fmt: skip
+    return json.dumps(document, sort_keys=True).encode()
+
+
+def signature(secret: str, body: bytes, at: int) -> str:
+    mac = hmac.new(secret.encode(), f"{at}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={at},v1={mac}"
+
+
+def check_url(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a webhook URL, or a clear error."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise InvalidRequest(
+            f"a webhook URL is http:// or https://HOST[:PORT]/PATH without credentials, not {url[:80]!r}"
+        )
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise InvalidRequest(f"the webhook URL's port is not a number: {url[:80]!r}") from None
+    return parts.scheme, parts.hostname, port
+
+
+async def public_address(host: str, port: int) -> str:
+    """An address ``host`` resolves to, if every one it resolves to is public (never this host's own)."""
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise InvalidRequest(f"the webhook's host {host!r} does not resolve: {exc}") from None
+    addresses = [ipaddress.ip_address(info[4][0]) for info in found]
+    for address in addresses:
+        if is_special(address) or not address.is_global or str(address) in own_addresses():
+            raise InvalidRequest(
+                f"the webhook's host {host!r} resolves to {address}, which is not a public address; a webhook reaches "
+                "private ranges, loopback and this host only if added with --allow-private (by the daemon's owner)"
+            )
+    return str(addresses[0])
+
+
+@functools.lru_cache(maxsize=1)
+def own_addresses() -> frozenset[str]:
+    """This host's own interface addresses (a public one included): a webhook never reaches its ports."""
+    try:
+        shown = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, timeout=10).stdout
+        return frozenset(a["local"] for link in json.loads(shown or "[]") for a in link.get("addr_info", []))
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return frozenset()
+
+
+async def post(url: str, allow_private: bool, body: bytes, headers: dict[str, str]) -> tuple[int | None, str | None]:
+    """(the receiver's status, an error) of one POST; never raises for the receiver's failures."""
+    scheme, host, port = check_url(url)
+    extensions: dict[str, Any] = {}
+    target = url
+    try:
+        if not allow_private:
+            address = await public_address(host, port)
+            shown = f"[{address}]" if ":" in address else address
+            parts = urlsplit(url)
+            target = urlunsplit((scheme, f"{shown}:{port}", parts.path or "/", parts.query, ""))
+            headers = {**headers, "host": parts.netloc}
+            if scheme == "https":
+                extensions["sni_hostname"] = host
+        async with httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as client:
+            answer = await client.post(target, content=body, headers=headers, extensions=extensions)
+        return answer.status_code, None if answer.is_success else f"HTTP {answer.status_code}"
+    except InvalidRequest as exc:
+        return None, exc.message
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:300]
