@@ -81,3 +81,34 @@ class CreateKeyRequest(BaseModel):
     @classmethod
     def _valid_scopes(cls, scopes: list[str]) -> list[str]:
         return normalize_scopes(scopes)
+
+
+class SandboxUsage(BaseModel):
+    """What one sandbox used in a window: allocated resources over the time it ran (not what it burnt)."""
+
+    sandbox_id: str
+    name: str | None = None
+    team: str | None = None
+    running_seconds: float = 0.0
+    suspended_seconds: float = 0.0
+    cpu_seconds: float = Field(0.0, description="its CPUs times the seconds it ran (allocated)")
+    memory_gib_seconds: float = Field(0.0, description="its memory (GiB) times the seconds it ran (allocated)")
+    disk_gib_hours: float = Field(0.0, description="its disk size (GiB) times the hours it existed, suspended too")
+
+
+class TeamUsage(BaseModel):
+    team: str | None = Field(description="None: the daemon owner's own sandboxes")
+    sandboxes: int = 0
+    running_seconds: float = 0.0
+    suspended_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    memory_gib_seconds: float = 0.0
+    disk_gib_hours: float = 0.0
+    checkpoint_gib_hours: float = Field(0.0, description="its checkpoints kept now: size times hours kept")
+
+
+class UsageReport(BaseModel):
+    since: float
+    until: float
+    teams: list[TeamUsage]
+    sandboxes: list[SandboxUsage]

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -173,3 +174,57 @@ def test_the_unix_socket_is_the_owners(served: Daemon) -> None:
     with served.client() as local:  # no token: the socket's mode is the guard
         assert teams.whoami(client=local)["team"] is None
         assert [t.name for t in teams.list_teams(client=local)] == ["green"]
+
+
+def test_usage_adds_up_survives_a_kill_and_the_audit_log_says_who_did_what(served: Daemon) -> None:
+    url = served.url  # type: ignore[attr-defined]
+    assert cli(served, OWNER_TOKEN, "team", "create", "green").returncode == 0
+    key = new_key(served, "green")
+    with Client(url=url, token=key) as green, Client(url=url, token=OWNER_TOKEN) as owner:
+        clock = {"created": [time.time()]}
+        sbx = Sandbox.create(backend="gvisor", cpus=2, memory_mb=512, client=green)
+        clock["created"].append(time.time())
+        sbx.run("sleep 2")  # busy for a while
+        clock["suspended"] = [time.time()]
+        sbx.suspend()
+        clock["suspended"].append(time.time())
+        time.sleep(2)  # suspended for a while
+        clock["resumed"] = [time.time()]
+        sbx.resume()
+        clock["resumed"].append(time.time())
+        clock["ended"] = [time.time()]
+        sbx.terminate()
+        clock["ended"].append(time.time())
+        report = teams.usage(client=green, since=clock["created"][0] - 60)
+        (row,) = [r for r in report.sandboxes if r.sandbox_id == sbx.id]
+        # Between what the test's own clock allows: at least the time between calls, at most the time around them.
+        ran = (clock["suspended"][0] - clock["created"][1], clock["suspended"][1] - clock["created"][0])
+        ran_again = (clock["ended"][0] - clock["resumed"][1], clock["ended"][1] - clock["resumed"][0])
+        assert ran[0] + ran_again[0] <= row.running_seconds <= ran[1] + ran_again[1]
+        assert clock["resumed"][0] - clock["suspended"][1] <= row.suspended_seconds
+        assert row.suspended_seconds <= clock["resumed"][1] - clock["suspended"][0]
+        assert row.cpu_seconds == pytest.approx(2 * row.running_seconds)
+        assert row.memory_gib_seconds == pytest.approx(0.5 * row.running_seconds)
+        assert [t.team for t in report.teams] == ["green"]  # a key sees its own team's
+        exported = cli(served, key, "usage", "--csv", "--since", "1h").stdout.splitlines()
+        assert exported[0].startswith("sandbox_id,") and any(line.startswith(sbx.id) for line in exported[1:])
+
+        raw = httpx.Client(base_url=url, headers={"authorization": f"Bearer {key}"})
+        assert raw.put("/v1/secrets/STOLEN", json={"value": "x"}).status_code == 403
+        with pytest.raises(Forbidden):
+            teams.audit(client=green)  # the log is the owner's
+        entries = teams.audit(client=owner)
+        mine = [e for e in entries if e["team"] == "green"]
+        assert {(e["method"], e["path"], e["status"]) for e in mine} >= {
+            ("POST", "/v1/sandboxes", 201), ("POST", f"/v1/sandboxes/{sbx.id}/suspend", 200),
+            ("PUT", "/v1/secrets/STOLEN", 403), ("DELETE", f"/v1/sandboxes/{sbx.id}", 200)}  # fmt: skip
+        assert all(e["key_id"] and e["client"].startswith("127.0.0.1:") for e in mine)
+        assert any(e["team"] is None and e["path"] == "/v1/teams" and e["status"] == 201 for e in entries)
+
+    served.kill()  # nothing accounted or logged is lost
+    served.start("--tcp", url.removeprefix("http://"))
+    with Client(url=url, token=OWNER_TOKEN) as owner:
+        again = teams.usage(client=owner, team="green", since=report.since)
+        (same,) = [r for r in again.sandboxes if r.sandbox_id == sbx.id]
+        assert same.running_seconds == pytest.approx(row.running_seconds)
+        assert len(teams.audit(client=owner)) >= len(entries)

@@ -9,7 +9,7 @@ from ..errors import StasisError
 # isort: off
 # Each module registers its commands; the order of these imports is the order of `stasis --help`.
 from . import sandboxes, code, desktop, network, ssh, checkpoints, pools, secrets  # noqa: F401
-from . import agent, host, console, remote, e2b, fleet, teams, verbs, volumes, webhooks  # noqa: F401
+from . import accounting, agent, host, console, remote, e2b, fleet, teams, verbs, volumes, webhooks  # noqa: F401
 
 # isort: on
 from ._common import app, err, shown

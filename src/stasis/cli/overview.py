@@ -42,7 +42,7 @@ OVERVIEW: dict[str, dict[str, str]] = {
         "port-forward": "Forward a local TCP port into the sandbox",
         "ssh": "Log in with your OpenSSH client",
         "ssh-config": "The OpenSSH config for `ssh stasis-NAME`",
-        "team": "Teams and their quotas; also `stasis key` and `stasis webhook`",
+        "team": "Teams, quotas; also `key`, `webhook`, `usage`, `audit`",
     },
     "The daemon, environments and other faces": {
         "image": "Images: import, build, list, remove",

@@ -58,6 +58,7 @@ def create_app(
             await mcp_app.aclose()
         await rooms.reaper.stop()
         await rooms.webhooks.stop()
+        rooms.audit.close()
         await rooms.pools.close()
         await rooms.ports.close()
         await rooms.core.close()

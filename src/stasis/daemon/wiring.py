@@ -21,6 +21,7 @@ from .faces.deps import Rooms
 from .faces.e2b.keys import E2bKeys
 from .faces.e2b.listener import E2bListeners
 from .faces.e2b.room import E2bRoom
+from .rooms.audit import AuditLog
 from .rooms.checkpointing import Checkpoints
 from .rooms.code import CodeRoom
 from .rooms.desktop import DesktopRoom
@@ -62,7 +63,7 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
         ops=ops, host_keys=HostKeys(paths.home / "ssh-host-keys"), reaper=IdleReaper(core, checkpoints, idle_to_store),
         e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
         desktop=DesktopRoom(core, ports, ops), secrets=secrets, volumes=volumes, teams=teams,
-        webhooks=WebhooksRoom(core, tables.webhooks), token=token,
+        webhooks=WebhooksRoom(core, tables.webhooks), audit=AuditLog(paths.home / "audit.db"), token=token,
     )  # fmt: skip
     e2b.code_interpreter = rooms.code.ensure
     # what the core calls back: when a sandbox starts here, and when it ends (what a room holds of it goes too)

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..models import build
-from ..team_models import CreatedKey, CreateKeyRequest, CreateTeamRequest, KeyInfo, TeamInfo, TeamQuotas
+from ..team_models import CreatedKey, CreateKeyRequest, CreateTeamRequest, KeyInfo, TeamInfo, TeamQuotas, UsageReport
 from ._base import Call, _model, _models
 from ._client import Client
 
@@ -54,3 +54,15 @@ def revoke_key(key_id: str, *, client: Client) -> KeyInfo:
 
 def whoami(*, client: Client) -> dict[str, Any]:
     return client.call(Call("GET", "/v1/whoami", lambda r: r.json()))  # type: ignore[no-any-return]
+
+
+def usage(*, client: Client, team: str | None = None, since: float | None = None) -> UsageReport:
+    """Per sandbox and per team since ``since`` (default: a day ago); a team's key sees its own team's."""
+    params: dict[str, Any] = {k: v for k, v in (("team", team), ("since", since)) if v is not None}
+    return client.call(Call("GET", "/v1/usage", _model(UsageReport), params=params))  # type: ignore[no-any-return]
+
+
+def audit(*, client: Client, after: int = 0, team: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    """The audit log past entry ``after``: who did what to which resource, when, from where, with what result."""
+    params: dict[str, Any] = {"after": after, "limit": limit, **({"team": team} if team else {})}
+    return client.call(Call("GET", "/v1/audit", lambda r: r.json(), params=params))  # type: ignore[no-any-return]

@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 from ...console_sessions import Sessions
 from ...paths import Paths
 from ..core.service import SandboxService
+from ..rooms.audit import AuditLog
 from ..rooms.checkpointing import Checkpoints
 from ..rooms.code import CodeRoom
 from ..rooms.desktop import DesktopRoom
@@ -52,6 +53,7 @@ class Rooms:
     volumes: VolumesRoom
     teams: TeamsRoom
     webhooks: WebhooksRoom
+    audit: AuditLog
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
     settling: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # before recovery, after a restart

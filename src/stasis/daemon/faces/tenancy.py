@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any
 
@@ -41,7 +42,7 @@ App = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awa
 
 PRINCIPAL = "stasis.principal"
 TEAM_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/volumes", "/v1/volume-snapshots", "/v1/keys",
-               "/v1/whoami")  # fmt: skip
+               "/v1/whoami", "/v1/usage")  # fmt: skip
 TEAM_READS = ("/v1/images", "/v1/health")  # read only
 EXEC = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes|files|dirs|pty|ssh|code|desktop|ports)(/|$)")
 OWNED = (
@@ -62,14 +63,40 @@ class Tenancy:
                        send: Callable[[Message], Awaitable[None]]) -> None:  # fmt: skip
         if scope["type"] not in ("http", "websocket") or _console(scope["path"]):
             return await self.app(scope, receive, send)
+        started, answered = time.monotonic(), {"status": 101 if scope["type"] == "websocket" else 500}
+        principal = None
         try:
             principal = self.principal(scope)
             if principal.team is not None:
                 self.check(scope, principal)
         except StasisError as exc:
-            return await _refuse(scope, receive, send, exc)
+            answered["status"] = exc.status_code
+            await _refuse(scope, receive, send, exc)
+            return self._audit(scope, principal, answered["status"], started)
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                answered["status"] = message["status"]
+            await send(message)
+
         scope[PRINCIPAL] = principal
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self._audit(scope, principal, answered["status"], started)
+
+    def _audit(self, scope: Scope, principal: Principal | None, status: int, started: float) -> None:
+        """Every request that may change something, and every refused one (reads that succeed are not)."""
+        method = scope.get("method", "WEBSOCKET")
+        if method in ("GET", "HEAD") and status < 400:
+            return
+        client = scope.get("client")
+        where = f"{client[0]}:{client[1]}" if client and client[0] else "unix socket"
+        scope["app"].state.rooms.audit.record({
+            "at": time.time(), "team": principal.team if principal else None,
+            "key_id": principal.key_id if principal else None, "client": where, "method": method,
+            "path": scope["path"][:1024], "status": status, "duration_ms": (time.monotonic() - started) * 1000,
+        })  # fmt: skip
 
     def principal(self, scope: Scope) -> Principal:
         server = scope.get("server")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+    accounting,
     checkpoints,
     code,
     commands,
@@ -25,6 +26,6 @@ from . import (
 
 FACES = (
     system, images, sandboxes, pools, checkpoints, remote, secrets,
-    commands, code, desktop, egress, terminals, ports, files, e2b, volumes, teams, webhooks,
+    commands, code, desktop, egress, terminals, ports, files, e2b, volumes, teams, webhooks, accounting,
 )  # fmt: skip
 ROUTERS = [face.router for face in FACES]
