@@ -39,6 +39,9 @@ bench: setup
 	.venv/bin/python benchmarks/devloop.py --backends gvisor,gvisor:fast
 	.venv/bin/python benchmarks/storage.py
 	.venv/bin/python benchmarks/fleet.py
+	.venv/bin/python benchmarks/templates.py
+	.venv/bin/python benchmarks/volumes.py
+	.venv/bin/python benchmarks/teams.py
 
 soak: setup
 	.venv/bin/python benchmarks/soak.py --iterations 30

@@ -26,15 +26,16 @@ RESULTS = Path(__file__).parent / "results"
 
 
 @contextmanager
-def serving_daemon(prefix: str, **extra_env: str) -> Iterator[Paths]:
-    """Start `stasis serve` on a fresh home (images shared with the user's cache unless ``extra_env`` names
-    a STASIS_IMAGE_DIR); stop and clean up after."""
+def serving_daemon(prefix: str, serve_args: tuple[str, ...] = (), **extra_env: str) -> Iterator[Paths]:
+    """Start `stasis serve` (with ``serve_args``: --tcp ...) on a fresh home (images shared with the user's cache
+    unless ``extra_env`` names a STASIS_IMAGE_DIR); stop and clean up after."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     images = Path(extra_env.get("STASIS_IMAGE_DIR") or os.environ.get("STASIS_IMAGE_DIR") or default_home() / "images")
     paths = Paths(home=root / "home", images=images)
     paths.ensure()
     env = {**os.environ, **extra_env, "STASIS_HOME": str(paths.home), "STASIS_IMAGE_DIR": str(paths.images)}
-    daemon = subprocess.Popen([sys.executable, "-m", "stasis", "serve"], env=env, stderr=subprocess.DEVNULL)
+    daemon = subprocess.Popen([sys.executable, "-m", "stasis", "serve", *serve_args], env=env,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(paths.socket))) as http:
             for _ in range(600):

@@ -82,7 +82,7 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
             ("GET", "/v1/volumes/red-data"),
             ("POST", f"/v1/checkpoints/{checkpoint.id}/fork"),
         ):
-            answer = raw.request(method, path, json={"command": ["cat", "/root/secret.txt"]})
+            answer = raw.request(method, path, json={"cmd": ["cat", "/root/secret.txt"]})
             assert answer.status_code == 404, (method, path, answer.text)  # fmt: skip
         with pytest.raises(CheckpointNotFound):
             Sandbox.create(snapshot_id=checkpoint.id, client=blue)
