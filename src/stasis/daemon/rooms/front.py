@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import CheckpointNotFound, Forbidden, NotFound, SandboxNotFound, StateError
-from ...models import CreateSandboxRequest, SandboxInfo, SandboxSpec
+from ...models import TEMPLATE_PREFIX, CreateSandboxRequest, SandboxInfo, SandboxSpec
 from ..core.service import SandboxService
 from ..core.sources import CheckpointsRead, Restore, Source, source_of
 from .pools import PoolManager
@@ -57,6 +57,8 @@ class Front:
             if team is None:
                 raise
             raise self._no_source(request) from None
+        if isinstance(source, Restore) and team is not None and _shared_template(source):  # the owner's template
+            source = dataclasses.replace(source, spec=source.spec.model_copy(update={"team": team}))
         if isinstance(source, Restore) and source.checkpoint.spec.team != team:  # never another's, either way
             if team is not None:
                 raise self._no_source(request)
@@ -115,3 +117,10 @@ class Front:
                     "is reachable"
                 )
         return await core.resume(info.id)
+
+
+def _shared_template(source: Restore) -> bool:
+    """A template the owner made (``template-NAME``, no team's: a team cannot take that name), which every team's
+    key may start sandboxes from; each such sandbox is the team's own."""
+    checkpoint = source.checkpoint
+    return checkpoint.spec.team is None and (checkpoint.name or "").startswith(TEMPLATE_PREFIX)

@@ -18,6 +18,7 @@ from . import sandbox_routes, secret_routes, snapshot_routes, template_routes, v
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
 from .template_routes import signed_upload
+from .tenancy import principal_of_key, refused
 from .volume_routes import CONTENT as VOLUME_CONTENT
 from .volume_routes import UNAUTHORIZED as VOLUME_UNAUTHORIZED
 from .volume_routes import token_holder
@@ -41,8 +42,13 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
             if not token_holder(room, request.url.path, request.headers.get("authorization")):
                 return error(401, VOLUME_UNAUTHORIZED)
             return await call_next(request)
-        if not signed and not room.keys.valid_api_key(request.headers.get("x-api-key")):
-            return error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed")
+        if signed:
+            return await call_next(request)
+        principal = principal_of_key(room, request.headers.get("x-api-key"))
+        if principal is None:
+            return error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed, or a team's key")
+        if (refusal := refused(room, request, principal)) is not None:
+            return refusal
         return await call_next(request)
 
     @app.exception_handler(StasisError)

@@ -43,6 +43,7 @@ from ...rooms.checkpointing import Checkpoints
 from ...rooms.forks import fork
 from ...rooms.front import Front
 from ...rooms.secrets import SecretsRoom
+from ...rooms.teams import TeamsRoom
 from ...rooms.volumes import VolumesRoom
 from .keys import E2bKeys
 from .records import Record, Records
@@ -91,6 +92,7 @@ class E2bRoom:
         self.builder.recover()
         self.volumes = volumes
         self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
+        self.teams: TeamsRoom | None = None  # a team's key at this door (set in the wiring)
 
     # -- lifecycle
 
@@ -98,12 +100,13 @@ class E2bRoom:
         self, defaults: Defaults, template: str, timeout: int | None, auto_pause: bool, metadata: dict[str, str],
         envs: dict[str, str], network: NetworkPolicy | None, public_traffic: bool = False,
         egress_headers: dict[str, dict[str, str]] | None = None, keep_memory: bool = True,
-        volumes: list[VolumeMount] | None = None,
+        volumes: list[VolumeMount] | None = None, team: str | None = None,
     ) -> tuple[SandboxInfo, Record]:  # fmt: skip
         lifetime = {"timeout_secs": None, "lifetime_secs": _timeout(timeout),  # E2B's timeout, and no idle window
                     "on_idle": "suspend" if auto_pause else "terminate", "keep_memory": keep_memory,
                     "volumes": volumes or []}  # fmt: skip
         request = self._request(defaults, template, network, egress_headers or {}, lifetime)
+        request = request.model_copy(update={"team": team})
         if request.image == DESKTOP_IMAGE:  # XFCE's and gtk-launch's GLib spawns need it under gVisor
             envs = {"LD_PRELOAD": GLIB_SPAWN_SHIM, **envs}
         info = await self.front.create(request)
@@ -196,11 +199,12 @@ class E2bRoom:
             raise SandboxNotFound(f"sandbox {echo(ref)} was not found (it is {info.status.value})")
         return info
 
-    def listing(self) -> list[tuple[SandboxInfo, Record]]:
+    def listing(self, team: str | None = None) -> list[tuple[SandboxInfo, Record]]:
+        """Live sandboxes (``team``'s alone, if given)."""
         return [
             (info, self.record(info))
             for info in self.core.list(include_terminated=False)
-            if info.status not in GONE and info.pool is None
+            if info.status not in GONE and info.pool is None and (team is None or info.spec.team == team)
         ]
 
     async def kill(self, ref: str) -> None:

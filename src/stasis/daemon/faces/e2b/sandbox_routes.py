@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
 from ....netpolicy import NetworkPolicy
+from ..tenancy import PrincipalDep
 from .plane import (
     Connect,
     Fork,
@@ -33,12 +34,13 @@ router = APIRouter()
 
 @router.post("/sandboxes", status_code=201)
 @router.post("/v2/sandboxes", status_code=201)
-async def create(body: NewSandbox, plane: PlaneDep) -> dict[str, Any]:
+async def create(body: NewSandbox, plane: PlaneDep, principal: PrincipalDep) -> dict[str, Any]:
     public = bool(body.network and body.network.allow_public_traffic)
     network = policy(body.allow_internet_access, body.network)
     info, record = await plane.room.create(
         plane.defaults, body.template_id, body.timeout, body.auto_pause, body.metadata, body.env_vars,
         network, public, egress_headers(body.network), keep_memory=body.auto_pause_memory, volumes=body.volume_mounts,
+        team=principal.team,
     )  # fmt: skip
     if network is not None and network.note:
         log.warning("E2B sandbox %s: %s", info.id, network.note)
@@ -48,6 +50,7 @@ async def create(body: NewSandbox, plane: PlaneDep) -> dict[str, Any]:
 @router.get("/v2/sandboxes")
 async def list_v2(
     plane: PlaneDep,
+    principal: PrincipalDep,
     response: Response,
     metadata: str | None = None,
     state: str | None = None,
@@ -61,7 +64,7 @@ async def list_v2(
     states = set(state.split(",")) if state else {"running", "paused"}
     if started_after is not None and started_after.tzinfo is None:
         started_after = started_after.replace(tzinfo=UTC)
-    rows = [plane.listed(info, record) for info, record in plane.room.listing()]
+    rows = [plane.listed(info, record) for info, record in plane.room.listing(principal.team)]
     rows = [r for r in rows if r["state"] in states and wanted.items() <= r["metadata"].items()
             and (template is None or template in (r["templateID"], r["alias"]))
             and (started_after is None or info_started(r) > started_after)]  # fmt: skip
@@ -83,9 +86,9 @@ def info_started(row: dict[str, Any]) -> datetime:
 
 
 @router.get("/sandboxes")
-async def list_v1(plane: PlaneDep, metadata: str | None = None) -> list[dict[str, Any]]:
+async def list_v1(plane: PlaneDep, principal: PrincipalDep, metadata: str | None = None) -> list[dict[str, Any]]:
     wanted = dict(parse_qsl(metadata)) if metadata else {}
-    rows = [plane.listed(info, record) for info, record in plane.room.listing()]
+    rows = [plane.listed(info, record) for info, record in plane.room.listing(principal.team)]
     return [r for r in rows if r["state"] == "running" and wanted.items() <= r["metadata"].items()]
 
 

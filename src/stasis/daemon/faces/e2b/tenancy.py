@@ -1,0 +1,50 @@
+"""A team's key at E2B's door: E2B's ``X-API-Key`` may be a stasis team key (:mod:`...rooms.teams`) as well as the
+face's own key. A team's key reaches its team's sandboxes only: ``/sandboxes`` and ``/v2/sandboxes`` (create,
+list, connect, pause, kill, ...); another team's sandbox is "not found" in E2B's own words; templates, volumes,
+snapshots and secrets are the owner's (403). Listing needs ``read``; anything else needs ``write`` and ``exec``
+(a create or a connect hands out the sandbox's envd token, which runs commands)."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from ....errors import NotFound, echo
+from ...rooms.teams import OWNER, Principal
+from ..tenancy import PRINCIPAL
+from .plane import error
+from .room import E2bRoom
+
+SANDBOX = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)")
+TEAM_PATHS = re.compile(r"^/(?:v2/)?sandboxes(?:/|$)")
+
+
+def principal_of_key(room: E2bRoom, key: str | None) -> Principal | None:
+    if room.keys.valid_api_key(key):
+        return OWNER
+    if key and room.teams is not None:
+        return room.teams.authenticate(key)
+    return None
+
+
+def refused(room: E2bRoom, request: Request, principal: Principal) -> JSONResponse | None:
+    """Why a team's key may not make this request (an E2B error to answer with), or None."""
+    request.scope[PRINCIPAL] = principal
+    if principal.team is None:
+        return None
+    path = request.url.path
+    if not TEAM_PATHS.match(path):
+        return error(403, f"{path[:80]} is the daemon owner's; a team's key reaches its team's sandboxes")
+    needed = ("read",) if request.method in ("GET", "HEAD") else ("write", "exec")
+    if lacking := [scope for scope in needed if not principal.allows(scope)]:
+        return error(403, f"this key of team {principal.team} lacks the {' and '.join(lacking)} scope it needs here")
+    if (match := SANDBOX.match(path)) is not None:
+        try:
+            team = room.sandbox(match[1]).spec.team
+        except NotFound:
+            return None  # the route says so, as it would to anyone
+        if team != principal.team:
+            return error(404, f"sandbox {echo(match[1])} was not found")  # E2B's words, as for a missing one
+    return None
