@@ -124,6 +124,9 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
         restored = Sandbox.create(snapshot_id=checkpoint.id, client=red)
         assert restored.run("cat /root/secret.txt").stdout == "red-only\n" and restored.info().spec.team == "red"
 
+        metrics = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {OWNER_TOKEN}"}).text
+        assert 'stasis_team_sandboxes{state="running",team="red"} 2.0' in metrics  # the metrics have team labels
+
         # Quotas: refused up front with what is used; a suspended sandbox does not count.
         assert cli(served, OWNER_TOKEN, "team", "set", "red", "--max-running", "2").returncode == 0
         with pytest.raises(QuotaExceeded, match="2 running sandboxes in use of its 2") as refused:

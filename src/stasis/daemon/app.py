@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from .. import __version__
+from .. import __version__, tracing
 from ..e2b_models import E2bServeRequest
 from ..paths import Paths
 from .core.recovery import Recovery
@@ -43,6 +43,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         quiet_accept_failures(asyncio.get_running_loop())
+        tracing.setup()
         await rooms.core.start()
         await rooms.ports.start()
         await Recovery(rooms.core, rooms.settling).run()
@@ -59,6 +60,7 @@ def create_app(
         await rooms.reaper.stop()
         await rooms.webhooks.stop()
         rooms.audit.close()
+        tracing.shutdown()
         await rooms.pools.close()
         await rooms.ports.close()
         await rooms.core.close()

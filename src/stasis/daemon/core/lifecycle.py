@@ -12,7 +12,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from ... import faults
+from ... import faults, tracing
 from ...backends.base import Backend, BoxRef, FromCheckpoint, HostState
 from ...errors import SandboxNotFound, Unsupported
 from ...fsutil import no_space
@@ -25,7 +25,7 @@ from .activity import Activity
 from .boxes import Boxes
 from .checkpoints import CheckpointFiles
 from .metrics import Metrics
-from .operation import OUTCOMES, POINTS, VERBS, Step, rollback_target
+from .operation import OUTCOMES, POINTS, SPANS, VERBS, Step, rollback_target
 from .sources import Restore, Source
 from .states import COLD_SUSPEND, require
 from .store import Store
@@ -123,18 +123,19 @@ class Lifecycle:
         created = info.status == S.PENDING and intent == S.PENDING
         backend = self.backend_of(info)
         step = Step(info, intent, backend, self.boxes.box(info), before=None if created else info.status)
-        if not created:
-            self.store.transition(info.id, intent, detail)
-        faults.point(after_intent)
-        try:
-            yield step
-        except BaseException as exc:
-            await self._roll_back(step, exc)
-            raise
-        if step.channel is not None:
-            self._channels[info.id] = step.channel
-        faults.point(before_outcome)
-        step.info = self.store.transition(info.id, OUTCOMES[intent], step.detail, **step.fields)
+        with tracing.span(SPANS[intent], info.id, info.spec.team, **{"stasis.backend": info.spec.backend}):
+            if not created:
+                self.store.transition(info.id, intent, detail)
+            faults.point(after_intent)
+            try:
+                yield step
+            except BaseException as exc:
+                await self._roll_back(step, exc)
+                raise
+            if step.channel is not None:
+                self._channels[info.id] = step.channel
+            faults.point(before_outcome)
+            step.info = self.store.transition(info.id, OUTCOMES[intent], step.detail, **step.fields)
 
     async def _roll_back(self, step: Step, exc: BaseException) -> None:
         info, backend, box = step.info, step.backend, step.box

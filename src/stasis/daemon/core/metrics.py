@@ -16,6 +16,9 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.sandboxes = Gauge("stasis_sandboxes", "Sandboxes by state", ["state"], registry=r)
+        self.team_sandboxes = Gauge(
+            "stasis_team_sandboxes", "Sandboxes by team and state (team '': the owner's)", ["team", "state"], registry=r
+        )
         self.create_seconds = Histogram("stasis_create_seconds", "Create latency", buckets=LATENCY_BUCKETS, registry=r)
         self.suspend_seconds = Histogram(
             "stasis_suspend_seconds", "Suspend latency", buckets=LATENCY_BUCKETS, registry=r
@@ -35,4 +38,10 @@ class Metrics:
         counts = Tally(info.status for info in sandboxes)
         for state in SandboxStatus:
             self.sandboxes.labels(state.value).set(counts.get(state, 0))
+        self.team_sandboxes.clear()  # a team with none left is not shown as one with stale counts
+        by_team = Tally(
+            (info.spec.team or "", info.status) for info in sandboxes if info.status != SandboxStatus.TERMINATED
+        )
+        for (team, state), count in by_team.items():
+            self.team_sandboxes.labels(team, state.value).set(count)
         return generate_latest(self.registry)

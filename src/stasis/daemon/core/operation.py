@@ -27,6 +27,8 @@ POINTS: dict[SandboxStatus, tuple[str, str]] = {
 }
 OUTCOMES = {S.PENDING: S.RUNNING, S.SUSPENDING: S.SUSPENDED, S.RESUMING: S.RUNNING, S.SNAPSHOTTING: S.RUNNING}
 VERBS = {S.PENDING: "start", S.SUSPENDING: "suspend", S.RESUMING: "resume", S.SNAPSHOTTING: "checkpoint"}
+SPANS = {S.PENDING: "sandbox.create", S.SUSPENDING: "sandbox.suspend", S.RESUMING: "sandbox.resume",
+         S.SNAPSHOTTING: "sandbox.checkpoint"}  # fmt: skip
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from ... import tracing
 from ...errors import (
     CheckpointNotFound,
     Forbidden,
@@ -80,8 +81,10 @@ class Tenancy:
             await send(message)
 
         scope[PRINCIPAL] = principal
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         try:
-            await self.app(scope, receive, sending)
+            with tracing.incoming(headers):  # a traceparent sent makes this request's spans the caller's
+                await self.app(scope, receive, sending)
         finally:
             self._audit(scope, principal, answered["status"], started)
 

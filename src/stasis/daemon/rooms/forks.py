@@ -6,8 +6,8 @@ import asyncio
 import dataclasses
 import secrets
 
-from ... import faults
-from ...models import CheckpointType, CreateCheckpointRequest, CreateSandboxRequest, SandboxInfo
+from ... import faults, tracing
+from ...models import CheckpointInfo, CheckpointType, CreateCheckpointRequest, CreateSandboxRequest, SandboxInfo
 from ..core.service import SandboxService
 from ..core.sources import Restore
 from .checkpointing import Checkpoints
@@ -18,6 +18,14 @@ async def fork(service: SandboxService, checkpoints: Checkpoints, ref: str, time
     """A MEMORY checkpoint of this instant (internal: never listed, removed right after), restored ``times``
     times. All children or none: if one fails, the others are removed."""
     parent = service.lookup(ref)
+    with tracing.span("sandbox.fork", parent.id, parent.spec.team, **{"stasis.fork.times": times}):
+        return await _fork(service, checkpoints, parent, times)
+
+
+async def _fork(
+    service: SandboxService, checkpoints: Checkpoints, parent: SandboxInfo, times: int
+) -> list[SandboxInfo]:
+    ref = parent.id
     request = CreateCheckpointRequest(type=CheckpointType.MEMORY, metadata={"fork_of": parent.id})
     checkpoint = await checkpoints.take(ref, request, internal=True)
     faults.point("fork.after_checkpoint")
@@ -42,6 +50,14 @@ async def fork_checkpoint(
     """``times`` new sandboxes from one checkpoint (a MEMORY one: each going on from its instant, then
     diverging): rollouts. All or none, as a live fork."""
     checkpoint = checkpoints.get(ref)
+    with tracing.span("sandbox.fork", None, checkpoint.spec.team, **{"stasis.checkpoint.id": checkpoint.id,
+                                                                     "stasis.fork.times": times}):  # fmt: skip
+        return await _fork_checkpoint(service, checkpoints, front, checkpoint, times)
+
+
+async def _fork_checkpoint(
+    service: SandboxService, checkpoints: Checkpoints, front: Front, checkpoint: CheckpointInfo, times: int
+) -> list[SandboxInfo]:
     source = await front.source(CreateSandboxRequest(snapshot_id=checkpoint.id, backend=checkpoint.backend))
     if isinstance(source, Restore) and source.verify:  # its bytes checked once, not once per child
         await asyncio.to_thread(checkpoints.files.verify, checkpoint.id, checkpoint.sha256)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
 
+from ... import tracing
 from ...credentials import trust
 from ...errors import GuestDisconnected, GuestTimeout, StasisError, StateError
 from ...guest import protocol as P
@@ -75,11 +76,18 @@ class GuestOperations:
         info = self.service.lookup(ref)
         image_env, image_cwd, image_user = self.service.command_defaults(info)
         base = STREAMED_ENV if streamed else {}
+        if (parent := tracing.traceparent()) is not None:  # what the command does joins the caller's trace
+            base = {**base, "TRACEPARENT": parent}
         if info.spec.ca_lineage is not None:  # a sandbox with secrets: their placeholders, and its CA trusted
             base = {**base, **trust.sandbox_env(info.spec.secrets)}
         return {"env": {**base, **image_env, **env}, "cwd": cwd or image_cwd, "user": user or image_user}
 
     async def run(self, ref: str, request: RunRequest) -> RunResult:
+        info = self.service.lookup(ref)
+        with tracing.span("sandbox.exec", info.id, info.spec.team, **{"stasis.command": request.cmd[0][:200]}):
+            return await self._run(ref, request)
+
+    async def _run(self, ref: str, request: RunRequest) -> RunResult:
         exec_id = request.exec_id or new_exec_id()
         op = P.Exec(
             cmd=request.cmd, timeout=request.timeout, max_output=request.max_output, exec_id=exec_id,
