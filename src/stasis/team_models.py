@@ -25,12 +25,16 @@ def normalize_scopes(scopes: list[str]) -> list[str]:
 
 
 class TeamQuotas(BaseModel):
-    """What a team may use at once; None: no limit. Suspended sandboxes do not count."""
+    """What a team may use at once; None: no limit. Suspended sandboxes count toward disk, not the rest."""
 
     model_config = ConfigDict(extra="forbid")
     max_running: int | None = Field(None, ge=0, le=100_000, description="sandboxes running at once")
     max_cpus: float | None = Field(None, ge=0, le=100_000, description="CPUs of its running sandboxes together")
     max_memory_mb: int | None = Field(None, ge=0, le=1 << 30, description="memory of its running sandboxes together")
+    max_disk_mb: int | None = Field(None, ge=0, le=1 << 40, description="disks of its sandboxes, suspended ones too")
+    max_lifetime_secs: int | None = Field(None, ge=1, le=MAX_SECONDS, description="a sandbox's longest run: its "
+                                          "lifetime is at most this (from each start or resume)")  # fmt: skip
+    max_checkpoint_mb: int | None = Field(None, ge=0, le=1 << 40, description="what its checkpoints take, together")
 
 
 class TeamInfo(BaseModel):

@@ -231,3 +231,24 @@ def test_usage_adds_up_survives_a_kill_and_the_audit_log_says_who_did_what(serve
         (same,) = [r for r in again.sandboxes if r.sandbox_id == sbx.id]
         assert same.running_seconds == pytest.approx(row.running_seconds)
         assert len(teams.audit(client=owner)) >= len(entries)
+
+
+def test_disk_lifetime_and_checkpoint_quotas_hold(served: Daemon) -> None:
+    url = served.url  # type: ignore[attr-defined]
+    made = cli(served, OWNER_TOKEN, "team", "create", "bounded", "--max-disk-mb", "1024", "--max-lifetime-secs",
+               "3600", "--max-checkpoint-mb", "1")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    with Client(url=url, token=new_key(served, "bounded")) as bounded:
+        sbx = Sandbox.create(backend="gvisor", memory_mb=256, disk_mb=768, lifetime_secs=7200, client=bounded)
+        assert sbx.info().spec.lifetime_secs == 3600  # at most the team's longest lifetime
+        sbx.suspend()
+        with pytest.raises(QuotaExceeded, match="768 MiB of disk in use of its 1024"):
+            Sandbox.create(backend="gvisor", memory_mb=256, disk_mb=768, client=bounded)  # suspended disks count
+        sbx.resume()
+        sbx.run("head -c 3M /dev/urandom > /root/blob")
+        assert sbx.checkpoint(CheckpointType.FILESYSTEM).size_bytes > 1 << 20  # the first fits: nothing was stored
+        with pytest.raises(QuotaExceeded, match="checkpoints take"):
+            sbx.checkpoint(CheckpointType.FILESYSTEM)
+        sbx.terminate()
+        for checkpoint in Sandbox.list_checkpoints(client=bounded):
+            Sandbox.delete_checkpoint(checkpoint.id, client=bounded)

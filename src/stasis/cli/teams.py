@@ -20,7 +20,8 @@ key_app = typer.Typer(help="Keys: a team's way in (STASIS_TOKEN=KEY with STASIS_
 app.add_typer(team_app, name="team")
 app.add_typer(key_app, name="key", hidden=True)  # on the front page through `team`'s line (it fits one screen)
 TeamName = Annotated[str, typer.Argument(help="The team's name.")]
-QUOTAS = {"max_running": int, "max_cpus": float, "max_memory_mb": int}
+QUOTAS = {"max_running": int, "max_cpus": float, "max_memory_mb": int, "max_disk_mb": int, "max_lifetime_secs": int,
+          "max_checkpoint_mb": int}  # fmt: skip
 Limit = Annotated[str | None, typer.Option(help="A number, or 'none' for no limit.")]
 DURATION = re.compile(r"^([0-9]+)([smhd]?)$")
 
@@ -44,10 +45,16 @@ def _quota_text(quotas: Any) -> str:
 
 
 @team_app.command("create")
-def team_create(name: TeamName, max_running: Limit = None, max_cpus: Limit = None, max_memory_mb: Limit = None) -> None:
-    """Create a team (quotas: sandboxes running at once, their CPUs and memory together)."""
-    info = teams.create_team(name, client=client(), **_limits(max_running=max_running, max_cpus=max_cpus,
-                                                               max_memory_mb=max_memory_mb))  # fmt: skip
+def team_create(
+    name: TeamName, max_running: Limit = None, max_cpus: Limit = None, max_memory_mb: Limit = None,
+    max_disk_mb: Limit = None, max_lifetime_secs: Limit = None, max_checkpoint_mb: Limit = None,
+) -> None:  # fmt: skip
+    """Create a team (quotas: sandboxes running at once, their CPUs, memory and disks together, a sandbox's
+    longest lifetime, its checkpoints' size)."""
+    limits = _limits(max_running=max_running, max_cpus=max_cpus, max_memory_mb=max_memory_mb,
+                     max_disk_mb=max_disk_mb, max_lifetime_secs=max_lifetime_secs,
+                     max_checkpoint_mb=max_checkpoint_mb)  # fmt: skip
+    info = teams.create_team(name, client=client(), **limits)
     out.print(f"created team [bold]{info.name}[/bold] ({_quota_text(info.quotas)}); make it a key with "
               f"`stasis key create --team {info.name}`")  # fmt: skip
 
@@ -66,11 +73,16 @@ def team_ls(as_json: Json = False) -> None:
 
 
 @team_app.command("set")
-def team_set(name: TeamName, max_running: Limit = None, max_cpus: Limit = None, max_memory_mb: Limit = None) -> None:
+def team_set(
+    name: TeamName, max_running: Limit = None, max_cpus: Limit = None, max_memory_mb: Limit = None,
+    max_disk_mb: Limit = None, max_lifetime_secs: Limit = None, max_checkpoint_mb: Limit = None,
+) -> None:  # fmt: skip
     """Change a team's quotas (those not given are kept; 'none' removes one)."""
-    limits = _limits(max_running=max_running, max_cpus=max_cpus, max_memory_mb=max_memory_mb)
+    limits = _limits(max_running=max_running, max_cpus=max_cpus, max_memory_mb=max_memory_mb,
+                     max_disk_mb=max_disk_mb, max_lifetime_secs=max_lifetime_secs,
+                     max_checkpoint_mb=max_checkpoint_mb)  # fmt: skip
     if not limits:
-        raise typer.BadParameter("give at least one of --max-running, --max-cpus, --max-memory-mb")
+        raise typer.BadParameter("give at least one quota: " + ", ".join(f"--{q.replace('_', '-')}" for q in QUOTAS))
     info = teams.set_quotas(name, client=client(), **limits)
     out.print(f"team [bold]{info.name}[/bold]: {_quota_text(info.quotas)}")
 

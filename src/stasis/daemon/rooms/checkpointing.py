@@ -33,6 +33,7 @@ class Checkpoints:
         # a checkpoint that includes its volumes keeps a snapshot of each (set where volumes are kept)
         self.keep_volumes: Callable[[str, list[VolumeMount]], dict[str, str]] = lambda checkpoint_id, mounts: {}
         self.drop_volumes: Callable[[dict[str, str]], None] = lambda snapshots: None
+        self.admit: Callable[[str, int], None] = lambda team, stored: None  # a team's checkpoint quota (wiring)
 
     # ------------------------------------------------------------ reading, for every room and face
 
@@ -52,6 +53,9 @@ class Checkpoints:
         info = await core.ensure_running(core.lookup(ref))
         if info.spec.team is not None and (request.name or "").startswith(TEMPLATE_PREFIX):
             raise Forbidden(f"checkpoint names starting {TEMPLATE_PREFIX!r} are the daemon owner's templates")
+        if info.spec.team is not None and not internal:  # a fork's passing one is not kept: not counted
+            stored = sum(c.size_bytes for c in self.list() if c.spec.team == info.spec.team)
+            self.admit(info.spec.team, stored)
         async with core.locked(info.id) as info:
             require(info, S.RUNNING)
             channel = await core.channel(info)

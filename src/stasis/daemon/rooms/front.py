@@ -35,6 +35,7 @@ class Front:
         # a checkpoint that included its volumes: the new sandbox mounts forks of their snapshots (set in wiring)
         self.fork_volumes: Callable[[SandboxSpec, dict[str, str]], tuple[SandboxSpec, list[str]]] | None = None
         self.discard_volumes: Callable[[list[str]], None] = lambda forks: None
+        self.longest_lifetime: Callable[[str], int | None] = lambda team: None  # a team's quota (set in wiring)
         self.core = core
         self.checkpoints = checkpoints
         self.pools = pools
@@ -48,6 +49,8 @@ class Front:
         if team is not None and (request.secrets or request.egress_headers):
             raise Forbidden("secrets are the daemon owner's: a team's sandbox cannot use them (yet)")
         self.check_secrets(list(request.secrets), request.egress_headers)
+        if team is not None and (cap := self.longest_lifetime(team)) is not None:  # the team's quota: at most
+            request = request.model_copy(update={"lifetime_secs": min(request.lifetime_secs or cap, cap)})
         if team is None and (claimed := await self.pools.claim(request)) is not None:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)

@@ -164,20 +164,43 @@ class TeamsRoom:
             quotas = self.team(spec.team).quotas
         except NotFound:
             raise Forbidden(f"team {spec.team!r} was removed; its sandboxes cannot start") from None
-        running = [i.spec for i in self.core.list() if i.spec.team == spec.team and i.status in RUNNING
-                   and i.id != sandbox_id]  # fmt: skip
+        theirs = [i for i in self.core.list() if i.spec.team == spec.team and i.id != sandbox_id]
+        running = [i.spec for i in theirs if i.status in RUNNING]
+        disks = sum(i.spec.disk_mb for i in theirs if i.status not in (S.TERMINATING, S.TERMINATED))
         checks = (
             ("running sandboxes", quotas.max_running, len(running), 1, "max-running"),
             ("CPUs", quotas.max_cpus, sum(s.cpus for s in running), spec.cpus, "max-cpus"),
             ("MiB of memory", quotas.max_memory_mb, sum(s.memory_mb for s in running), spec.memory_mb, "max-memory-mb"),
+            ("MiB of disk", quotas.max_disk_mb, disks, spec.disk_mb if sandbox_id is None else 0, "max-disk-mb"),
         )
         for what, limit, used, more, option in checks:
             if limit is not None and used + more > limit:
+                what_to_do = "terminate one of its sandboxes" if option == "max-disk-mb" else (
+                    "suspend or terminate one of its sandboxes (suspended ones do not count)")  # fmt: skip
                 raise QuotaExceeded(
                     f"team {spec.team} has {used:g} {what} in use of its {limit:g}, and this sandbox needs {more:g} "
-                    f"more; suspend or terminate one of its sandboxes (suspended ones do not count), or raise the "
-                    f"quota: stasis team set {spec.team} --{option} N"
+                    f"more; {what_to_do}, or raise the quota: stasis team set {spec.team} --{option} N"
                 )
+
+    def longest_lifetime(self, team: str | None) -> int | None:
+        """The team's cap on a sandbox's lifetime, if it has one."""
+        if team is None:
+            return None
+        try:
+            return self.team(team).quotas.max_lifetime_secs
+        except NotFound:
+            return None
+
+    def admit_checkpoint(self, team: str | None, stored: int) -> None:
+        """Refuse a checkpoint of a team whose checkpoints already take its quota (``stored``: their bytes)."""
+        if team is None:
+            return
+        limit = self.team(team).quotas.max_checkpoint_mb
+        if limit is not None and stored >= limit << 20:
+            raise QuotaExceeded(
+                f"team {team}'s checkpoints take {stored >> 20} MiB of its {limit} MiB; delete some "
+                f"(`stasis checkpoints`), or raise the quota: stasis team set {team} --max-checkpoint-mb N"
+            )
 
 
 def _digest(secret: str) -> str:
