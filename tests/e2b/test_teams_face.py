@@ -43,11 +43,16 @@ def test_a_team_key_is_an_e2b_api_key_that_reaches_only_its_teams_sandboxes(list
         assert sbx.is_running()
         with pytest.raises(SandboxException, match="write"):
             Sandbox.create(api_key=reader_key, **urls)
+        one = httpx.get(f"{urls['api_url']}/sandboxes/{sbx.sandbox_id}", headers={"X-API-Key": reader_key})
+        assert one.status_code == 403 and "exec" in one.text  # its answer carries the envd token: not for a reader
         for path in ("/templates", "/volumes", "/secrets"):  # the owner's
             answer = httpx.get(urls["api_url"] + path, headers={"X-API-Key": red_key})
             assert answer.status_code == 403, (path, answer.text)
     finally:
         sbx.kill()
+    logged = [e for e in teams.audit(client=client) if e["team"] in (red, blue)]
+    assert {(e["team"], e["method"], e["status"]) for e in logged if e["path"].startswith("e2b:")} >= {
+        (red, "POST", 201), (blue, "DELETE", 404)}  # fmt: skip
     for team in (red, blue):
         teams.remove_team(team, client=client)
     answer = httpx.get(urls["api_url"] + "/v2/sandboxes", headers={"X-API-Key": red_key})

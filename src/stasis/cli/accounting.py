@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from ..sdk import team as teams
-from ._common import Json, app, client, out
+from ._common import Json, app, client, out, printable
 
 AGO = re.compile(r"^([0-9]+)([smhd])$")
 
@@ -74,9 +74,9 @@ def audit(
                 print(json.dumps(e), flush=True)
             else:
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
-                who = f"{e['team']}/{e['key_id']}" if e["team"] else "owner"
-                out.print(f"{when}  {who:24} {e['client'] or '-':21} {e['method']:6} {e['status']}  {e['path']}",
-                          highlight=False)  # fmt: skip
+                who = f"{e['team']}/{e['key_id']}" if e["team"] else e["key_id"] or "owner"
+                line = f"{when}  {who:24} {e['client'] or '-':21} {e['method']:6} {e['status']}  {e['path']}"
+                out.print(printable(line), markup=False, highlight=False)  # a path is anyone's text
             after = e["seq"]
         if not follow:
             return

@@ -48,7 +48,7 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     pools = PoolManager(core, tables.pools, checkpoints)
     ports = Ports(core, tables.ports)
     secrets, volumes, teams = SecretsRoom(core), VolumesRoom(core), TeamsRoom(core, tables.teams)
-    core.use_quotas(teams.admit)
+    core.use_quotas(teams.admit, teams.longest_lifetime)
     checkpoints.admit = teams.admit_checkpoint
     teams.holdings = lambda team: [f"checkpoint {c.id}" for c in checkpoints.list() if c.spec.team == team] + [
         f"volume {v.name}" for v in volumes.store.list() if v.team == team]  # fmt: skip
@@ -57,7 +57,6 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     checkpoints.keep_volumes, checkpoints.drop_volumes = volumes.keep, volumes.drop
     front, ops = Front(core, checkpoints, pools, remote, secrets.check, volumes.check), GuestOperations(core)
     front.fork_volumes, front.discard_volumes = volumes.fork_for, volumes.discard
-    front.longest_lifetime = teams.longest_lifetime
     idle_to_store = remote.push_sandbox if remote is not None and remote.config.idle_to_store else None
     e2b = E2bRoom(core, front, checkpoints, E2bKeys(paths.home, token), secrets, volumes)
     rooms = Rooms(
@@ -68,7 +67,7 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
         webhooks=WebhooksRoom(core, tables.webhooks), audit=AuditLog(paths.home / "audit.db"), token=token,
     )  # fmt: skip
     e2b.code_interpreter = rooms.code.ensure
-    e2b.teams = teams
+    e2b.teams, e2b.audit = teams, rooms.audit
     # what the core calls back: when a sandbox starts here, and when it ends (what a room holds of it goes too)
     core.use_secrets(secrets.broker)
     core.on_ready(secrets.install_trust)

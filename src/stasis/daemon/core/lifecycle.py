@@ -59,6 +59,7 @@ class Lifecycle:
     _teardown_hooks: list[TeardownHook]
     _ready_hooks: list[ReadyHook]
     _admit: Callable[[SandboxSpec, str | None], None]  # a team's quotas: raises to refuse a start
+    _lifetime_cap: Callable[[str | None], int | None]  # a team's longest lifetime, if it has one
     _channels: dict[str, GuestChannel]
     _locks: dict[str, asyncio.Lock]
 
@@ -190,9 +191,12 @@ class Lifecycle:
         if checkpoint is not None and source.verify:
             await asyncio.to_thread(self.checkpoint_files.verify, checkpoint.id, checkpoint.sha256)
         from_checkpoint = checkpoint.id if checkpoint else None
-        self._admit(source.spec, None)  # no await between this and the row: two creates cannot both slip in
+        spec = source.spec
+        if (cap := self._lifetime_cap(spec.team)) is not None and (spec.lifetime_secs or cap + 1) > cap:
+            spec = spec.model_copy(update={"lifetime_secs": cap})  # its team's quota, whatever asked for more
+        self._admit(spec, None)  # no await between this and the row: two creates cannot both slip in
         info = self.store.insert_sandbox(
-            new_id("sb-"), name, source.spec, source.image_key, from_checkpoint, pool, forked_from
+            new_id("sb-"), name, spec, source.image_key, from_checkpoint, pool, forked_from
         )
         started = time.monotonic()
         async with self.lock(info.id):

@@ -68,6 +68,7 @@ class SandboxService(Lifecycle):
         self.watchdog = Watchdog(self.died)
         self._teardown_hooks = []  # what features above hold of a sandbox (its exposed ports' listeners) goes with it
         self._admit = lambda spec, sandbox_id: None
+        self._lifetime_cap = lambda team: None
         self._ready_hooks = []  # what features above put into a sandbox each time it starts here (its secrets' CA)
         self._channels = {}
         self._locks = {}
@@ -113,9 +114,12 @@ class SandboxService(Lifecycle):
         """``hook`` runs when a sandbox ends here (a room letting go of its listeners)."""
         self._teardown_hooks.append(hook)
 
-    def use_quotas(self, admit: Callable[[SandboxSpec, str | None], None]) -> None:
-        """``admit`` runs before a sandbox starts (created or resumed) and raises to refuse it (a team's quotas)."""
-        self._admit = admit
+    def use_quotas(
+        self, admit: Callable[[SandboxSpec, str | None], None], lifetime_cap: Callable[[str | None], int | None]
+    ) -> None:
+        """``admit`` runs before a sandbox starts (created or resumed) and raises to refuse it; ``lifetime_cap``
+        says a team's longest lifetime (a team's quotas)."""
+        self._admit, self._lifetime_cap = admit, lifetime_cap
 
     def use_secrets(self, broker: Any) -> None:
         """The broker the egress proxy asks to put secrets into a sandbox's HTTPS requests."""
@@ -217,6 +221,8 @@ class SandboxService(Lifecycle):
         terminate) replaces its idle policy: no idle window, that action at the deadline."""
         async with self.locked(ref) as info:
             require(info, info.status if info.status in (S.RUNNING, S.SUSPENDED) else S.RUNNING)
+            if (cap := self._lifetime_cap(info.spec.team)) is not None:
+                seconds = min(seconds, cap)  # its team's quota: never longer
             deadline = self.activity.clock() + seconds
             if extend_only and info.deadline is not None:
                 deadline = max(deadline, info.deadline)

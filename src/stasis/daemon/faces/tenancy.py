@@ -97,7 +97,7 @@ class Tenancy:
         where = f"{client[0]}:{client[1]}" if client and client[0] else "unix socket"
         scope["app"].state.rooms.audit.record({
             "at": time.time(), "team": principal.team if principal else None,
-            "key_id": principal.key_id if principal else None, "client": where, "method": method,
+            "key_id": principal.key_id if principal else "anonymous", "client": where, "method": method,
             "path": scope["path"][:1024], "status": status, "duration_ms": (time.monotonic() - started) * 1000,
         })  # fmt: skip
 

@@ -3,7 +3,8 @@ refused one) to which resource (its path), when, from where, and what came of it
 
 Kept in ``audit.db`` beside the daemon's own file, in WAL mode with ``synchronous=NORMAL``: a commit survives the
 daemon's death (it is in the log file the moment it returns) and costs no fsync; a power cut may lose the last
-ones. Reads (GET, HEAD) that succeed are not logged: they change nothing, and the log stays about what did.
+ones. Reads (GET, HEAD) that succeed are not logged: they change nothing, and the log stays about what did. A
+request with no valid credentials is logged as ``anonymous``; the newest KEEP entries are kept.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ class AuditEntry(BaseModel):
     duration_ms: float
 
 
+KEEP = 1_000_000  # entries kept: the oldest go past this (anyone may make refused requests)
+PRUNE_EVERY = 10_000
+
+
 class AuditLog:
     def __init__(self, path: Path) -> None:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
@@ -51,13 +56,17 @@ class AuditLog:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self._lock = threading.Lock()
+        self._written = 0
 
     def record(self, entry: dict[str, Any]) -> None:
         with self._lock:
-            self.db.execute(
+            seq = self.db.execute(
                 "INSERT INTO audit (at, team, key_id, client, method, path, status, duration_ms) "
                 "VALUES (:at, :team, :key_id, :client, :method, :path, :status, :duration_ms)", entry,
-            )  # fmt: skip
+            ).lastrowid  # fmt: skip
+            self._written += 1
+            if self._written % PRUNE_EVERY == 0 and seq is not None:
+                self.db.execute("DELETE FROM audit WHERE seq <= ?", (seq - KEEP,))
 
     def entries(self, after: int = 0, team: str | None = None, limit: int = 1000) -> list[AuditEntry]:
         query = "SELECT * FROM audit WHERE seq > ? AND (? IS NULL OR team = ?) ORDER BY seq LIMIT ?"

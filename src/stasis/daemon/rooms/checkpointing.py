@@ -34,6 +34,7 @@ class Checkpoints:
         self.keep_volumes: Callable[[str, list[VolumeMount]], dict[str, str]] = lambda checkpoint_id, mounts: {}
         self.drop_volumes: Callable[[dict[str, str]], None] = lambda snapshots: None
         self.admit: Callable[[str, int], None] = lambda team, stored: None  # a team's checkpoint quota (wiring)
+        self._team_locks: dict[str, asyncio.Lock] = {}
 
     # ------------------------------------------------------------ reading, for every room and face
 
@@ -48,14 +49,20 @@ class Checkpoints:
     # ------------------------------------------------------------ writing
 
     async def take(self, ref: str, request: CreateCheckpointRequest, *, internal: bool = False) -> CheckpointInfo:
-        """Capture the sandbox (paused briefly) as an immutable artifact; it keeps running."""
+        """Capture the sandbox (paused briefly) as an immutable artifact; it keeps running. A team's are taken one
+        at a time, each after its quota is checked (a fork's passing one is not kept, so not counted)."""
+        team = self.core.lookup(ref).spec.team
+        if team is None or internal:
+            return await self._take(ref, request, internal)
+        if (request.name or "").startswith(TEMPLATE_PREFIX):
+            raise Forbidden(f"checkpoint names starting {TEMPLATE_PREFIX!r} are the daemon owner's templates")
+        async with self._team_locks.setdefault(team, asyncio.Lock()):
+            self.admit(team, sum(c.size_bytes for c in self.list() if c.spec.team == team))
+            return await self._take(ref, request, internal)
+
+    async def _take(self, ref: str, request: CreateCheckpointRequest, internal: bool) -> CheckpointInfo:
         core = self.core
         info = await core.ensure_running(core.lookup(ref))
-        if info.spec.team is not None and (request.name or "").startswith(TEMPLATE_PREFIX):
-            raise Forbidden(f"checkpoint names starting {TEMPLATE_PREFIX!r} are the daemon owner's templates")
-        if info.spec.team is not None and not internal:  # a fork's passing one is not kept: not counted
-            stored = sum(c.size_bytes for c in self.list() if c.spec.team == info.spec.team)
-            self.admit(info.spec.team, stored)
         async with core.locked(info.id) as info:
             require(info, S.RUNNING)
             channel = await core.channel(info)

@@ -35,7 +35,6 @@ class Front:
         # a checkpoint that included its volumes: the new sandbox mounts forks of their snapshots (set in wiring)
         self.fork_volumes: Callable[[SandboxSpec, dict[str, str]], tuple[SandboxSpec, list[str]]] | None = None
         self.discard_volumes: Callable[[list[str]], None] = lambda forks: None
-        self.longest_lifetime: Callable[[str], int | None] = lambda team: None  # a team's quota (set in wiring)
         self.core = core
         self.checkpoints = checkpoints
         self.pools = pools
@@ -49,8 +48,6 @@ class Front:
         if team is not None and (request.secrets or request.egress_headers):
             raise Forbidden("secrets are the daemon owner's: a team's sandbox cannot use them (yet)")
         self.check_secrets(list(request.secrets), request.egress_headers)
-        if team is not None and (cap := self.longest_lifetime(team)) is not None:  # the team's quota: at most
-            request = request.model_copy(update={"lifetime_secs": min(request.lifetime_secs or cap, cap)})
         if team is None and (claimed := await self.pools.claim(request)) is not None:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)
@@ -124,6 +121,13 @@ class Front:
 
 def _shared_template(source: Restore) -> bool:
     """A template the owner made (``template-NAME``, no team's: a team cannot take that name), which every team's
-    key may start sandboxes from; each such sandbox is the team's own."""
+    key may start sandboxes from; each such sandbox is the team's own. One made with the owner's secrets is not
+    shared: its egress proxy would put them into a team's requests."""
     checkpoint = source.checkpoint
-    return checkpoint.spec.team is None and (checkpoint.name or "").startswith(TEMPLATE_PREFIX)
+    if checkpoint.spec.team is not None or not (checkpoint.name or "").startswith(TEMPLATE_PREFIX):
+        return False
+    spec = checkpoint.spec
+    if spec.secrets or spec.egress_headers or spec.ca_lineage:
+        raise Forbidden(f"template {checkpoint.name.removeprefix(TEMPLATE_PREFIX)!r} uses the daemon owner's "
+                        "secrets: a team's key cannot start it")  # fmt: skip
+    return True

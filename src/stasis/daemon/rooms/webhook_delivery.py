@@ -11,13 +11,13 @@ this host's ports).
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import hmac
 import ipaddress
 import json
 import socket
 import subprocess
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,7 +26,10 @@ import httpx
 from ...errors import InvalidRequest
 from ...netpolicy import is_special
 
-TIMEOUT = 10.0
+TIMEOUT = 10.0  # each read or write
+DEADLINE = 30.0  # one attempt, all told
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_own: list[object] = [float("-inf"), frozenset()]
 
 
 def body_of(event: dict[str, Any]) -> bytes:
@@ -65,7 +68,7 @@ async def public_address(host: str, port: int) -> str:
         raise InvalidRequest(f"the webhook's host {host!r} does not resolve: {exc}") from None
     addresses = [ipaddress.ip_address(info[4][0]) for info in found]
     for address in addresses:
-        if is_special(address) or not address.is_global or str(address) in own_addresses():
+        if not _public(address) or str(address) in own_addresses():
             raise InvalidRequest(
                 f"the webhook's host {host!r} resolves to {address}, which is not a public address; a webhook reaches "
                 "private ranges, loopback and this host only if added with --allow-private (by the daemon's owner)"
@@ -73,18 +76,43 @@ async def public_address(host: str, port: int) -> str:
     return str(addresses[0])
 
 
-@functools.lru_cache(maxsize=1)
+def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Global, and so is any IPv4 address an IPv6 one carries (mapped, 6to4, NAT64's 64:ff9b::/96)."""
+    if is_special(address) or not address.is_global:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = address.ipv4_mapped or address.sixtofour
+        if inner is None and address in NAT64:
+            inner = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if inner is not None:
+            return _public(inner)
+    return True
+
+
 def own_addresses() -> frozenset[str]:
-    """This host's own interface addresses (a public one included): a webhook never reaches its ports."""
-    try:
-        shown = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, timeout=10).stdout
-        return frozenset(a["local"] for link in json.loads(shown or "[]") for a in link.get("addr_info", []))
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return frozenset()
+    """This host's own interface addresses (a public one included), looked up at most once a minute: a webhook
+    never reaches its ports."""
+    now = time.monotonic()
+    if now - _own[0] > 60:
+        try:
+            shown = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, timeout=10).stdout
+            found = frozenset(a["local"] for link in json.loads(shown or "[]") for a in link.get("addr_info", []))
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            found = frozenset()
+        _own[:] = [now, found]
+    return _own[1]  # type: ignore[no-any-return]
 
 
 async def post(url: str, allow_private: bool, body: bytes, headers: dict[str, str]) -> tuple[int | None, str | None]:
-    """(the receiver's status, an error) of one POST; never raises for the receiver's failures."""
+    """(the receiver's status, an error) of one POST, within DEADLINE all told (the name's lookup too); the
+    receiver's answer is not read past its status. Never raises for the receiver's failures."""
+    try:
+        return await asyncio.wait_for(_post(url, allow_private, body, headers), DEADLINE)
+    except TimeoutError:
+        return None, f"no answer within {DEADLINE:.0f} s"
+
+
+async def _post(url: str, allow_private: bool, body: bytes, headers: dict[str, str]) -> tuple[int | None, str | None]:
     scheme, host, port = check_url(url)
     extensions: dict[str, Any] = {}
     target = url
@@ -97,9 +125,11 @@ async def post(url: str, allow_private: bool, body: bytes, headers: dict[str, st
             headers = {**headers, "host": parts.netloc}
             if scheme == "https":
                 extensions["sni_hostname"] = host
-        async with httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as client:
-            answer = await client.post(target, content=body, headers=headers, extensions=extensions)
-        return answer.status_code, None if answer.is_success else f"HTTP {answer.status_code}"
+        async with (
+            httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as client,
+            client.stream("POST", target, content=body, headers=headers, extensions=extensions) as answer,
+        ):
+            return answer.status_code, None if answer.is_success else f"HTTP {answer.status_code}"
     except InvalidRequest as exc:
         return None, exc.message
     except httpx.HTTPError as exc:

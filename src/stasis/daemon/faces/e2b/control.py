@@ -7,18 +7,21 @@ exceptions (404 NotFoundException, 401 AuthenticationException, 400 InvalidArgum
 
 from __future__ import annotations
 
+import time
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .... import tracing
 from ....errors import StasisError, echo
 from ..limits import BodyLimit
 from . import sandbox_routes, secret_routes, snapshot_routes, template_routes, volume_routes
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
 from .template_routes import signed_upload
-from .tenancy import principal_of_key, refused
+from .tenancy import audited, principal_of_key, refused
 from .volume_routes import CONTENT as VOLUME_CONTENT
 from .volume_routes import UNAUTHORIZED as VOLUME_UNAUTHORIZED
 from .volume_routes import token_holder
@@ -44,12 +47,17 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
             return await call_next(request)
         if signed:
             return await call_next(request)
+        started = time.monotonic()
         principal = principal_of_key(room, request.headers.get("x-api-key"))
         if principal is None:
-            return error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed, or a team's key")
-        if (refusal := refused(room, request, principal)) is not None:
-            return refusal
-        return await call_next(request)
+            answer = error(401, "Invalid API key: use the E2B_API_KEY that `stasis e2b serve` printed, or a team's key")
+        elif (refusal := refused(room, request, principal)) is not None:
+            answer = refusal
+        else:
+            with tracing.incoming(dict(request.headers)):  # a traceparent sent makes the spans the caller's
+                answer = await call_next(request)
+        audited(room, request, principal, answer.status_code, started)
+        return answer
 
     @app.exception_handler(StasisError)
     async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:

@@ -39,6 +39,7 @@ from ....netpolicy import NetworkPolicy
 from ....volume_models import VolumeMount
 from ...core.service import SandboxService
 from ...rooms import image_use
+from ...rooms.audit import AuditLog
 from ...rooms.checkpointing import Checkpoints
 from ...rooms.forks import fork
 from ...rooms.front import Front
@@ -93,6 +94,7 @@ class E2bRoom:
         self.volumes = volumes
         self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
         self.teams: TeamsRoom | None = None  # a team's key at this door (set in the wiring)
+        self.audit: AuditLog | None = None  # the daemon's audit log (set in the wiring)
 
     # -- lifecycle
 

@@ -1,12 +1,13 @@
 """A team's key at E2B's door: E2B's ``X-API-Key`` may be a stasis team key (:mod:`...rooms.teams`) as well as the
 face's own key. A team's key reaches its team's sandboxes only: ``/sandboxes`` and ``/v2/sandboxes`` (create,
 list, connect, pause, kill, ...); another team's sandbox is "not found" in E2B's own words; templates, volumes,
-snapshots and secrets are the owner's (403). Listing needs ``read``; anything else needs ``write`` and ``exec``
-(a create or a connect hands out the sandbox's envd token, which runs commands)."""
+snapshots and secrets are the owner's (403). A list needs ``read``; anything about one sandbox needs ``exec`` (its
+answer carries the sandbox's envd token, which runs commands), and ``write`` too if it changes something."""
 
 from __future__ import annotations
 
 import re
+import time
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -37,7 +38,9 @@ def refused(room: E2bRoom, request: Request, principal: Principal) -> JSONRespon
     path = request.url.path
     if not TEAM_PATHS.match(path):
         return error(403, f"{path[:80]} is the daemon owner's; a team's key reaches its team's sandboxes")
-    needed = ("read",) if request.method in ("GET", "HEAD") else ("write", "exec")
+    listing = request.method in ("GET", "HEAD") and path.rstrip("/") in ("/sandboxes", "/v2/sandboxes")
+    # a sandbox's own answer carries its envd token, which runs commands: exec, even to read it
+    needed = ("read",) if listing else ("exec",) if request.method in ("GET", "HEAD") else ("write", "exec")
     if lacking := [scope for scope in needed if not principal.allows(scope)]:
         return error(403, f"this key of team {principal.team} lacks the {' and '.join(lacking)} scope it needs here")
     if (match := SANDBOX.match(path)) is not None:
@@ -48,3 +51,16 @@ def refused(room: E2bRoom, request: Request, principal: Principal) -> JSONRespon
         if team != principal.team:
             return error(404, f"sandbox {echo(match[1])} was not found")  # E2B's words, as for a missing one
     return None
+
+
+def audited(room: E2bRoom, request: Request, principal: Principal | None, status: int, started: float) -> None:
+    """Into the daemon's audit log, as its own API's requests are: what may change something, and every refusal."""
+    if room.audit is None or (request.method in ("GET", "HEAD") and status < 400):
+        return
+    client = request.client
+    room.audit.record({
+        "at": time.time(), "team": principal.team if principal else None,
+        "key_id": (principal.key_id or "e2b-key") if principal else "anonymous",
+        "client": f"{client.host}:{client.port}" if client else None, "method": request.method,
+        "path": "e2b:" + request.url.path[:1020], "status": status, "duration_ms": (time.monotonic() - started) * 1000,
+    })  # fmt: skip
