@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .validation import validate_name
@@ -16,6 +18,10 @@ class CreateWebhookRequest(BaseModel):
     team: str | None = Field(None, description="only this team's sandboxes' events; None: every sandbox's")
     allow_private: bool = Field(False, description="may reach private, loopback and link-local addresses")
     description: str = Field("", max_length=200)
+    flavor: Literal["stasis", "e2b"] = Field("stasis", description="e2b: E2B's payload and e2b-signature header")
+    name: str = Field("", max_length=200)
+    enabled: bool = True
+    secret: str | None = Field(None, min_length=8, max_length=200, description="None: one is made (and shown once)")
 
     @field_validator("events")
     @classmethod
@@ -39,6 +45,9 @@ class WebhookInfo(BaseModel):
     allow_private: bool = False
     created_at: float
     description: str = ""
+    flavor: Literal["stasis", "e2b"] = "stasis"
+    name: str = ""
+    enabled: bool = True
 
 
 class CreatedWebhook(WebhookInfo):

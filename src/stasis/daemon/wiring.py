@@ -67,7 +67,8 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
         webhooks=WebhooksRoom(core, tables.webhooks), audit=AuditLog(paths.home / "audit.db"), token=token,
     )  # fmt: skip
     e2b.code_interpreter = rooms.code.ensure
-    e2b.teams, e2b.audit = teams, rooms.audit
+    e2b.teams, e2b.audit, e2b.webhooks = teams, rooms.audit, rooms.webhooks
+    rooms.webhooks.describe = e2b.describe
     # what the core calls back: when a sandbox starts here, and when it ends (what a room holds of it goes too)
     core.use_secrets(secrets.broker)
     core.on_ready(secrets.install_trust)

@@ -4,6 +4,9 @@ event exists exactly when its transition does, and a daemon killed before delive
 
 from __future__ import annotations
 
+import sqlite3
+from typing import Any
+
 from ...models import SandboxStatus
 
 S = SandboxStatus
@@ -38,3 +41,32 @@ def event_of(
     if target == S.FAILED:
         return "failed", detail or None
     return None
+
+
+def after(db: sqlite3.Connection, seq: int, limit: int = 500) -> list[dict[str, Any]]:
+    """Lifecycle events past ``seq``, oldest first."""
+    rows = db.execute("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+    return [dict(row) for row in rows]
+
+
+def page(
+    db: sqlite3.Connection, sandbox_id: str | None, team: str | None, types: list[str], offset: int, limit: int,
+    ascending: bool,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Events of one sandbox (or all), of one team (or all), of these types (or all), a page of them."""
+    where, args = ["1"], []
+    for column, value in (("sandbox_id", sandbox_id), ("team", team)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    if types:
+        where.append(f"type IN ({', '.join('?' * len(types))})")
+        args += types
+    order = "ASC" if ascending else "DESC"
+    query = f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ? OFFSET ?"
+    return [dict(row) for row in db.execute(query, (*args, limit, offset))]
+
+
+def last(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT MAX(seq) AS seq FROM events").fetchone()
+    return int(row["seq"] or 0)

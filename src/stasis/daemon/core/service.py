@@ -33,6 +33,7 @@ from ...netpolicy import NetworkPolicy
 from ...network.audit import EgressAudit
 from ...network.engine import NetworkEngine
 from ...paths import Paths
+from . import events
 from .activity import Activity, Clock
 from .boxes import Boxes
 from .checkpoints import CheckpointFiles
@@ -142,10 +143,16 @@ class SandboxService(Lifecycle):
 
     def events_after(self, seq: int, limit: int = 500) -> list[dict[str, Any]]:
         """Lifecycle events past ``seq`` (the outbox :mod:`.events` describes), oldest first."""
-        return self.store.events_after(seq, limit)
+        return events.after(self.store.db, seq, limit)
 
     def last_event(self) -> int:
-        return self.store.last_event()
+        return events.last(self.store.db)
+
+    def events_of(
+        self, sandbox_id: str | None = None, team: str | None = None, types: list[str] | None = None,
+        offset: int = 0, limit: int = 100, ascending: bool = False,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        return events.page(self.store.db, sandbox_id, team, types or [], offset, limit, ascending)
 
     def records(self, *, include_terminated: bool = False, status: SandboxStatus | None = None) -> list[SandboxInfo]:
         """Every stored record, pool members too, oldest first (``status``: only those in it)."""

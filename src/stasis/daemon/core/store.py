@@ -103,7 +103,10 @@ CREATE TABLE IF NOT EXISTS webhooks (
     secret TEXT NOT NULL,
     created_at REAL NOT NULL,
     description TEXT NOT NULL DEFAULT '',
-    cursor INTEGER NOT NULL          -- the last event it has a delivery for
+    cursor INTEGER NOT NULL,         -- the last event it has a delivery for
+    flavor TEXT NOT NULL DEFAULT 'stasis',
+    name TEXT NOT NULL DEFAULT '',
+    enabled INTEGER NOT NULL DEFAULT 1
 );
 CREATE TABLE IF NOT EXISTS webhook_deliveries (
     id TEXT PRIMARY KEY,
@@ -405,15 +408,6 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 ("ev_" + secrets.token_hex(12), now, made[0], sandbox_id, row["name"], row["team"], made[1]),
             )
-
-    def events_after(self, seq: int, limit: int = 500) -> list[dict[str, Any]]:
-        """Lifecycle events past ``seq``, oldest first."""
-        rows = self.db.execute("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
-        return [dict(row) for row in rows]
-
-    def last_event(self) -> int:
-        row = self.db.execute("SELECT MAX(seq) AS seq FROM events").fetchone()
-        return int(row["seq"] or 0)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -199,11 +199,17 @@ class WebhookTable(Table):
 
     def insert_webhook(self, hook: WebhookInfo, secret: str, cursor: int) -> None:
         self.db.execute(
-            "INSERT INTO webhooks (id, url, events, team, allow_private, secret, created_at, description, cursor) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO webhooks (id, url, events, team, allow_private, secret, created_at, description, cursor, "
+            "flavor, name, enabled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (hook.id, hook.url, json.dumps(hook.events), hook.team, int(hook.allow_private), secret,
-             hook.created_at, hook.description, cursor),
+             hook.created_at, hook.description, cursor, hook.flavor, hook.name, int(hook.enabled)),
         )  # fmt: skip
+
+    def update_webhook(self, hook: WebhookInfo, secret: str) -> None:
+        self.db.execute(
+            "UPDATE webhooks SET url = ?, events = ?, name = ?, enabled = ?, secret = ? WHERE id = ?",
+            (hook.url, json.dumps(hook.events), hook.name, int(hook.enabled), secret, hook.id),
+        )
 
     def delete_webhook(self, hook_id: str) -> None:
         with self.db:
@@ -218,7 +224,8 @@ class WebhookTable(Table):
         rows = self.db.execute("SELECT * FROM webhooks ORDER BY created_at").fetchall()
         return [(WebhookInfo(id=r["id"], url=r["url"], events=json.loads(r["events"]), team=r["team"],
                              allow_private=bool(r["allow_private"]), created_at=r["created_at"],
-                             description=r["description"]), r["secret"], r["cursor"]) for r in rows]  # fmt: skip
+                             description=r["description"], flavor=r["flavor"], name=r["name"],
+                             enabled=bool(r["enabled"])), r["secret"], r["cursor"]) for r in rows]  # fmt: skip
 
     def enqueue(self, hook_id: str, event_seqs: list[int], cursor: int, now: float) -> None:
         """Deliveries of these events, and the cursor past them, in one transaction."""

@@ -11,6 +11,7 @@ this host's ports).
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import ipaddress
@@ -39,6 +40,30 @@ def body_of(event: dict[str, Any]) -> bytes:
         "delivery_id": event["id"],
     }  # fmt: skip
     return json.dumps(document, sort_keys=True).encode()
+
+
+E2B_TYPES = {"created": "created", "forked": "created", "resumed": "resumed", "suspended": "paused",
+             "checkpointed": "checkpointed", "updated": "updated", "killed": "killed", "failed": "killed"}  # fmt: skip
+
+
+def e2b_body(event: dict[str, Any], context: dict[str, Any]) -> bytes:
+    """E2B's webhook payload (version v2) of an event; ``context``: what the E2B face knows of the sandbox."""
+    kind = E2B_TYPES.get(str(event["event_type"]), "updated")
+    data: dict[str, Any] = {"sandbox_metadata": context.get("metadata", {})}
+    if kind in ("killed", "paused"):
+        data["execution"] = {"vcpu_count": context.get("cpus"), "memory_mb": context.get("memory_mb")}
+    document = {
+        "version": "v2", "id": event["event_id"], "type": f"sandbox.lifecycle.{kind}", "eventData": data,
+        "sandboxId": event["sandbox_id"], "sandboxTeamId": event["team"] or "", "sandboxBuildId": "",
+        "sandboxExecutionId": event["sandbox_id"], "sandboxTemplateId": context.get("template", ""),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(event["event_at"]))),
+    }  # fmt: skip
+    return json.dumps(document, sort_keys=True).encode()
+
+
+def e2b_signature(secret: str, body: bytes) -> str:
+    """E2B's: the unpadded base64 of SHA-256 over the secret followed by the body."""
+    return base64.b64encode(hashlib.sha256(secret.encode() + body).digest()).decode().rstrip("=")
 
 
 def signature(secret: str, body: bytes, at: int) -> str:

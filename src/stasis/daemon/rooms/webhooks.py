@@ -16,6 +16,8 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ...errors import NotFound, echo
 from ...webhook_models import AttemptInfo, CreatedWebhook, CreateWebhookRequest, DeliveryInfo, WebhookInfo
@@ -35,6 +37,7 @@ class WebhooksRoom:
         self.table = table  # this room is its one writer
         self._task: asyncio.Task[None] | None = None
         self._draining: dict[str, asyncio.Task[None]] = {}
+        self.describe: Callable[[str], dict[str, Any]] = lambda sandbox_id: {}  # E2B's view of a sandbox (wiring)
 
     # -- managing
 
@@ -42,10 +45,10 @@ class WebhooksRoom:
         _, host, port = delivery.check_url(request.url)
         if not request.allow_private:
             await delivery.public_address(host, port)  # said now; checked again at each delivery
-        hook = WebhookInfo(id="wh_" + secrets.token_hex(8), url=request.url, events=request.events,
-                           team=request.team, allow_private=request.allow_private, created_at=time.time(),
-                           description=request.description)  # fmt: skip
-        secret = "whsec_" + secrets.token_hex(24)
+        fields = request.model_dump(include={"url", "events", "team", "allow_private", "description", "flavor",
+                                             "name", "enabled"})  # fmt: skip
+        hook = WebhookInfo(id="wh_" + secrets.token_hex(8), created_at=time.time(), **fields)
+        secret = request.secret or "whsec_" + secrets.token_hex(24)
         self.table.insert_webhook(hook, secret, self.core.last_event())  # from the next event on
         log.info("webhook %s added: %s for %s", hook.id, hook.url, ",".join(hook.events))
         return CreatedWebhook(**hook.model_dump(), secret=secret)
@@ -58,6 +61,17 @@ class WebhooksRoom:
             if hook.id == hook_id:
                 return hook
         raise NotFound(f"no webhook {echo(hook_id)}; `stasis webhook ls` lists them")
+
+    async def update(self, hook_id: str, changes: dict[str, object]) -> WebhookInfo:
+        """Its URL, events, name, enabled or secret replaced by those given (a new URL is checked as at add)."""
+        hook, secret = next((h, s) for h, s, _ in self.table.webhooks() if h.id == self.get(hook_id).id)
+        if "url" in changes and not hook.allow_private:
+            _, host, port = delivery.check_url(str(changes["url"]))
+            await delivery.public_address(host, port)
+        secret = str(changes.pop("secret", None) or secret)
+        hook = WebhookInfo.model_validate({**hook.model_dump(), **changes})
+        self.table.update_webhook(hook, secret)
+        return hook
 
     def remove(self, hook_id: str) -> None:
         self.get(hook_id)
@@ -106,7 +120,8 @@ class WebhooksRoom:
             events = self.core.events_after(cursor)
             if not events:
                 continue
-            wanted = [e["seq"] for e in events if e["type"] in hook.events and hook.team in (None, e["team"])]
+            wanted = [e["seq"] for e in events if hook.enabled and e["type"] in hook.events
+                      and hook.team in (None, e["team"])]  # fmt: skip
             self.table.enqueue(hook.id, wanted, events[-1]["seq"], time.time())
 
     async def _drain(self, hook: WebhookInfo, secret: str) -> None:
@@ -117,11 +132,16 @@ class WebhooksRoom:
                 return  # the oldest waits for its retry, and every later one behind it
 
     async def _attempt(self, hook: WebhookInfo, secret: str, event: dict[str, object]) -> bool:
-        body = delivery.body_of(event)
-        at = int(time.time())
-        headers = {"content-type": "application/json", "user-agent": "stasis-webhooks",
-                   "stasis-signature": delivery.signature(secret, body, at), "stasis-event-id": str(event["event_id"]),
-                   "stasis-event-type": str(event["event_type"]), "stasis-delivery-id": str(event["id"])}  # fmt: skip
+        headers = {"content-type": "application/json", "user-agent": "stasis-webhooks"}
+        if hook.flavor == "e2b":  # E2B's payload and headers, for receivers written against E2B
+            body = delivery.e2b_body(event, self.describe(str(event["sandbox_id"])))
+            headers |= {"e2b-webhook-id": hook.id, "e2b-delivery-id": str(event["id"]), "e2b-signature-version": "v1",
+                        "e2b-signature": delivery.e2b_signature(secret, body)}  # fmt: skip
+        else:
+            body = delivery.body_of(event)
+            headers |= {"stasis-signature": delivery.signature(secret, body, int(time.time())),
+                        "stasis-event-id": str(event["event_id"]), "stasis-event-type": str(event["event_type"]),
+                        "stasis-delivery-id": str(event["id"])}  # fmt: skip
         started = time.monotonic()
         code, error = await delivery.post(hook.url, hook.allow_private, body, headers)
         elapsed_ms = (time.monotonic() - started) * 1000

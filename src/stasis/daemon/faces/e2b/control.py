@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .... import tracing
 from ....errors import StasisError, echo
 from ..limits import BodyLimit
-from . import sandbox_routes, secret_routes, snapshot_routes, template_routes, volume_routes
+from . import event_routes, sandbox_routes, secret_routes, snapshot_routes, template_routes, volume_routes
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
 from .template_routes import signed_upload
@@ -79,4 +79,5 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
     app.include_router(volume_routes.router)  # before the snapshots': DELETE /templates/tags is not a template's id
     app.include_router(snapshot_routes.router)
     app.include_router(secret_routes.router)
+    app.include_router(event_routes.router)
     return app

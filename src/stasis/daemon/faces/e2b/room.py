@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from ...rooms.front import Front
 from ...rooms.secrets import SecretsRoom
 from ...rooms.teams import TeamsRoom
 from ...rooms.volumes import VolumesRoom
+from ...rooms.webhooks import WebhooksRoom
 from .keys import E2bKeys
 from .records import Record, Records
 from .template_builder import TemplateBuilder
@@ -95,6 +97,9 @@ class E2bRoom:
         self.code_interpreter: Callable[[str], Awaitable[None]] | None = None  # starts run_code's server (CodeRoom)
         self.teams: TeamsRoom | None = None  # a team's key at this door (set in the wiring)
         self.audit: AuditLog | None = None  # the daemon's audit log (set in the wiring)
+        self.webhooks: WebhooksRoom | None = None  # E2B's lifecycle webhooks are stasis' (set in the wiring)
+        self.private_webhooks = os.environ.get("STASIS_WEBHOOKS_ALLOW_PRIVATE") == "1"  # the owner's E2B key's
+        self._gone: dict[str, Record] = {}  # records of sandboxes just ended, for their last events' payloads
 
     # -- lifecycle
 
@@ -188,8 +193,23 @@ class E2bRoom:
         return info.deadline or info.idle_action_at or time.time() + (info.spec.timeout_secs or MAX_TIMEOUT)
 
     async def forget(self, sandbox_id: str) -> None:
-        """The sandbox is gone: its record goes with it (the core's teardown hook)."""
+        """The sandbox is gone: its record goes with it (the core's teardown hook), kept a while in memory for the
+        payloads of its last events."""
+        if (record := self.records.get(sandbox_id)) is not None:
+            self._gone[sandbox_id] = record
+            while len(self._gone) > 10_000:
+                self._gone.pop(next(iter(self._gone)))
         self.records.remove(sandbox_id)
+
+    def describe(self, sandbox_id: str) -> dict[str, Any]:
+        """What E2B's event payloads say of a sandbox: its metadata, template, CPUs and memory."""
+        record = self.records.get(sandbox_id) or self._gone.get(sandbox_id)
+        try:
+            spec = self.core.record(sandbox_id).spec
+            size = {"cpus": max(1, round(spec.cpus)), "memory_mb": spec.memory_mb}
+        except NotFound:
+            size = {}
+        return {"metadata": record.metadata if record else {}, "template": record.template if record else "", **size}
 
     def sandbox(self, ref: str) -> SandboxInfo:
         """A live sandbox by E2B id (a stasis id or name); E2B's 404 otherwise."""

@@ -1,6 +1,7 @@
 """A team's key at E2B's door: E2B's ``X-API-Key`` may be a stasis team key (:mod:`...rooms.teams`) as well as the
 face's own key. A team's key reaches its team's sandboxes only: ``/sandboxes`` and ``/v2/sandboxes`` (create,
-list, connect, pause, kill, ...); another team's sandbox is "not found" in E2B's own words; templates, volumes,
+list, connect, pause, kill, ...) and its lifecycle events and webhooks (``/events``); another team's sandbox is
+"not found" in E2B's own words; templates, volumes,
 snapshots and secrets are the owner's (403). A list needs ``read``; anything about one sandbox needs ``exec`` (its
 answer carries the sandbox's envd token, which runs commands), and ``write`` too if it changes something."""
 
@@ -19,7 +20,7 @@ from .plane import error
 from .room import E2bRoom
 
 SANDBOX = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)")
-TEAM_PATHS = re.compile(r"^/(?:v2/)?sandboxes(?:/|$)")
+TEAM_PATHS = re.compile(r"^/(?:v2/)?sandboxes(?:/|$)|^/events/")
 
 
 def principal_of_key(room: E2bRoom, key: str | None) -> Principal | None:
@@ -38,7 +39,11 @@ def refused(room: E2bRoom, request: Request, principal: Principal) -> JSONRespon
     path = request.url.path
     if not TEAM_PATHS.match(path):
         return error(403, f"{path[:80]} is the daemon owner's; a team's key reaches its team's sandboxes")
-    listing = request.method in ("GET", "HEAD") and path.rstrip("/") in ("/sandboxes", "/v2/sandboxes")
+    listing = request.method in ("GET", "HEAD") and (path.rstrip("/") in ("/sandboxes", "/v2/sandboxes")
+                                                      or path.startswith("/events/"))  # fmt: skip
+    if path.startswith("/events/") and not listing:  # its team's webhooks
+        lacking = [] if principal.allows("write") else ["write"]
+        return error(403, f"this key of team {principal.team} lacks the write scope") if lacking else None
     # a sandbox's own answer carries its envd token, which runs commands: exec, even to read it
     needed = ("read",) if listing else ("exec",) if request.method in ("GET", "HEAD") else ("write", "exec")
     if lacking := [scope for scope in needed if not principal.allows(scope)]:
