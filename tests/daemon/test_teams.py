@@ -158,6 +158,8 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
         teams.remove_team("red", client=owner)
         with pytest.raises(Unauthorized):
             Sandbox.list(client=reader)  # a removed team's keys are revoked with it
+        with pytest.raises(Conflict, match="never used again"):
+            teams.create_team("red", client=owner)  # its usage and events stay its own
     bad = httpx.get(f"{url}/v1/sandboxes", headers={"authorization": "Bearer sk_stasis_aaaaaaaaaaaa_" + "0" * 48})
     assert bad.status_code == 401
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from stasis import CheckpointType, InvalidRequest, Sandbox
+from stasis import CheckpointType, InvalidRequest, QuotaExceeded, Sandbox
 from stasis.sdk import webhook as hooks
 from tests.conftest import Daemon, wait_until
 from tests.images.test_oci import free_port
@@ -147,3 +147,7 @@ def test_a_webhook_never_reaches_a_private_address_unless_allowed(own_daemon: Da
         with pytest.raises(InvalidRequest, match="unknown event"):
             hooks.add_webhook("http://127.0.0.1:9/", client=client, events=["exploded"], allow_private=True)
         assert hooks.list_webhooks(client=client) == []
+        for _ in range(20):
+            hooks.add_webhook("http://127.0.0.1:9/", client=client, allow_private=True)
+        with pytest.raises(QuotaExceeded, match="the most webhooks"):  # a bounded number, each served by a task
+            hooks.add_webhook("http://127.0.0.1:9/", client=client, allow_private=True)

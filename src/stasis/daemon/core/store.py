@@ -66,6 +66,8 @@ CREATE TABLE IF NOT EXISTS events (  -- lifecycle events, written with their tra
     team TEXT,
     reason TEXT
 );
+CREATE INDEX IF NOT EXISTS events_by_sandbox ON events(sandbox_id, seq);
+CREATE INDEX IF NOT EXISTS events_by_team ON events(team, seq);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY,
     name TEXT UNIQUE,
@@ -81,7 +83,8 @@ CREATE TABLE IF NOT EXISTS pushes (  -- a sandbox being handed to the remote sto
 CREATE TABLE IF NOT EXISTS teams (   -- tenants: their quotas; their keys below (only a key's hash is kept)
     name TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
-    quotas TEXT NOT NULL DEFAULT '{}'
+    quotas TEXT NOT NULL DEFAULT '{}',
+    removed_at REAL                  -- a removed team's name is never used again: its history stays its own
 );
 CREATE TABLE IF NOT EXISTS team_keys (
     id TEXT PRIMARY KEY,

@@ -144,20 +144,21 @@ class TeamTable(Table):
             self.db.execute("INSERT INTO teams (name, created_at, quotas) VALUES (?, ?, ?)",
                                 (team.name, team.created_at, team.quotas.model_dump_json()))  # fmt: skip
         except sqlite3.IntegrityError:
-            raise NameTaken(f"a team named {team.name!r} exists") from None
+            raise NameTaken(f"a team named {team.name!r} exists, or existed (a name is never used again: its "
+                            "sandboxes' usage and events stay that team's); pick another") from None  # fmt: skip
 
     def delete_team(self, name: str) -> None:
         with self.db:  # one transaction: a removed team has no key left that works
             self.db.execute("BEGIN")
             self.db.execute("UPDATE team_keys SET revoked_at = ? WHERE team = ? AND revoked_at IS NULL",
                             (time.time(), name))  # fmt: skip
-            self.db.execute("DELETE FROM teams WHERE name = ?", (name,))
+            self.db.execute("UPDATE teams SET removed_at = ? WHERE name = ?", (time.time(), name))
 
     def update_quotas(self, name: str, quotas: TeamQuotas) -> None:
         self.db.execute("UPDATE teams SET quotas = ? WHERE name = ?", (quotas.model_dump_json(), name))
 
     def teams(self) -> list[TeamInfo]:
-        rows = self.db.execute("SELECT * FROM teams ORDER BY name").fetchall()
+        rows = self.db.execute("SELECT * FROM teams WHERE removed_at IS NULL ORDER BY name").fetchall()
         return [TeamInfo(name=r["name"], created_at=r["created_at"],
                          quotas=TeamQuotas.model_validate_json(r["quotas"])) for r in rows]  # fmt: skip
 

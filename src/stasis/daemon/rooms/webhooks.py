@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import NotFound, echo
+from ...errors import NotFound, QuotaExceeded, echo
 from ...webhook_models import AttemptInfo, CreatedWebhook, CreateWebhookRequest, DeliveryInfo, WebhookInfo
 from ..core.service import SandboxService
 from ..core.tables import WebhookTable
@@ -28,6 +28,8 @@ from . import webhook_delivery as delivery
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 15
+MAX_PER_TEAM = 20  # webhooks of one team (or of the owner)
+MAX_WEBHOOKS = 1000
 POLL = 0.5  # seconds between looks at the outbox
 
 
@@ -42,6 +44,12 @@ class WebhooksRoom:
     # -- managing
 
     async def add(self, request: CreateWebhookRequest) -> CreatedWebhook:
+        hooks = self.list()
+        if len([h for h in hooks if h.team == request.team]) >= MAX_PER_TEAM or len(hooks) >= MAX_WEBHOOKS:
+            whose = f"team {request.team}" if request.team else "the owner"
+            raise QuotaExceeded(
+                f"{whose} has the most webhooks there may be ({MAX_PER_TEAM} each, {MAX_WEBHOOKS} in all); remove one"
+            )
         _, host, port = delivery.check_url(request.url)
         if not request.allow_private:
             await delivery.public_address(host, port)  # said now; checked again at each delivery
@@ -64,10 +72,14 @@ class WebhooksRoom:
 
     async def update(self, hook_id: str, changes: dict[str, object]) -> WebhookInfo:
         """Its URL, events, name, enabled or secret replaced by those given (a new URL is checked as at add)."""
-        hook, secret = next((h, s) for h, s, _ in self.table.webhooks() if h.id == self.get(hook_id).id)
-        if "url" in changes and not hook.allow_private:
+        found = [(h, s) for h, s, _ in self.table.webhooks() if h.id == hook_id]
+        if not found:
+            raise NotFound(f"no webhook {echo(hook_id)}; `stasis webhook ls` lists them")
+        hook, secret = found[0]
+        if "url" in changes:  # checked as at add, against what may be reached now
             _, host, port = delivery.check_url(str(changes["url"]))
-            await delivery.public_address(host, port)
+            if not changes.get("allow_private", hook.allow_private):
+                await delivery.public_address(host, port)
         secret = str(changes.pop("secret", None) or secret)
         hook = WebhookInfo.model_validate({**hook.model_dump(), **changes})
         self.table.update_webhook(hook, secret)
@@ -134,7 +146,12 @@ class WebhooksRoom:
     async def _attempt(self, hook: WebhookInfo, secret: str, event: dict[str, object]) -> bool:
         headers = {"content-type": "application/json", "user-agent": "stasis-webhooks"}
         if hook.flavor == "e2b":  # E2B's payload and headers, for receivers written against E2B
-            body = delivery.e2b_body(event, self.describe(str(event["sandbox_id"])))
+            try:
+                context = self.describe(str(event["sandbox_id"]))
+            except Exception:  # logged: the event goes out with less said, never jams the ones behind it
+                log.exception("describing %s for webhook %s", event["sandbox_id"], hook.id)
+                context = {}
+            body = delivery.e2b_body(event, context)
             headers |= {"e2b-webhook-id": hook.id, "e2b-delivery-id": str(event["id"]), "e2b-signature-version": "v1",
                         "e2b-signature": delivery.e2b_signature(secret, body)}  # fmt: skip
         else:

@@ -51,20 +51,31 @@ def shown(hook: WebhookInfo) -> dict[str, Any]:
             "enabled": hook.enabled, "url": hook.url, "events": theirs}  # fmt: skip
 
 
+def _private(plane: Any, team: str | None) -> bool:
+    """Private addresses: the face's own key's, if the owner allows it; never a team's."""
+    return team is None and bool(plane.room.private_webhooks)
+
+
 def _mine(plane: Any, hook_id: str, team: str | None) -> WebhookInfo:
-    hook = plane.room.webhooks.get(hook_id)
+    missing = NotFound(f"webhook {echo(hook_id)} was not found")
+    try:
+        hook = plane.room.webhooks.get(hook_id)
+    except NotFound:
+        raise missing from None
     if hook.flavor != "e2b" or (team is not None and hook.team != team):
-        raise NotFound(f"webhook {echo(hook_id)} was not found")
+        raise missing
     return hook  # type: ignore[no-any-return]
 
 
 @router.post("/events/webhooks", status_code=201)
 async def add(body: NewWebhook, plane: PlaneDep, principal: PrincipalDep) -> dict[str, Any]:
-    request = CreateWebhookRequest(
-        url=body.url, events=ours(body.events), team=principal.team, flavor="e2b", name=body.name,
-        enabled=body.enabled, secret=body.signature_secret,
-        allow_private=principal.team is None and plane.room.private_webhooks,  # the owner's choice, never a team's
-    )  # fmt: skip
+    try:
+        request = CreateWebhookRequest(
+            url=body.url, events=ours(body.events), team=principal.team, flavor="e2b", name=body.name,
+            enabled=body.enabled, secret=body.signature_secret, allow_private=_private(plane, principal.team),
+        )  # fmt: skip
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid webhook: {str(exc)[:300]}") from None
     return shown(await plane.room.webhooks.add(request))
 
 
@@ -83,7 +94,10 @@ async def get(hook_id: str, plane: PlaneDep, principal: PrincipalDep) -> dict[st
 async def update(hook_id: str, body: WebhookUpdate, plane: PlaneDep, principal: PrincipalDep) -> dict[str, Any]:
     _mine(plane, hook_id, principal.team)
     changes: dict[str, object] = body.model_dump(exclude_none=True, include={"name", "url", "enabled"})
+    changes["allow_private"] = _private(plane, principal.team)  # what may be reached now, not when it was made
     if body.events is not None:
+        if not body.events:
+            raise InvalidRequest("a webhook needs at least one event type")
         changes["events"] = ours(body.events)
     if body.signature_secret is not None:
         changes["secret"] = body.signature_secret
@@ -100,7 +114,7 @@ async def remove(hook_id: str, plane: PlaneDep, principal: PrincipalDep) -> Resp
 def _page(
     plane: Any, request: Request, team: str | None, sandbox: str | None, offset: int, limit: int, ascending: bool
 ) -> list[dict[str, Any]]:
-    types = request.query_params.getlist("types")
+    types = sorted(set(request.query_params.getlist("types")))
     kinds = ours(types) if types else []
     rows = plane.room.core.events_of(sandbox, team, kinds, offset, limit, ascending)
     for row in rows:
@@ -108,7 +122,7 @@ def _page(
     return [json.loads(delivery.e2b_body(row, plane.room.describe(row["sandbox_id"]))) for row in rows]
 
 
-Offset = Annotated[int, Query(ge=0)]
+Offset = Annotated[int, Query(ge=0, le=1_000_000)]
 Limit = Annotated[int, Query(ge=1, le=100)]
 
 

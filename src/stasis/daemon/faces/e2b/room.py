@@ -197,7 +197,7 @@ class E2bRoom:
         payloads of its last events."""
         if (record := self.records.get(sandbox_id)) is not None:
             self._gone[sandbox_id] = record
-            while len(self._gone) > 10_000:
+            while len(self._gone) > 1000:
                 self._gone.pop(next(iter(self._gone)))
         self.records.remove(sandbox_id)
 
