@@ -134,7 +134,6 @@ def test_events_in_the_outbox_of_a_killed_daemon_are_delivered_after_its_restart
         receiver.close()
 
 
-@pytest.mark.fast
 def test_a_webhook_never_reaches_a_private_address_unless_allowed(own_daemon: Daemon) -> None:
     own_daemon.start()
     with own_daemon.client() as client:
