@@ -3,12 +3,13 @@ input: a document that does not parse as one is refused, never half-used."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import CheckpointCorrupt
 
+ManifestT = TypeVar("ManifestT", bound=BaseModel)
 FORMAT = 2  # 2: what files depend on outside their directory is a list of externals (1: a microVM's "base")
 
 
@@ -41,16 +42,7 @@ class Manifest(BaseModel):
 
     @classmethod
     def parse(cls, document: dict[str, Any], where: str) -> Manifest:
-        try:
-            manifest = cls.model_validate(document)
-        except ValidationError as exc:
-            raise CheckpointCorrupt(f"{where} is not a manifest stasis can read: {str(exc)[:300]}") from None
-        if manifest.format != FORMAT:
-            raise CheckpointCorrupt(
-                f"{where} was written in format {manifest.format} (this stasis reads {FORMAT}); push it again "
-                "from a node that has it"
-            )
-        return manifest
+        return _parse(cls, document, where, "manifest")
 
     def document(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -73,10 +65,21 @@ class VolumeManifest(BaseModel):
 
     @classmethod
     def parse(cls, document: dict[str, Any], where: str) -> VolumeManifest:
-        try:
-            manifest = cls.model_validate(document)
-        except ValidationError as exc:
-            raise CheckpointCorrupt(f"{where} is not a volume manifest stasis can read: {str(exc)[:300]}") from None
-        if manifest.format != FORMAT or ".." in manifest.name:
-            raise CheckpointCorrupt(f"{where} was written in format {manifest.format} (this stasis reads {FORMAT})")
+        manifest = _parse(cls, document, where, "volume manifest")
+        if ".." in manifest.name:
+            raise CheckpointCorrupt(f"{where} names volume {manifest.name[:80]!r}, which is no volume's name; refused")
         return manifest
+
+
+def _parse(cls: type[ManifestT], document: dict[str, Any], where: str, what: str) -> ManifestT:
+    """The store's word, checked as any input: a document that does not parse, or of another format, is refused."""
+    try:
+        manifest = cls.model_validate(document)
+    except ValidationError as exc:
+        raise CheckpointCorrupt(f"{where} is not a {what} stasis can read: {str(exc)[:300]}") from None
+    if manifest.format != FORMAT:  # type: ignore[attr-defined]
+        raise CheckpointCorrupt(
+            f"{where} was written in format {manifest.format} (this stasis reads {FORMAT}); push it again "  # type: ignore[attr-defined]
+            "from a node that has it"
+        )
+    return manifest
