@@ -1,11 +1,12 @@
-"""Console logins: a token typed into the login form becomes a cookie session.
+"""Console logins: a token (the daemon's, or a team's key) typed into the login form becomes a cookie session.
 
 The cookie is HttpOnly and SameSite=Strict; every action also carries the session's CSRF token in a
 header (the page reads it from a meta tag). A session is signed, not stored: its id names its expiry and is
 an HMAC under the daemon's session key, its CSRF token an HMAC of the id. A daemon with a TCP token keys
 sessions by it, so every node of a fleet (one token) accepts the same login and a restart keeps it; one on the
 Unix socket alone keys them per run (a restarted daemon asks for the token again). A logout is remembered
-until the session would have expired.
+until the session would have expired. A session made with a team's key names the key's id (signed with the rest),
+never the key; the console asks the teams' room on each page whether that key still works.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 COOKIE = "stasis_console"
 LIFETIME_SECS = 12 * 3600  # of a session, and of a console-only login token
@@ -26,6 +28,8 @@ class Session:
     id: str
     csrf: str
     expires_at: float
+    key_id: str | None = None  # a team's key's id; None: the owner's
+    principal: Any = None  # who it is now (the console sets it from ``key_id`` on each request)
 
 
 @dataclass
@@ -51,11 +55,14 @@ class Sessions:
             and hmac.compare_digest(signature.encode(), self._sign("login", body).encode())
         )  # fmt: skip
 
-    def login(self, token: str) -> Session | None:
+    def login(self, token: str, key_id: str | None = None) -> Session | None:
+        """A session for the owner's token; or, with ``key_id``, for the team's key the caller checked."""
         known = any(hmac.compare_digest(token.encode(), known.encode()) for known in self.tokens)
-        if not token or not (known or self._signed_login(token)):
+        if key_id is None and (not token or not (known or self._signed_login(token))):
             return None
         body = f"{int(time.time() + LIFETIME_SECS)}.{secrets.token_urlsafe(16)}"
+        if key_id is not None:
+            body += f".{key_id}"
         return self._session(f"{body}.{self._sign('session', body)}")
 
     def get(self, session_id: str | None) -> Session | None:
@@ -77,7 +84,9 @@ class Sessions:
             self._ended[session.id] = session.expires_at
 
     def _session(self, session_id: str) -> Session:
-        return Session(session_id, self._sign("csrf", session_id)[:32], float(session_id.partition(".")[0]))
+        parts = session_id.split(".")  # expiry, random, [key id,] signature
+        key_id = parts[2] if len(parts) == 4 else None
+        return Session(session_id, self._sign("csrf", session_id)[:32], float(parts[0]), key_id)
 
     def _sign(self, kind: str, text: str) -> str:
         return hmac.new(self.key, f"{kind}:{text}".encode(), hashlib.sha256).hexdigest()

@@ -88,16 +88,19 @@ class CreateKeyRequest(BaseModel):
 
 
 class SandboxUsage(BaseModel):
-    """What one sandbox used in a window: allocated resources over the time it ran (not what it burnt)."""
+    """What one sandbox used in a window: what its processes burnt (CPU, network) and what it was allotted."""
 
     sandbox_id: str
     name: str | None = None
     team: str | None = None
     running_seconds: float = 0.0
     suspended_seconds: float = 0.0
-    cpu_seconds: float = Field(0.0, description="its CPUs times the seconds it ran (allocated)")
+    cpu_seconds: float = Field(0.0, description="CPU time its processes used on the host (measured)")
+    cpu_allocated_seconds: float = Field(0.0, description="its CPUs times the seconds it ran (allocated)")
     memory_gib_seconds: float = Field(0.0, description="its memory (GiB) times the seconds it ran (allocated)")
     disk_gib_hours: float = Field(0.0, description="its disk size (GiB) times the hours it existed, suspended too")
+    egress_bytes: int = Field(0, description="bytes it sent out through its egress proxy (measured)")
+    ingress_bytes: int = Field(0, description="bytes that came back to it through its egress proxy (measured)")
 
 
 class TeamUsage(BaseModel):
@@ -106,8 +109,11 @@ class TeamUsage(BaseModel):
     running_seconds: float = 0.0
     suspended_seconds: float = 0.0
     cpu_seconds: float = 0.0
+    cpu_allocated_seconds: float = 0.0
     memory_gib_seconds: float = 0.0
     disk_gib_hours: float = 0.0
+    egress_bytes: int = 0
+    ingress_bytes: int = 0
     checkpoint_gib_hours: float = Field(0.0, description="its checkpoints kept now: size times hours kept")
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,10 +29,13 @@ from stasis import (
     VolumeNotFound,
 )
 from stasis.sdk import team as teams
+from tests.cli.test_ssh import STASIS, SshClient, ssh_client
 from tests.conftest import Daemon, wait_until
 from tests.images.test_oci import free_port
 
 OWNER_TOKEN = "owner-token-of-the-teams-test"
+BURN_SECONDS = 1.5
+BURN = f"python3 -c 'import time\nwhile time.process_time() < {BURN_SECONDS}: pass'"  # CPU time, not wall time
 
 
 @pytest.fixture
@@ -189,7 +193,7 @@ def test_usage_adds_up_survives_a_kill_and_the_audit_log_says_who_did_what(serve
         clock = {"created": [time.time()]}
         sbx = Sandbox.create(backend="gvisor", cpus=2, memory_mb=512, client=green)
         clock["created"].append(time.time())
-        sbx.run("sleep 2")  # busy for a while
+        assert sbx.run(BURN).exit_code == 0  # busy for BURN_SECONDS of CPU
         clock["suspended"] = [time.time()]
         sbx.suspend()
         clock["suspended"].append(time.time())
@@ -197,6 +201,7 @@ def test_usage_adds_up_survives_a_kill_and_the_audit_log_says_who_did_what(serve
         clock["resumed"] = [time.time()]
         sbx.resume()
         clock["resumed"].append(time.time())
+        assert sbx.run(BURN).exit_code == 0  # and again, in its next run on the host
         clock["ended"] = [time.time()]
         sbx.terminate()
         clock["ended"].append(time.time())
@@ -208,7 +213,11 @@ def test_usage_adds_up_survives_a_kill_and_the_audit_log_says_who_did_what(serve
         assert ran[0] + ran_again[0] <= row.running_seconds <= ran[1] + ran_again[1]
         assert clock["resumed"][0] - clock["suspended"][1] <= row.suspended_seconds
         assert row.suspended_seconds <= clock["resumed"][1] - clock["suspended"][0]
-        assert row.cpu_seconds == pytest.approx(2 * row.running_seconds)
+        assert row.cpu_allocated_seconds == pytest.approx(2 * row.running_seconds)
+        # Burnt, as the host counted it: both runs' (the first read as it was suspended). At least most of what
+        # the guest counted (gVisor's clock for a task may run on while the host has it waiting), and never more
+        # than every core of the host for as long as the sandbox was up.
+        assert 2 * BURN_SECONDS * 0.6 <= row.cpu_seconds <= (os.cpu_count() or 1) * (row.running_seconds + 1)
         assert row.memory_gib_seconds == pytest.approx(0.5 * row.running_seconds)
         assert [t.team for t in report.teams] == ["green"]  # a key sees its own team's
         exported = cli(served, key, "usage", "--csv", "--since", "1h").stdout.splitlines()
@@ -232,6 +241,7 @@ def test_usage_adds_up_survives_a_kill_and_the_audit_log_says_who_did_what(serve
         again = teams.usage(client=owner, team="green", since=report.since)
         (same,) = [r for r in again.sandboxes if r.sandbox_id == sbx.id]
         assert same.running_seconds == pytest.approx(row.running_seconds)
+        assert same.cpu_seconds == pytest.approx(row.cpu_seconds)
         assert len(teams.audit(client=owner)) >= len(entries)
 
 
@@ -254,3 +264,29 @@ def test_disk_lifetime_and_checkpoint_quotas_hold(served: Daemon) -> None:
         sbx.terminate()
         for checkpoint in Sandbox.list_checkpoints(client=bounded):
             Sandbox.delete_checkpoint(checkpoint.id, client=bounded)
+
+
+def test_ssh_with_a_teams_key_reaches_its_own_sandbox_alone(served: Daemon, tmp_path: Path) -> None:
+    url = served.url  # type: ignore[attr-defined]
+    with Client(url=url, token=OWNER_TOKEN) as owner:
+        keys = {}
+        for team in ("sshred", "sshblue"):
+            teams.create_team(team, client=owner)
+            keys[team] = teams.create_key(team, ["read", "write", "exec"], client=owner).key
+    user = ssh_client(served, tmp_path)
+    with Client(url=url, token=keys["sshred"]) as red:
+        sbx = Sandbox.create("ssh-red", backend="gvisor", memory_mb=256, client=red)
+        try:
+            red_env = {**user.env, "STASIS_URL": url, "STASIS_TOKEN": keys["sshred"]}
+            as_red = SshClient(red_env, user.config, user.home)
+            ran = as_red.ssh("stasis-ssh-red", "echo", "red-over-ssh")
+            assert ran.returncode == 0 and ran.stdout == "red-over-ssh\n", ran.stderr
+            as_blue = SshClient({**red_env, "STASIS_TOKEN": keys["sshblue"]}, user.config, user.home)
+            said = "no sandbox named or with id 'ssh-red'"
+            for refused in (as_blue.ssh("stasis-ssh-red", "true"), as_blue.run(str(STASIS), "ssh", "ssh-red")):
+                assert refused.returncode != 0 and said in refused.stderr, refused.stderr
+            for path in (f"/v1/sandboxes/{sbx.id}/ssh/host-key", f"/v1/sandboxes/{sbx.id}/ssh"):
+                answer = httpx.get(f"{url}{path}", headers={"authorization": f"Bearer {keys['sshblue']}"})
+                assert answer.status_code == 404, path
+        finally:
+            sbx.terminate()

@@ -17,7 +17,8 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from stasis import Sandbox
+from stasis import Client, Sandbox
+from stasis.sdk import team as teams
 from tests.conftest import Daemon
 
 TOOLS = {"create", "list", "run", "run_code", "read_file", "write_file", "list_directory", "suspend", "resume",
@@ -132,12 +133,13 @@ def tcp_daemon(own_daemon: Daemon) -> Daemon:
     return own_daemon.start("--tcp", own_daemon.tcp)  # type: ignore[attr-defined]
 
 
-def test_over_tcp_the_token_is_required(tcp_daemon: Daemon) -> None:
-    url = f"http://{tcp_daemon.tcp}/mcp"  # type: ignore[attr-defined]
+def with_token(token: str | None) -> Callable[[], httpx2.AsyncClient]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return lambda: httpx2.AsyncClient(headers=headers, timeout=120)
 
-    def with_token(token: str | None) -> Callable[[], httpx2.AsyncClient]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return lambda: httpx2.AsyncClient(headers=headers, timeout=120)
+
+def test_over_tcp_a_token_or_key_is_required_and_a_key_reaches_only_its_team(tcp_daemon: Daemon) -> None:
+    url = f"http://{tcp_daemon.tcp}/mcp"  # type: ignore[attr-defined]
 
     async def refused(token: str | None) -> int:
         async with with_token(token)() as http:
@@ -152,6 +154,34 @@ def test_over_tcp_the_token_is_required(tcp_daemon: Daemon) -> None:
             return {t.name for t in (await client.list_tools()).tools}
 
     assert asyncio.run(listed()) == TOOLS
+
+    with Client(url=f"http://{tcp_daemon.tcp}", token="mcp-test-token") as owner:  # type: ignore[attr-defined]
+        keys = {}
+        for team in ("red", "blue"):
+            teams.create_team(team, client=owner)
+            keys[team] = teams.create_key(team, ["read", "write", "exec"], client=owner).key
+        reader = teams.create_key("red", ["read"], client=owner).key
+
+        async def two_teams() -> str:
+            async with over_http(url, with_token(keys["red"]))() as red, \
+                    over_http(url, with_token(keys["blue"]))() as blue, \
+                    over_http(url, with_token(reader))() as red_reader:  # fmt: skip
+                made = await call(red, "create", name="mcp-red")
+                assert [s["id"] for s in await call(red, "list")] == [made["id"]]
+                assert await call(blue, "list") == []  # another team's sandbox is not there
+                for tool, arguments in (("run", {"command": "true"}), ("read_file", {"path": "/etc/hostname"}),
+                                        ("terminate", {})):  # fmt: skip
+                    said = await tool_error(blue, tool, sandbox=made["id"], **arguments)
+                    assert "SandboxNotFound" in said and "no sandbox named" in said, said
+                assert "write scope" in await tool_error(red_reader, "create")
+                assert [s["id"] for s in await call(red_reader, "list")] == [made["id"]]
+                assert (await call(red, "run", sandbox="mcp-red", command="echo red"))["stdout"] == "red\n"
+                return str(made["id"])
+
+        sandbox_id = asyncio.run(two_teams())
+        info = Sandbox.connect(sandbox_id, client=owner).info()
+        assert info.spec.team == "red"  # made by red's key through MCP: red's
+        Sandbox.connect(sandbox_id, client=owner).terminate()
 
 
 def test_computer_use_tools_see_the_screen_and_click_on_it(daemon: Daemon) -> None:

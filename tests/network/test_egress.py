@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from stasis import Client, NetworkPolicy, Sandbox
+from stasis.sdk import team as teams
 from tests.conftest import Daemon
 from tests.network.conftest import fetch, probe
 from tests.network.testhosts import TestHost
@@ -173,7 +174,7 @@ def test_an_address_the_host_gained_a_moment_ago_is_closed_at_once(make, hosts: 
 
 
 def test_every_connection_is_audited_allowed_or_denied_with_its_rule_and_bytes(
-    make, hosts: dict[str, TestHost], net_daemon: Daemon
+    make, hosts: dict[str, TestHost], net_daemon: Daemon, net_client: Client
 ) -> None:
     web, other = hosts["web"], hosts["other"]
     sbx = make(NetworkPolicy(allow_out=["allowed.test"]))
@@ -194,3 +195,8 @@ def test_every_connection_is_audited_allowed_or_denied_with_its_rule_and_bytes(
     shown = subprocess.run([sys.executable, "-m", "stasis", "egress", sbx.id], capture_output=True, text=True,
                            env=net_daemon.env, timeout=120)  # fmt: skip
     assert "allowed" in shown.stdout and "denied" in shown.stdout and "allowed.test" in shown.stdout, shown.stderr
+    # usage counts the same bytes, as they went (not from the log)
+    (row,) = [r for r in teams.usage(client=net_client, since=0).sandboxes if r.sandbox_id == sbx.id]
+    allowed_lines = [line for line in sbx.egress_log() if line["verdict"] == "allowed"]
+    assert row.egress_bytes == sum(line["bytes_out"] for line in allowed_lines) > 0
+    assert row.ingress_bytes == sum(line["bytes_in"] for line in allowed_lines) > len(answer)

@@ -37,7 +37,7 @@ def usage(
     as_csv: Annotated[bool, typer.Option("--csv", help="One row per sandbox, as CSV.")] = False,
     as_json: Json = False,
 ) -> None:
-    """Usage per team and per sandbox: running and suspended time, CPU and memory (allocated), disk, checkpoints."""
+    """Usage per team and per sandbox: running and suspended time, CPU burnt, memory, disk, checkpoints, egress."""
     report = teams.usage(client=client(), team=team, since=_since(since))
     if as_json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
@@ -50,13 +50,23 @@ def usage(
             writer.writerow(row.model_dump())
         return
     table = Table(box=None, header_style="bold")
-    for column in ("TEAM", "SANDBOXES", "RUNNING", "SUSPENDED", "CPU-S", "MEM GIB-S", "DISK GIB-H", "CKPT GIB-H"):
+    columns = ("TEAM", "SANDBOXES", "RUNNING", "SUSPENDED", "CPU-S", "MEM GIB-S", "DISK GIB-H", "CKPT GIB-H", "EGRESS")
+    for column in columns:
         table.add_column(column)
     for t in report.teams:
         table.add_row(t.team or "(owner)", str(t.sandboxes), f"{t.running_seconds:.0f}s",
-                      f"{t.suspended_seconds:.0f}s", f"{t.cpu_seconds:.0f}", f"{t.memory_gib_seconds:.0f}",
-                      f"{t.disk_gib_hours:.2f}", f"{t.checkpoint_gib_hours:.3f}")  # fmt: skip
+                      f"{t.suspended_seconds:.0f}s", f"{t.cpu_seconds:.1f}", f"{t.memory_gib_seconds:.0f}",
+                      f"{t.disk_gib_hours:.2f}", f"{t.checkpoint_gib_hours:.3f}", _bytes(t.egress_bytes))  # fmt: skip
     out.print(table if report.teams else "no usage in that window")
+
+
+def _bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 @app.command(hidden=True)  # on the front page through `team`'s line

@@ -50,6 +50,7 @@ def create_app(
         await rooms.pools.start()
         rooms.reaper.start()
         rooms.webhooks.start()
+        rooms.meter.start()
         await rooms.e2b.sweep()
         if e2b is not None:
             await serve_e2b(rooms, paths, e2b)
@@ -59,6 +60,7 @@ def create_app(
             await mcp_app.aclose()
         await rooms.reaper.stop()
         await rooms.webhooks.stop()
+        await rooms.meter.stop()
         rooms.audit.close()
         tracing.shutdown()
         await rooms.pools.close()

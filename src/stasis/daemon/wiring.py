@@ -27,6 +27,7 @@ from .rooms.code import CodeRoom
 from .rooms.desktop import DesktopRoom
 from .rooms.front import Front
 from .rooms.idle import IdleReaper
+from .rooms.meter import Meter
 from .rooms.operations import GuestOperations
 from .rooms.pools import PoolManager
 from .rooms.ports import Ports
@@ -66,6 +67,7 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
         e2b=e2b, e2b_listeners=E2bListeners(e2b, core, ops, ports), code=CodeRoom(core, ports, ops),
         desktop=DesktopRoom(core, ports, ops), secrets=secrets, volumes=volumes, teams=teams,
         webhooks=WebhooksRoom(core, tables.webhooks), audit=AuditLog(paths.home / "audit.db"), token=token,
+        meter=Meter(paths.home / "meter.db", core),
     )  # fmt: skip
     e2b.code_interpreter = rooms.code.ensure
     e2b.teams, e2b.audit, e2b.webhooks = teams, rooms.audit, rooms.webhooks
@@ -74,6 +76,7 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     core.use_secrets(secrets.broker)
     core.on_ready(secrets.install_trust)
     core.on_ready(rooms.desktop.on_start)
+    core.on_stopping(rooms.meter.sample)
     for forget in (ports.forget, secrets.forget, rooms.code.server.forget, rooms.desktop.session.forget,
                    rooms.desktop.forget, e2b.forget):  # fmt: skip
         core.on_teardown(forget)

@@ -25,6 +25,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from secrets import token_hex
 from typing import Any, Protocol
 
 from ..netpolicy import IPAddress, NetworkPolicy
@@ -84,6 +85,9 @@ class EgressProxy:
         self.secrets = secrets
         self.max_open = max_open
         self.open = 0  # connections being handled now
+        self.instance = token_hex(6)  # its byte counters start at zero with it (:mod:`..daemon.rooms.meter`)
+        self.bytes_out = 0  # sent by the sandbox through connections it was allowed, counted as they go
+        self.bytes_in = 0
         self.refused: int | None = None  # refused since the cap was reached; None: under the cap
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -109,6 +113,12 @@ class EgressProxy:
                 log.info("%s: back under the cap of %d open connections; %d were refused", self.label,
                          self.max_open, self.refused)  # fmt: skip
                 self.refused = None
+
+    def _sent(self, size: int) -> None:
+        self.bytes_out += size
+
+    def _received(self, size: int) -> None:
+        self.bytes_in += size
 
     def _refuse(self, writer: asyncio.StreamWriter) -> None:
         """Over the cap: reset at once. Audited and logged for the first refusal only, until back under it."""
@@ -175,6 +185,7 @@ class EgressProxy:
             return
         self.on_activity()
         upstream[1].write(first)
-        forth, back = await relay((reader, writer), upstream, self.on_activity)
+        self.bytes_out += len(first)
+        forth, back = await relay((reader, writer), upstream, self.on_activity, (self._sent, self._received))
         seconds = round(time.monotonic() - opened, 3)
         self.audit(line | {"bytes_out": len(first) + forth, "bytes_in": back, "seconds": seconds})

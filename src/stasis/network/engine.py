@@ -143,6 +143,14 @@ class NetworkEngine:
             raise
         return attached
 
+    def traffic(self, sandbox_id: str) -> tuple[str, int, int] | None:
+        """(its proxy's instance, bytes the sandbox sent out, bytes it got back) through its egress proxy so far;
+        None when it has no network attached here."""
+        attached = self._attached.get(sandbox_id)
+        if attached is None:
+            return None
+        return attached.proxy.instance, attached.proxy.bytes_out, attached.proxy.bytes_in
+
     async def update(self, sandbox_id: str, policy: NetworkPolicy) -> None:
         """A live policy change: the firewall at once, the proxy and resolver from their next connection."""
         attached = self._attached.get(sandbox_id)

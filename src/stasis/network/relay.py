@@ -13,14 +13,21 @@ from typing import Any
 CHUNK = 256 * 1024
 
 
-async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_data: Callable[[], None]) -> int:
-    """Copy one direction to its end, then half-close the other side; a broken side is reset. The bytes copied."""
+async def pipe(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    on_data: Callable[[], None],
+    counted: Callable[[int], None] = lambda size: None,
+) -> int:
+    """Copy one direction to its end, then half-close the other side; a broken side is reset. The bytes copied
+    (each chunk also told to ``counted`` as it goes: a connection open for days is counted while it lasts)."""
     copied = 0
     try:
         while data := await reader.read(CHUNK):
             on_data()
             writer.write(data)
             copied += len(data)
+            counted(len(data))
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()  # a half-close goes through: the other side may still answer
@@ -33,10 +40,11 @@ async def relay(
     a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     on_data: Callable[[], None] = lambda: None,
+    counted: tuple[Callable[[int], None], Callable[[int], None]] = (lambda size: None, lambda size: None),
 ) -> tuple[int, int]:
-    """The bytes copied from a to b, and from b to a."""
+    """The bytes copied from a to b, and from b to a (``counted``: told of each chunk, forth and back)."""
     try:
-        forth, back = await asyncio.gather(pipe(a[0], b[1], on_data), pipe(b[0], a[1], on_data))
+        forth, back = await asyncio.gather(pipe(a[0], b[1], on_data, counted[0]), pipe(b[0], a[1], on_data, counted[1]))
         return forth, back
     finally:
         for _, writer in (a, b):

@@ -37,6 +37,7 @@ S = SandboxStatus
 ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 FORCE_AFTER = 10.0  # seconds a removal waits for another operation on the sandbox
 TeardownHook = Callable[[str], Awaitable[None]]
+StoppingHook = Callable[[str], None]  # run in a worker thread
 ReadyHook = Callable[[SandboxInfo, GuestChannel], Awaitable[None]]
 
 
@@ -58,6 +59,7 @@ class Lifecycle:
     watchdog: Watchdog
     _teardown_hooks: list[TeardownHook]
     _ready_hooks: list[ReadyHook]
+    _stopping_hooks: list[StoppingHook]
     _admit: Callable[[SandboxSpec, str | None], None]  # a team's quotas: raises to refuse a start
     _lifetime_cap: Callable[[str | None], int | None]  # a team's longest lifetime, if it has one
     _channels: dict[str, GuestChannel]
@@ -260,6 +262,7 @@ class Lifecycle:
             why = ", ".join(word for word, said in (("idle", only_if_due), ("files only", cold)) if said) or None
             async with self.operation(info, S.SUSPENDING, why) as step:
                 self.watchdog.forget(info.id)
+                await self._stopping(info.id)
                 try:
                     if cold:
                         await self._stop_keeping_files(step, channel)
@@ -344,6 +347,7 @@ class Lifecycle:
         self.watchdog.forget(info.id)
         await self.drop_channel(info.id)
         faults.point("terminate.after_close")
+        await self._stopping(info.id)
         await self.backend_of(info).stop(self.boxes.box_or_bare(info), remove=True)
         for hook in self._teardown_hooks:
             await hook(info.id)
@@ -369,8 +373,17 @@ class Lifecycle:
             log.warning("sandbox %s died on the host: %s", sandbox_id, reason)
             self.store.transition(sandbox_id, S.FAILED, error=reason)
             await self.drop_channel(sandbox_id)  # waiters fail now, with the reason on record
+            await self._stopping(sandbox_id)  # its cgroup outlives it until the stop below
             with contextlib.suppress(Exception):
                 await backend.stop(box)
+
+    async def _stopping(self, sandbox_id: str) -> None:
+        """The last moment a sandbox's host processes can be read (what the meter counts of them)."""
+        for hook in self._stopping_hooks:
+            try:
+                await asyncio.to_thread(hook, sandbox_id)
+            except Exception:
+                log.exception("a hook failed as sandbox %s stops", sandbox_id)
 
     async def drop_channel(self, sandbox_id: str) -> None:
         channel = self._channels.pop(sandbox_id, None)

@@ -37,7 +37,7 @@ from . import events
 from .activity import Activity, Clock
 from .boxes import Boxes
 from .checkpoints import CheckpointFiles
-from .lifecycle import ID_ALPHABET, Lifecycle, ReadyHook, TeardownHook, new_id
+from .lifecycle import ID_ALPHABET, Lifecycle, ReadyHook, StoppingHook, TeardownHook, new_id
 from .metrics import Metrics
 from .states import require
 from .store import Store
@@ -70,6 +70,7 @@ class SandboxService(Lifecycle):
         self._teardown_hooks = []  # what features above hold of a sandbox (its exposed ports' listeners) goes with it
         self._admit = lambda spec, sandbox_id: None
         self._lifetime_cap = lambda team: None
+        self._stopping_hooks = []  # what reads a sandbox's host processes before they stop (the meter)
         self._ready_hooks = []  # what features above put into a sandbox each time it starts here (its secrets' CA)
         self._channels = {}
         self._locks = {}
@@ -114,6 +115,10 @@ class SandboxService(Lifecycle):
     def on_teardown(self, hook: TeardownHook) -> None:
         """``hook`` runs when a sandbox ends here (a room letting go of its listeners)."""
         self._teardown_hooks.append(hook)
+
+    def on_stopping(self, hook: StoppingHook) -> None:
+        """``hook`` runs (in a worker thread) just before a sandbox's host processes stop: suspend, removal, death."""
+        self._stopping_hooks.append(hook)
 
     def use_quotas(
         self, admit: Callable[[SandboxSpec, str | None], None], lifetime_cap: Callable[[str | None], int | None]
@@ -187,6 +192,10 @@ class SandboxService(Lifecycle):
     @property
     def egress_audit(self) -> EgressAudit | None:
         return self.network.audit
+
+    def traffic(self, sandbox_id: str) -> tuple[str, int, int] | None:
+        """Bytes out and back through the sandbox's egress proxy so far, with the proxy's run (None: no network)."""
+        return self.network.traffic(sandbox_id)
 
     async def connect_port(self, sandbox_id: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A TCP connection to ``port`` inside a sandbox with network, from the daemon's side."""

@@ -20,6 +20,7 @@ from ..rooms.code import CodeRoom
 from ..rooms.desktop import DesktopRoom
 from ..rooms.front import Front
 from ..rooms.idle import IdleReaper
+from ..rooms.meter import Meter
 from ..rooms.operations import GuestOperations
 from ..rooms.pools import PoolManager
 from ..rooms.ports import Ports
@@ -54,6 +55,7 @@ class Rooms:
     teams: TeamsRoom
     webhooks: WebhooksRoom
     audit: AuditLog
+    meter: Meter
     token: str | None = None  # the API's, over TCP
     logins: Sessions = field(default_factory=Sessions)  # the console's: a token typed once, then a cookie
     settling: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # before recovery, after a restart

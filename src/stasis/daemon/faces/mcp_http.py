@@ -1,7 +1,10 @@
 """The MCP server over streamable HTTP, served by the daemon at ``/mcp`` when ``stasis[mcp]`` is installed.
 
-It sits behind the daemon's guard like every route: the unix socket's mode 0600, the token over TCP.
-Its tools reach the sandboxes through the daemon's own socket, as the stdio server does from outside.
+It sits behind the daemon's guard like every route: the unix socket's mode 0600, the token or a team's key over
+TCP. Its tools reach the sandboxes through the daemon's own socket, as the stdio server does from outside, and
+as whoever called: a tool called with a team's key sends that key along, so the daemon answers it exactly as it
+answers the key (its team's sandboxes alone, its scopes). The MCP library runs each call in the context of the
+HTTP request that carried it, so the key is the one of that very request, whatever session it names.
 The ``mcp`` package (about a second to import) loads on the first request, not at the daemon's start.
 """
 
@@ -11,6 +14,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+from contextvars import ContextVar
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,10 +22,12 @@ from starlette.types import Receive, Scope, Send
 
 from ...paths import Paths
 from ...sdk import AsyncClient
+from .tenancy import PRINCIPAL
 
 log = logging.getLogger(__name__)
 
 PATH = "/mcp"
+CALLER_KEY: ContextVar[str | None] = ContextVar("stasis_mcp_caller_key", default=None)  # a team's, else None
 
 
 class LazyMcpApp:
@@ -39,7 +45,15 @@ class LazyMcpApp:
             async with self._lock:
                 if self._app is None:
                     self._app = await self._start()
-        await self._app(scope, receive, send)
+        principal = scope.get(PRINCIPAL)
+        key = None
+        if principal is not None and principal.team is not None:
+            key = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1").removeprefix("Bearer ")
+        reset = CALLER_KEY.set(key)
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            CALLER_KEY.reset(reset)
 
     async def _start(self) -> Any:
         from ...integrations import mcp
@@ -60,7 +74,7 @@ class LazyMcpApp:
         return app
 
     def _own_socket(self) -> AsyncClient:
-        client = AsyncClient(self.paths)
+        client = AsyncClient(self.paths, token=CALLER_KEY.get())  # None: the owner's, as the stdio server
         client.autostart = False  # this daemon answers; never start another
         return client
 

@@ -1,14 +1,16 @@
 """Who is asking, and may they: every HTTP request and WebSocket of the daemon passes here first.
 
 - Over the unix socket (mode 0600: the owner's) the asker is the owner, as is a TCP client sending the owner's
-  token. Any other TCP client sends a team's key (:mod:`..rooms.teams`) or is refused (401).
+  token. Any other TCP client sends a team's key (:mod:`..rooms.teams`) or is refused (401). A team's key sent
+  over the unix socket acts as its team there too: the owner may always act as less (MCP over HTTP does, for
+  the key that called it).
 - A team's key reaches its team's sandboxes, checkpoints, volumes and keys, and reads the image list; every other
   route is the owner's (403). Reading needs ``read``; running commands, files, terminals and ports in a sandbox
   need ``exec``; anything else that changes something needs ``write``.
 - A sandbox, checkpoint, volume or volume snapshot of another team is not found (404), never forbidden: a key
   learns nothing of what other teams have. Lists are filtered by the routes (:func:`principal_of`).
 
-The console (``/ui``) keeps its own login, with the owner's token.
+The console (``/ui``) keeps its own login: the owner's token, or a team's key (:mod:`.console`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ PRINCIPAL = "stasis.principal"
 TEAM_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/volumes", "/v1/volume-snapshots", "/v1/keys",
                "/v1/whoami", "/v1/usage")  # fmt: skip
 TEAM_READS = ("/v1/images", "/v1/health")  # read only
+MCP = "/mcp"  # any key: each tool's call to the daemon is checked as the caller's (:mod:`.mcp_http`)
 EXEC = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes|files|dirs|pty|ssh|code|desktop|ports)(/|$)")
 OWNED = (
     (re.compile(r"^/v1/sandboxes/([^/]+)"), "sandbox"),
@@ -103,19 +106,21 @@ class Tenancy:
 
     def principal(self, scope: Scope) -> Principal:
         server = scope.get("server")
-        if self.token is None or (server is not None and server[1] is None):
-            return OWNER  # the unix socket (mode 0600) is the owner's
         sent = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        if hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
+        if self.token is not None and hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
             return OWNER
         if sent.startswith("Bearer ") and (found := scope["app"].state.rooms.teams.authenticate(sent[7:])):
             return found  # type: ignore[no-any-return]
+        if self.token is None or (server is not None and server[1] is None):
+            return OWNER  # the unix socket (mode 0600) is the owner's: a team's key sent there acts as its team
         raise Unauthorized("missing, wrong, expired or revoked API token or key; send 'Authorization: Bearer "
                             "$STASIS_TOKEN'")  # fmt: skip
 
     def check(self, scope: Scope, principal: Principal) -> None:
         path, method = scope["path"], scope.get("method", "GET")
         reading = scope["type"] == "http" and method in ("GET", "HEAD")
+        if path == MCP:
+            return
         if not (_under(path, TEAM_ROUTES) or (reading and _under(path, TEAM_READS))):
             raise Forbidden(f"{path[:80]} is the daemon owner's; a team's key reaches its sandboxes, checkpoints, "
                             "volumes and keys")  # fmt: skip
@@ -133,14 +138,17 @@ def _check_owner(rooms: Any, path: str, principal: Principal) -> None:
     for pattern, kind in OWNED:
         if (match := pattern.match(path)) is None:
             continue
-        ref = match[1]
-        try:
-            team = _team_of(rooms, kind, ref)
-        except NotFound:
-            raise missing(kind, ref) from None
-        if not principal.sees(team):
-            raise missing(kind, ref)
-        return
+        return check_reach(rooms, kind, match[1], principal)
+
+
+def check_reach(rooms: Any, kind: str, ref: str, principal: Principal) -> None:
+    """``ref``, a ``kind`` (sandbox, checkpoint, volume, snapshot), if another team's, is not found."""
+    try:
+        team = _team_of(rooms, kind, ref)
+    except NotFound:
+        raise missing(kind, ref) from None
+    if not principal.sees(team):
+        raise missing(kind, ref)
 
 
 def missing(kind: str, ref: str) -> NotFound:

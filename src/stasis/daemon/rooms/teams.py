@@ -145,6 +145,14 @@ class TeamsRoom:
         found = self.table.key_row(match[1])
         if found is None or not hmac.compare_digest(found[1], _digest(match[2])):
             return None
+        return self.working(match[1])
+
+    def working(self, key_id: str) -> Principal | None:
+        """The principal of the key with id ``key_id`` while it works (not revoked, not expired): a console
+        session made with a key asks on each page, so a revoked key's session ends with it."""
+        found = self.table.key_row(key_id)
+        if found is None:
+            return None
         key, now = found[0], time.time()
         if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
             return None

@@ -16,7 +16,7 @@ from ....models import CheckpointType, CreateCheckpointRequest, CreateSandboxReq
 from ...rooms.forks import fork
 from ..deps import Rooms
 from ..terminal import serve_terminal
-from .render import FeedDep, RoomsDep, acting, admitted, refused, session_of
+from .render import FeedDep, RoomsDep, acting, admitted, reach, refused, session_of, visible
 
 router = APIRouter()
 ACTIONS = ("suspend", "resume", "checkpoint", "fork", "remove")
@@ -24,10 +24,11 @@ ACTIONS = ("suspend", "resume", "checkpoint", "fork", "remove")
 
 @router.post("/sandboxes/{ref}/upload", response_model=None)
 async def upload(request: Request, ref: str, file: UploadFile, rooms: RoomsDep, dir: str = "/root") -> Response:
-    if acting(request) is None:
+    if (session := acting(request)) is None:
         return refused()
     target = posixpath.join(dir, posixpath.basename(file.filename or "upload"))
     try:
+        reach(rooms, session, "sandbox", ref, "exec")
         await rooms.ops.write_file(ref, target, await file.read())
     except StasisError as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status_code)
@@ -37,10 +38,11 @@ async def upload(request: Request, ref: str, file: UploadFile, rooms: RoomsDep, 
 @router.post("/sandboxes/{ref}/code", response_model=None)
 async def run_code(request: Request, ref: str, rooms: RoomsDep) -> Response:
     """An execution's lines as they come (the page draws them: text as text, HTML in an inert frame)."""
-    if acting(request) is None:
+    if (session := acting(request)) is None:
         return refused()
     code = str((await request.json()).get("code") or "")
     try:
+        reach(rooms, session, "sandbox", ref, "exec")
         lines = await rooms.code.execute(ref, CodeRequest(code=code), _failed)
     except StasisError as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status_code)
@@ -53,11 +55,12 @@ def _failed(exc: StasisError) -> dict[str, str]:
 
 @router.post("/sandboxes/{ref}/{action}", response_model=None)
 async def act(request: Request, ref: str, action: str, rooms: RoomsDep, feed: FeedDep) -> Response:
-    if acting(request) is None:
+    if (session := acting(request)) is None:
         return refused()
     if action not in ACTIONS:
         return JSONResponse({"error": f"unknown action {action[:40]!r}"}, status_code=404)
     try:
+        reach(rooms, session, "sandbox", ref, "write")
         answer = await _do(rooms, request, ref, action)
     except StasisError as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status_code)
@@ -82,10 +85,12 @@ async def _do(rooms: Rooms, request: Request, ref: str, action: str) -> dict[str
 
 @router.post("/checkpoints/{checkpoint_id}/restore", response_model=None)
 async def restore(request: Request, checkpoint_id: str, rooms: RoomsDep, feed: FeedDep) -> Response:
-    if acting(request) is None:
+    if (session := acting(request)) is None:
         return refused()
     try:
-        info = await rooms.front.create(CreateSandboxRequest(snapshot_id=checkpoint_id))
+        reach(rooms, session, "checkpoint", checkpoint_id, "write")
+        team = session.principal.team  # a key's restore is its team's, as on the API
+        info = await rooms.front.create(CreateSandboxRequest(snapshot_id=checkpoint_id, team=team))
     except StasisError as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status_code)
     feed.changed()
@@ -94,14 +99,18 @@ async def restore(request: Request, checkpoint_id: str, rooms: RoomsDep, feed: F
 
 @router.get("/events", response_model=None)
 async def events(request: Request, feed: FeedDep) -> Response:
-    if session_of(request) is None:
+    if (session := session_of(request)) is None:
         return refused()
 
     async def stream() -> AsyncIterator[bytes]:
+        last = None
         async for snapshot in feed.follow():
             if await request.is_disconnected():
                 return
-            yield b"data: " + json.dumps(snapshot).encode() + b"\n\n"
+            shown = visible(session, snapshot, lambda s: s["team"])
+            if shown != last:  # another team's change is no news here (nor a hint of it)
+                yield b"data: " + json.dumps(shown).encode() + b"\n\n"
+                last = shown
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-store"})
 
@@ -111,6 +120,10 @@ async def pty(websocket: WebSocket, ref: str, rooms: RoomsDep, cols: int = 80, r
     if not await admitted(websocket, csrf, "the terminal"):
         return
     try:
+        session = session_of(websocket)
+        if session is None:
+            return await websocket.close(code=4401, reason="log in first")
+        reach(rooms, session, "sandbox", ref, "exec")
         await serve_terminal(rooms.core, websocket, ref, cols, rows, ["/bin/sh", "-l"])
     except StasisError as exc:
         await websocket.close(code=4400, reason=exc.message[:120])

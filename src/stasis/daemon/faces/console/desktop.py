@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, Response
 from ....desktop import IMAGE
 from ....errors import StasisError
 from ....network.relay import until_first_done
-from .render import RoomsDep, admitted, page, session_of, to_login
+from .render import RoomsDep, admitted, page, reach, session_of, to_login
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -31,6 +31,7 @@ READ_SIZE = 1 << 16
 async def desktop_page(request: Request, ref: str, rooms: RoomsDep) -> Response:
     if (session := session_of(request)) is None:
         return to_login()
+    reach(rooms, session, "sandbox", ref)
     info = rooms.core.get(ref)
     return page(request, "desktop.html", session, info=info, is_desktop=info.spec.image == IMAGE)
 
@@ -40,6 +41,9 @@ async def vnc(websocket: WebSocket, ref: str, rooms: RoomsDep, csrf: str = "", c
     if not await admitted(websocket, csrf, "the live view"):
         return
     try:
+        if (session := session_of(websocket)) is None:
+            return await websocket.close(code=4401, reason="log in first")
+        reach(rooms, session, "sandbox", ref, "exec")
         sandbox_id = rooms.core.lookup(ref).id
         reader, writer = await rooms.desktop.vnc(sandbox_id, control)
     except (StasisError, ConnectionError) as exc:

@@ -26,6 +26,7 @@ def describe(
         "name": info.name or info.id,
         "status": info.status.value,
         "backend": info.spec.backend,
+        "team": info.spec.team,
         "image": info.spec.image,
         "cpus": info.spec.cpus,
         "memory_mb": info.spec.memory_mb,

@@ -11,27 +11,30 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from ....console_sessions import COOKIE, LIFETIME_SECS
 from ....errors import StasisError
 from .live import describe
-from .render import FeedDep, RoomsDep, page, pages, session_of, to_login
+from .render import FeedDep, RoomsDep, page, pages, reach, session_of, to_login, visible
 from .tree import lineage
 
 router = APIRouter()
 VIEW_BYTES = 1 << 20  # of a file shown in the page; the download streams all of it
+NOT_A_TOKEN = "That is neither this daemon's token nor a working key of a team."
 EGRESS_SHOWN = 50  # the newest lines of the egress audit on a sandbox's page (`stasis egress` has them all)
 
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request) -> HTMLResponse:
     failed = request.query_params.get("failed") is not None  # a fleet's door took the form, and refused it
-    error = "That is not this daemon's token." if failed else None
+    error = NOT_A_TOKEN if failed else None
     return pages.TemplateResponse(request, "login.html", {"error": error})
 
 
 @router.post("/login", response_model=None)
 async def login(request: Request, rooms: RoomsDep) -> Response:
     form = await request.form()
-    session = rooms.logins.login(str(form.get("token") or ""))
+    token = str(form.get("token") or "")
+    key = rooms.teams.authenticate(token) if token else None
+    session = rooms.logins.login(token, key.key_id if key is not None else None)
     if session is None:
-        context = {"error": "That is not this daemon's token."}
+        context = {"error": NOT_A_TOKEN}
         return pages.TemplateResponse(request, "login.html", context, status_code=401)
     response = RedirectResponse("/ui/", status_code=303)
     response.set_cookie(COOKIE, session.id, max_age=LIFETIME_SECS, httponly=True, samesite="strict", path="/ui")
@@ -50,16 +53,18 @@ async def logout(request: Request, rooms: RoomsDep) -> RedirectResponse:
 async def sandboxes(request: Request, feed: FeedDep) -> Response:
     if (session := session_of(request)) is None:
         return to_login()
-    return page(request, "sandboxes.html", session, sandboxes=feed.snapshot())
+    return page(request, "sandboxes.html", session, sandboxes=visible(session, feed.snapshot(), lambda s: s["team"]))
 
 
 @router.get("/sandboxes/{ref}", response_class=HTMLResponse, response_model=None)
 async def sandbox(request: Request, ref: str, rooms: RoomsDep, path: str = "/root") -> Response:
     if (session := session_of(request)) is None:
         return to_login()
+    reach(rooms, session, "sandbox", ref)
     info = rooms.core.get(ref)
     entries, error = [], None
     try:
+        reach(rooms, session, "sandbox", ref, "exec")  # its files: as `dirs` on the API
         entries = await rooms.ops.list_directory(info.id, path)
     except StasisError as exc:
         error = exc.message
@@ -75,6 +80,7 @@ async def sandbox(request: Request, ref: str, rooms: RoomsDep, path: str = "/roo
 async def file(request: Request, ref: str, path: str, rooms: RoomsDep, view: bool = False) -> Response:
     if (session := session_of(request)) is None:
         return to_login()
+    reach(rooms, session, "sandbox", ref, "exec")  # a file's bytes are what the sandbox holds: as `files` on the API
     chunks = await rooms.ops.read_file(ref, path)
     if view:
         data = await _head(chunks, VIEW_BYTES + 1)
@@ -100,5 +106,6 @@ async def _head(chunks: AsyncIterator[bytes], size: int) -> bytes:
 async def checkpoints(request: Request, rooms: RoomsDep) -> Response:
     if (session := session_of(request)) is None:
         return to_login()
-    roots = lineage(rooms.core.list(include_terminated=True), rooms.checkpoints.list())
+    sandboxes = visible(session, rooms.core.list(include_terminated=True), lambda i: i.spec.team)
+    roots = lineage(sandboxes, visible(session, rooms.checkpoints.list(), lambda c: c.spec.team))
     return page(request, "tree.html", session, roots=roots)

@@ -4,6 +4,7 @@ the login session and its CSRF token, and the rooms and live feed of the daemon 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,13 +14,17 @@ from fastapi.templating import Jinja2Templates
 from starlette.requests import HTTPConnection
 
 from ....console_sessions import COOKIE, Session
+from ....errors import Forbidden
 from ....origin import same_origin
+from ...rooms.teams import OWNER, Principal
 from ..deps import Rooms, RoomsDep
+from ..tenancy import check_reach
 from .live import Feed
 
 HERE = Path(__file__).parent
 pages = Jinja2Templates(directory=HERE / "pages")
-__all__ = ["FeedDep", "RoomsDep", "acting", "admitted", "page", "pages", "refused", "session_of", "to_login"]
+__all__ = ["FeedDep", "RoomsDep", "acting", "admitted", "page", "pages", "reach", "refused", "session_of", "to_login",
+           "visible"]  # fmt: skip
 
 
 async def feed_of(connection: HTTPConnection) -> Feed:
@@ -30,8 +35,30 @@ FeedDep = Annotated[Feed, Depends(feed_of)]
 
 
 def session_of(connection: Request | WebSocket) -> Session | None:
+    """The login, with who it is now: the owner, or the team whose key made it (None once that key is revoked,
+    expired or its team removed: its sessions end with it)."""
     rooms: Rooms = connection.app.state.rooms
-    return rooms.logins.get(connection.cookies.get(COOKIE))
+    session = rooms.logins.get(connection.cookies.get(COOKIE))
+    if session is None:
+        return None
+    session.principal = OWNER if session.key_id is None else rooms.teams.working(session.key_id)
+    return session if session.principal is not None else None
+
+
+def visible(session: Session, items: list[Any], team_of: Callable[[Any], str | None]) -> list[Any]:
+    """What of ``items`` the session's team sees (the owner: all)."""
+    return [item for item in items if session.principal.sees(team_of(item))]
+
+
+def reach(rooms: Rooms, session: Session, kind: str, ref: str, scope: str = "read") -> None:
+    """Raise unless the session may do what needs ``scope`` to the ``kind`` named ``ref``: another team's is not
+    found, as on the API (word for word); a scope the key lacks is forbidden."""
+    principal: Principal = session.principal
+    if principal.team is None:
+        return
+    if not principal.allows(scope):
+        raise Forbidden(f"this key of team {principal.team} lacks the {scope} scope it needs here")
+    check_reach(rooms, kind, ref, principal)
 
 
 def acting(request: Request) -> Session | None:

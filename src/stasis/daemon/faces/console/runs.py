@@ -10,9 +10,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from ....agent.journal import Journal
-from ....errors import RunNotFound
+from ....errors import NotFound, RunNotFound
 from ....paths import Paths
-from .render import RoomsDep, page, session_of, to_login
+from ..deps import Rooms
+from .render import RoomsDep, page, session_of, to_login, visible
 
 router = APIRouter()
 
@@ -23,7 +24,7 @@ async def runs(request: Request, rooms: RoomsDep) -> Response:
         return to_login()
     with _journal(rooms.paths) as journal:
         found = sorted(journal.runs(), key=lambda r: -r.created_at)
-    return page(request, "runs.html", session, runs=found)
+    return page(request, "runs.html", session, runs=visible(session, found, lambda r: _team(rooms, r.sandbox_id)))
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse, response_model=None)
@@ -34,9 +35,19 @@ async def run(request: Request, run_id: str, rooms: RoomsDep) -> Response:
         try:
             record = journal.run(run_id)
         except RunNotFound:
+            record = None
+        if record is None or not session.principal.sees(_team(rooms, record.sandbox_id)):
             return page(request, "runs.html", session, runs=[], error=f"no agent run {run_id[:80]!r}")
         steps, notes = steps_of(journal.events(run_id)), journal.run_notes(run_id)
     return page(request, "run.html", session, run=record, steps=steps, notes=notes)
+
+
+def _team(rooms: Rooms, sandbox_id: str) -> str | None:
+    """The team of a run's sandbox (a run's journal is the host's: a team sees the runs on its own sandboxes)."""
+    try:
+        return rooms.core.record(sandbox_id).spec.team
+    except NotFound:
+        return None
 
 
 @contextlib.contextmanager

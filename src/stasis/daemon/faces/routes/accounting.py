@@ -21,11 +21,11 @@ async def usage_report(
     rooms: RoomsDep, principal: PrincipalDep, team: str | None = None,
     since: float | None = Query(None, description="unix time; default: 24 hours ago"),
 ) -> UsageReport:  # fmt: skip
-    """Per sandbox and per team: seconds running and suspended, CPU-seconds and memory GiB-seconds (allocated),
-    disk and checkpoint GiB-hours."""
+    """Per sandbox and per team: seconds running and suspended, CPU-seconds burnt (and allocated), memory
+    GiB-seconds (allocated), disk and checkpoint GiB-hours, egress and ingress bytes."""
     only = principal.team if principal.team is not None else team
     start = since if since is not None else time.time() - 86400
-    return await asyncio.to_thread(usage, rooms.core, rooms.checkpoints, start, only, only is not None)
+    return await asyncio.to_thread(usage, rooms.core, rooms.checkpoints, rooms.meter, start, only, only is not None)
 
 
 @router.get("/v1/audit")
