@@ -75,6 +75,8 @@ class CreateKeyRequest(BaseModel):
     scopes: list[str] = Field(default_factory=lambda: ["read", "write", "exec"], max_length=16)
     expires_in_secs: int | None = Field(None, ge=1, le=MAX_SECONDS, description="None: never expires")
     description: str = Field("", max_length=200)
+    key: str | None = Field(None, max_length=100, description="the owner's only: this very key (a fleet's door gives "
+                            "every node the key one of them made)")  # fmt: skip
 
     @field_validator("team")
     @classmethod

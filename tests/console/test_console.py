@@ -47,7 +47,7 @@ def test_a_wrong_or_missing_token_shows_the_login_page_and_never_data(
     expect(page.locator("#token")).to_be_visible()
     page.fill("#token", "not-the-token")
     page.click("button[type=submit]")
-    expect(page.locator(".error")).to_contain_text("not this daemon's token")
+    expect(page.locator(".error")).to_contain_text("neither this daemon's token")
     assert "secret-box" not in page.content()
     shoot(page, "wrong-token")
     for path in ("/ui/sandboxes/secret-box", "/ui/checkpoints", "/ui/runs"):

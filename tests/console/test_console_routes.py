@@ -128,9 +128,11 @@ def test_a_teams_key_logs_in_and_sees_acts_on_and_restores_only_its_teams() -> N
         red_checkpoint = (await http.post(f"/v1/sandboxes/{ids['red']}/checkpoints", json={"type": "filesystem"},
                                           headers={"authorization": f"Bearer {keys['red']}"})).json()["id"]  # fmt: skip
 
+        tossed = await http.post("/ui/login", data={"token": keys["blue"]}, headers={"origin": "http://127.0.0.1:9"})
+        assert tossed.status_code == 403  # a form from another origin (a sandbox's port) logs nobody in
         csrf = {"x-stasis-csrf": await logged_in(http, keys["blue"])}
         listed = (await http.get("/ui/")).text
-        assert "blue-box" in listed and "red-box" not in listed
+        assert "blue-box" in listed and "red-box" not in listed and "team blue" in listed
         assert red_checkpoint not in (await http.get("/ui/checkpoints")).text
         nobody = await http.get("/ui/sandboxes/sb-000000000000")
         theirs = await http.get(f"/ui/sandboxes/{ids['red']}")

@@ -183,6 +183,13 @@ def test_the_unix_socket_is_the_owners(served: Daemon) -> None:
     with served.client() as local:  # no token: the socket's mode is the guard
         assert teams.whoami(client=local)["team"] is None
         assert [t.name for t in teams.list_teams(client=local)] == ["green"]
+        made = teams.create_key("green", ["read"], client=local)
+    with Client(served.paths, token=made.key) as as_green:  # a key sent over the socket acts as its team there
+        assert teams.whoami(client=as_green)["team"] == "green"
+        with served.client() as local:
+            teams.revoke_key(made.id, client=local)
+        with pytest.raises(Unauthorized):  # and once it stops working it is refused, never taken for the owner
+            teams.whoami(client=as_green)
 
 
 def test_usage_adds_up_survives_a_kill_and_the_audit_log_says_who_did_what(served: Daemon) -> None:

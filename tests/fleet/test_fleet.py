@@ -24,8 +24,20 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from stasis import Client, NameTaken, NetworkPolicy, Pool, Sandbox, Secret, StasisError, mountns
+from stasis import (
+    Client,
+    NameTaken,
+    NetworkPolicy,
+    Pool,
+    QuotaExceeded,
+    Sandbox,
+    Secret,
+    StasisError,
+    Unauthorized,
+    mountns,
+)
 from stasis.paths import Paths
+from stasis.sdk import team as teams
 from tests.conftest import IMAGE_DIR, TEST_ROOT, require_default_image, wait_until
 
 STARTUP = 300.0  # seconds: a cluster, two raylets and two daemons on a loaded 2-core machine
@@ -278,6 +290,67 @@ def test_a_secret_is_the_fleets(fleet: Fleet) -> None:
         Secret.remove("fleet-key", client=fleet.client())
     for node in nodes:
         assert Secret.list(client=Client(url=node["url"], token=fleet.token)) == []
+
+
+def test_teams_keys_quotas_and_usage_are_the_fleets(fleet: Fleet) -> None:
+    """A team and its keys made through the door work on every node; a key sees its team's sandboxes on any node and
+    nothing of another team's; a quota counts the team's sandboxes on every node; usage sums every node's."""
+    owner, nodes = fleet.client(), json.loads(fleet.cli("fleet", "nodes", "--json").stdout)
+    teams.create_team("fleetred", client=owner, max_running=2)
+    teams.create_team("fleetblue", client=owner)
+    red_key = teams.create_key("fleetred", ["read", "write", "exec"], client=owner).key
+    blue_key = teams.create_key("fleetblue", ["read", "write", "exec"], client=owner).key
+    for node in nodes:  # the very same key, straight to each node's daemon
+        assert teams.whoami(client=Client(url=node["url"], token=red_key))["team"] == "fleetred"
+    as_red = {"authorization": f"Bearer {red_key}"}
+    made = []
+    try:
+        for node in ("n1", "n2"):  # one on each node: neither node alone sees two
+            answer = httpx.post(f"{fleet.url}/v1/sandboxes", json={"name": f"red-{node}", "memory_mb": 256,
+                                "backend": "gvisor", "node": node}, headers=as_red, timeout=300)  # fmt: skip
+            assert answer.status_code == 201 and answer.json()["node"] == node, answer.text
+            made.append(answer.json()["id"])
+        with Client(url=fleet.url, token=red_key) as red, Client(url=fleet.url, token=blue_key) as blue:
+            assert sorted(s.id for s in Sandbox.list(client=red)) == sorted(made)
+            with pytest.raises(QuotaExceeded, match="2 running sandboxes in use of its 2 across the fleet"):
+                Sandbox.create(memory_mb=256, backend="gvisor", client=red)
+            assert Sandbox.connect("red-n2", client=red).run("echo red").stdout == "red\n"
+
+            assert Sandbox.list(client=blue) == []
+            raw = httpx.Client(base_url=fleet.url, headers={"authorization": f"Bearer {blue_key}"}, timeout=300)
+            theirs, nobodys = raw.get(f"/v1/sandboxes/{made[0]}"), raw.get("/v1/sandboxes/sb-000000000000")
+            assert theirs.status_code == nobodys.status_code == 404
+            assert theirs.json()["message"].replace(made[0], "X") == nobodys.json()["message"].replace(
+                "sb-000000000000", "X")  # fmt: skip
+            assert raw.post(f"/v1/sandboxes/{made[1]}/exec", json={"cmd": ["true"]}).status_code == 404
+            for method, path in (("GET", "/v1/secrets"), ("GET", "/v1/fleet/nodes"),
+                                 ("POST", f"/v1/sandboxes/{made[0]}/fork")):  # fmt: skip
+                assert raw.request(method, path, json={}).status_code == 403, path
+
+            report = teams.usage(client=red, since=0)
+            assert sorted(r.sandbox_id for r in report.sandboxes) == sorted(made)
+            assert [(t.team, t.sandboxes) for t in report.teams] == [("fleetred", 2)]
+            assert report.teams[0].running_seconds > 0
+
+            red_key_id = next(k.id for k in teams.list_keys(client=owner, team="fleetred"))
+            teams.revoke_key(red_key_id, client=owner)
+            for node in nodes:  # revoked on every node
+                with pytest.raises(Unauthorized):
+                    teams.whoami(client=Client(url=node["url"], token=red_key))
+            wait_until(lambda: _refused(red), timeout=60)  # and at the door, once its short memory of the key ends
+    finally:
+        for sandbox_id in made:
+            Sandbox.connect(sandbox_id, client=owner).terminate()
+    for team in ("fleetred", "fleetblue"):
+        teams.remove_team(team, client=owner)
+
+
+def _refused(client: Client) -> bool:
+    try:
+        Sandbox.list(client=client)
+    except Unauthorized:
+        return True
+    return False
 
 
 def test_the_door_wants_the_token_and_says_what_it_does_not_route(fleet: Fleet) -> None:

@@ -36,7 +36,9 @@ def proxy_app(paths: Paths) -> Starlette:
         path = request.url.path
         if path != "/ui" and not path.startswith("/ui/"):
             return PlainTextResponse("only the console (/ui) is served here", status_code=404)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        if not same_origin(request):  # the daemon sees the proxy's request, not the browser's: check here
+            return PlainTextResponse("a request from another origin", status_code=403)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"origin"}}
         sent = upstream.build_request(request.method, path, params=request.url.query, headers=headers,
                                       content=await request.body())  # fmt: skip
         answer = await upstream.send(sent, stream=True, follow_redirects=False)

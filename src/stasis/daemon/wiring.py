@@ -76,7 +76,7 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     core.use_secrets(secrets.broker)
     core.on_ready(secrets.install_trust)
     core.on_ready(rooms.desktop.on_start)
-    core.on_stopping(rooms.meter.sample)
+    core.on_stopping(rooms.meter.stopping)
     for forget in (ports.forget, secrets.forget, rooms.code.server.forget, rooms.desktop.session.forget,
                    rooms.desktop.forget, e2b.forget):  # fmt: skip
         core.on_teardown(forget)

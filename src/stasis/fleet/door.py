@@ -27,11 +27,14 @@ from ..errors import (
     DaemonUnavailable,
     InvalidRequest,
     NameTaken,
+    SandboxNotFound,
     StasisError,
     Unsupported,
+    error_from_payload,
 )
 from ..models import TEMPLATE_PREFIX
 from ..validation import ID_PATTERN, NAME_PATTERN
+from . import tenants
 from .console import console_routes
 from .e2b import e2b_routes
 from .forks import fork_routes
@@ -42,6 +45,7 @@ from .requests import REPLAYABLE
 from .requests import replayable as _replayable
 from .requests import small_json as _small_json
 from .sockets import websocket_routes
+from .tenants import as_caller
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length",
               "authorization", "proxy-authorization"}  # fmt: skip
@@ -57,15 +61,25 @@ def error(exc: StasisError) -> JSONResponse:
 def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> FastAPI:
     """The front door's app. ``kill_node`` (a local fleet's) removes a node as a host's loss would."""
     app = FastAPI(title="stasis fleet", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
+    keys = tenants.Keys(nodes)
 
     @app.middleware("http")
     async def bearer(request: Request, call_next):  # type: ignore[no-untyped-def]
         if request.scope["path"] == "/ui" or request.scope["path"].startswith("/ui/"):  # the console's: its own login
             return await call_next(request)
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return JSONResponse({"type": "Unauthorized", "message": "the fleet wants its token: set STASIS_TOKEN",
-                                 "details": {}}, status_code=401)  # fmt: skip
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return await call_next(request)
+        if not tenants.KEY.fullmatch(given.removeprefix("Bearer ")):
+            return JSONResponse({"type": "Unauthorized", "message": "the fleet wants its token (or a team's key): "
+                                 "set STASIS_TOKEN", "details": {}}, status_code=401)  # fmt: skip
+        try:
+            who = await keys.who(given.removeprefix("Bearer "))
+            if not tenants.key_may(request.method, request.scope["path"]):
+                raise tenants.refuse_key(request.scope["path"])
+        except StasisError as exc:
+            return error(exc)
+        request.state.key, request.state.team = given.removeprefix("Bearer "), who["team"]
         return await call_next(request)
 
     @app.exception_handler(StasisError)
@@ -82,6 +96,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
     _sandbox_routes(app, nodes)
     fork_routes(app, nodes)
     _secret_routes(app, nodes)
+    tenants.team_routes(app, nodes)
     pool_routes(app, nodes)
     e2b_routes(app, nodes, token)
     _routed_routes(app, nodes)
@@ -147,9 +162,11 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
     @app.get("/v1/sandboxes")
     async def list_sandboxes(request: Request) -> list[dict[str, Any]]:
         every = request.query_params.get("all", "false").lower() in ("1", "true", "yes")
-        found = await _gather(nodes, "/v1/sandboxes" + ("?all=true" if every else ""))
+        found = await _gather(nodes, "/v1/sandboxes" + ("?all=true" if every else ""), as_caller(request))
         here = {s["id"] for s in found} | {s["name"] for s in found if s.get("name")}
-        found += [s for s in await _waiting_in_store(nodes) if s["id"] not in here and s.get("name") not in here]
+        waiting = [s for s in await _waiting_in_store(nodes)
+                   if _team(request) is None or (s.get("spec") or {}).get("team") == _team(request)]  # fmt: skip
+        found += [s for s in waiting if s["id"] not in here and s.get("name") not in here]
         merged = sorted(found, key=lambda s: (s["created_at"], s["id"]))
         if (after := request.query_params.get("after")) is not None:
             last = next((s for s in merged if s["id"] == after), None)
@@ -159,8 +176,8 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
         return merged
 
     @app.get("/v1/checkpoints")
-    async def list_checkpoints() -> list[dict[str, Any]]:
-        return sorted(await _gather(nodes, "/v1/checkpoints"), key=lambda c: c["created_at"])
+    async def list_checkpoints(request: Request) -> list[dict[str, Any]]:
+        return sorted(await _gather(nodes, "/v1/checkpoints", as_caller(request)), key=lambda c: c["created_at"])
 
     @app.post("/v1/sandboxes")
     async def create(request: Request) -> Response:
@@ -176,8 +193,9 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
                     raise NameTaken(f"a sandbox named {name!r} already exists in the fleet (on node "
                                     f"{holders[0]['name']}); pick another name or remove it with `stasis rm {name}`",
                                     name=name)  # fmt: skip
+            await tenants.admit(nodes, request, body if isinstance(body, dict) else {})
             node = place(await nodes.live(), wanted)
-            answer = await nodes.client(node).post("/v1/sandboxes", json=body)
+            answer = await nodes.client(node).post("/v1/sandboxes", json=body, headers=as_caller(request))
         if answer.status_code == 201:
             made = answer.json()
             nodes.remember(node["name"], made["id"], made.get("name"))
@@ -261,11 +279,21 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
         if kind not in ("sandboxes", "checkpoints"):
             return _not_routed(request)
         path = node_path(kind, ref, rest)  # rebuilt from checked segments: never another endpoint of the node
+        try:
+            return await _routed(nodes, request, kind, ref, rest, path)
+        except (SandboxNotFound, CheckpointNotFound):
+            if tenants.key_of(request) is None:
+                raise
+            raise tenants.not_found(kind, ref) from None
+
+    async def _routed(nodes: Nodes, request: Request, kind: str, ref: str, rest: str, path: str) -> Response:
+        if kind == "sandboxes" and rest == "resume" and request.method == "POST":
+            await tenants.admit(nodes, request, {}, resuming=ref)
         if not _replayable(request):  # an upload: its node asked first, the body streamed through once
-            return await _forward(nodes.client(await nodes.found(kind, ref)), request, path)
+            return await _forward(nodes.client(await nodes.found(kind, ref, as_caller(request))), request, path)
         body = await request.body()
         cached = nodes.cached(ref)
-        node = cached or await nodes.found(kind, ref)
+        node = cached or await nodes.found(kind, ref, as_caller(request))
         try:
             answer = await _send(nodes.client(node), request, body, path)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # never sent: its daemon is gone (a host's loss)
@@ -274,7 +302,7 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
         if answer is None or (cached is not None and await _gone(answer)):  # not where it was: ask all once more
             if answer is not None:
                 nodes.forget(ref)
-            node = await nodes.found(kind, ref)
+            node = await nodes.found(kind, ref, as_caller(request))
             answer = await _send(nodes.client(node), request, body, path)
         if request.method == "DELETE" and kind == "sandboxes" and not rest and answer.status_code == 200:
             nodes.forget(ref)
@@ -295,12 +323,15 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
         return _not_routed(request)
 
 
-async def _gather(nodes: Nodes, path: str) -> list[dict[str, Any]]:
-    """Every live node's answer to GET ``path`` (a list), each item marked with its node."""
+async def _gather(nodes: Nodes, path: str, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every live node's answer to GET ``path`` (a list), each item marked with its node; ``headers``: the
+    caller's key, if a team's."""
     live = await nodes.live()
-    answers = await asyncio.gather(*(nodes.client(n).get(path) for n in live))
+    answers = await asyncio.gather(*(nodes.client(n).get(path, headers=headers) for n in live))
     found = []
     for node, answer in zip(live, answers, strict=True):
+        if answer.status_code in (401, 403):  # a key the node no longer takes: its word, not a 500
+            raise error_from_payload(answer.json(), answer.status_code)
         answer.raise_for_status()
         for item in answer.json():
             nodes.remember(node["name"], item.get("id"), item.get("name"))
@@ -356,7 +387,12 @@ async def _holders(nodes: Nodes, name: str) -> list[tuple[dict[str, Any], bool]]
 
 
 def _forwarded(request: Request) -> dict[str, str]:
-    return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    """The request's headers for a node: a team's key goes along (the node answers as it answers the key)."""
+    return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP} | as_caller(request)
+
+
+def _team(request: Request) -> str | None:
+    return getattr(request.state, "team", None)
 
 
 async def _gone(answer: httpx.Response) -> bool:

@@ -80,7 +80,11 @@ class LocalFleet:
         except ImportError:
             raise InvalidRequest("a fleet runs on Ray, which is not installed: pip install 'stasis[fleet]'") from None
 
-        # Ray makes its temp directories 0777: under the fleet's own 0700 home, no other user reaches them
+        # Ray makes its temp directories 0777: under the fleet's own 0700 home, no other user reaches them. Only the
+        # cluster's address goes to Ray's default directory, which a new machine may not have yet.
+        from ray._common.utils import get_default_ray_temp_dir
+
+        os.makedirs(get_default_ray_temp_dir(), mode=0o700, exist_ok=True)
         head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": OBJECT_STORE,
                 "temp_dir": str(self.home / "r")}  # fmt: skip
         self.cluster = Cluster(initialize_head=True, head_node_args=head)

@@ -168,9 +168,10 @@ class Nodes:
         raise missing(f"no {kind[:-1]} named or with id {ref[:80]!r} on any live node of the fleet; "
                       f"`stasis {'ls' if kind == 'sandboxes' else 'checkpoints'}` lists them")  # fmt: skip
 
-    async def found(self, kind: str, ref: str) -> dict[str, Any]:
+    async def found(self, kind: str, ref: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
         """The live node holding ``ref``; for a sandbox no live node holds, one that takes it back from the store
-        (a sandbox whose node was lost after it went there idle), or a clear word that it is lost with its node."""
+        (a sandbox whose node was lost after it went there idle), or a clear word that it is lost with its node.
+        ``headers``: a team key's, which the take-back is asked with (a key never pulls from the store)."""
         try:
             return await self.holder(kind, checked(ref))
         except SandboxNotFound:
@@ -178,7 +179,7 @@ class Nodes:
                 raise
             was_on = self.last_seen_on(ref)
         target = place(await self.live())
-        answer = await self.client(target).post(f"/v1/sandboxes/{ref}/resume")
+        answer = await self.client(target).post(f"/v1/sandboxes/{ref}/resume", headers=headers)
         if answer.is_success:
             revived = answer.json()
             self.remember(target["name"], ref, revived["id"], revived.get("name"))

@@ -37,7 +37,7 @@ from ...errors import (
     VolumeNotFound,
     echo,
 )
-from ..rooms.teams import OWNER, Principal
+from ..rooms.teams import KEY, OWNER, Principal
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -111,8 +111,11 @@ class Tenancy:
             return OWNER
         if sent.startswith("Bearer ") and (found := scope["app"].state.rooms.teams.authenticate(sent[7:])):
             return found  # type: ignore[no-any-return]
-        if self.token is None or (server is not None and server[1] is None):
-            return OWNER  # the unix socket (mode 0600) is the owner's: a team's key sent there acts as its team
+        local = self.token is None or (server is not None and server[1] is None)
+        if local and not KEY.fullmatch(sent.removeprefix("Bearer ")):
+            # The unix socket (mode 0600) is the owner's; a team's key sent there acts as its team, and one that
+            # no longer works is refused, never taken for the owner (MCP over HTTP sends its caller's key here).
+            return OWNER
         raise Unauthorized("missing, wrong, expired or revoked API token or key; send 'Authorization: Bearer "
                             "$STASIS_TOKEN'")  # fmt: skip
 

@@ -4,9 +4,9 @@ Its processes are those whose command line names its id (runsc's sandbox, gofer 
 QEMU). Memory is the proportional set size (shared pages split between their sharers).
 
 CPU time for accounting (:func:`cpu_reading`) comes from the sandbox's own cgroup where it has one (gVisor: every
-process runsc starts for it, exited ones too, exact), else from its processes (QEMU: one process, its threads
-included). Each reading names the run it belongs to: the cgroup or process made when the sandbox started or
-resumed, so a counter that starts again at zero is a new run, never a step back.
+process runsc starts for it, exited ones too, exact), else from the processes that carry its id as a whole
+argument (QEMU's ``-name stasis-ID``; runsc's container id): never a substring, which a sandbox's name could
+plant in another's command line.
 """
 
 from __future__ import annotations
@@ -53,21 +53,23 @@ def host_usage(sandbox_id: str) -> tuple[float, float]:
     return sum(_cpu_seconds(pid) for pid in pids), sum(_pss_mib(pid) for pid in pids)
 
 
-def cpu_reading(sandbox_id: str) -> tuple[str, float] | None:
-    """(the run it counts, CPU seconds of that run so far), or None when nothing of the sandbox runs here."""
+def cpu_reading(sandbox_id: str) -> float | None:
+    """CPU seconds the sandbox's current run has used so far, or None when nothing of it runs here."""
     for pattern, read in ((CGROUP_V1, _cgroup_v1), (CGROUP_V2, _cgroup_v2)):
-        directory = Path(pattern.format(id=sandbox_id))
         try:
-            made = directory.stat()
-            return f"cgroup:{made.st_ino}:{made.st_ctime_ns}", read(directory)
+            return read(Path(pattern.format(id=sandbox_id)))
         except (OSError, ValueError, KeyError):
             continue
-    pids = [pid for pid, _ in procs.processes(lambda cmd: sandbox_id in cmd)]
-    started = {pid: int(fields[19]) for pid in pids if len(fields := _stat(pid)) > 19}
-    if not started:
-        return None
-    first = min(started, key=lambda pid: (started[pid], pid))
-    return f"process:{first}:{started[first]}", sum(_cpu_seconds(pid, children=True) for pid in started)
+    names = {sandbox_id, f"stasis-{sandbox_id}"}
+    pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and names & set(_argv(int(entry)))]
+    return sum(_cpu_seconds(pid, children=True) for pid in pids) if pids else None
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
 
 
 def _cgroup_v1(directory: Path) -> float:

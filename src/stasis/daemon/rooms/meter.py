@@ -1,16 +1,19 @@
 """What each sandbox's processes actually burnt: CPU seconds on the host, and bytes through its egress proxy.
 
-Counters are read from the host (:func:`.host_usage.cpu_reading`, :meth:`NetworkEngine.traffic`) every
-``STASIS_METER_SECONDS`` (default 15) for each running sandbox, and once more just before its processes stop (a
-suspend, a removal, a death), so a run's last seconds are never lost to the gap between two readings. Each counter
-belongs to a run (a cgroup, a process, a proxy): a reading of the same run adds what grew since the last one; the
-first of a new run adds all of it.
+Counters are read from the host (:func:`.host_usage.cpu_reading`, the core's ``traffic``) every
+``STASIS_METER_SECONDS`` (default 15) for each running sandbox, when usage is asked for, and once more just before
+its processes stop (a suspend, a removal, a death), so a run's last seconds are never lost to the gap between two
+readings. A reading adds what grew since the last one. A CPU counter starts again at zero with each run of the
+sandbox on the host, so the reading taken as a run stops is its last, and the next run is counted from zero.
+Egress counters belong to their proxy (a new one after a daemon restart starts at zero): a reading of another
+proxy than the last adds all of its count.
 
 What grew is added to its minute in ``meter.db`` (WAL, ``synchronous=FULL``: a daemon killed at any moment keeps
 every reading it took). A sandbox left running across the kill goes on counting in the same cgroup, so the next
 reading adds what it burnt meanwhile; only egress bytes that crossed the proxy after the last reading go with the
-killed daemon (its proxy is the daemon's). Bytes of HTTPS calls the secrets' broker makes for a sandbox are not
-counted.
+killed daemon (its proxy is the daemon's). Not counted: bytes of HTTPS calls the secrets' broker makes for a
+sandbox, and DNS queries. A run that a failed suspend leaves running is counted again from zero (rare: a suspend
+fails only when the host's disk is full or runsc breaks).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ CREATE TABLE IF NOT EXISTS meter_minutes (
 """
 
 Reading = tuple[str, str, float]  # (counter, run, value so far)
+CPU_RUN = "host"  # a CPU counter's runs are told apart by the stop between them (:meth:`Meter.stopping`)
 
 
 def interval_from_env() -> float:
@@ -64,7 +68,7 @@ class Meter:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ readings
@@ -72,17 +76,28 @@ class Meter:
     def readings(self, sandbox_id: str) -> list[Reading]:
         found: list[Reading] = []
         if (cpu := cpu_reading(sandbox_id)) is not None:
-            found.append(("cpu_seconds", cpu[0], cpu[1]))
+            found.append(("cpu_seconds", CPU_RUN, cpu))
         if (traffic := self.core.traffic(sandbox_id)) is not None:
             run, sent, received = traffic
             found += [("egress_bytes", run, float(sent)), ("ingress_bytes", run, float(received))]
         return found
 
     def sample(self, sandbox_id: str) -> None:
-        """Read the sandbox's counters now and keep what grew (a hook: just before its processes stop)."""
+        """Read the sandbox's counters now and keep what grew."""
+        self._take(sandbox_id, stopping=False)
+
+    def stopping(self, sandbox_id: str) -> None:
+        """The last reading of a run (a hook: just before the sandbox's processes stop); its next starts at zero."""
+        self._take(sandbox_id, stopping=True)
+
+    def _take(self, sandbox_id: str, stopping: bool) -> None:
         try:
-            self.record(sandbox_id, self.readings(sandbox_id), time.time())
-        except (OSError, sqlite3.Error):
+            with self._lock:  # read and kept in one step: two readings never cross
+                self.record(sandbox_id, self.readings(sandbox_id), time.time())
+                if stopping:
+                    self.db.execute("UPDATE meter_last SET value = 0 WHERE sandbox_id = ? AND counter = ?",
+                                    (sandbox_id, "cpu_seconds"))  # fmt: skip
+        except Exception:
             log.exception("could not meter sandbox %s", sandbox_id)
 
     def record(self, sandbox_id: str, readings: list[Reading], at: float) -> None:
@@ -126,9 +141,12 @@ class Meter:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            running = [info.id for info in self.core.records(status=SandboxStatus.RUNNING)]
-            for sandbox_id in running:
-                await asyncio.to_thread(self.sample, sandbox_id)
+            try:
+                running = [info.id for info in self.core.records(status=SandboxStatus.RUNNING)]
+                for sandbox_id in running:
+                    await asyncio.to_thread(self.sample, sandbox_id)
+            except Exception:  # one bad round never ends metering
+                log.exception("metering round failed")
 
     async def stop(self) -> None:
         if self._task is not None:

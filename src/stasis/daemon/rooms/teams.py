@@ -106,6 +106,13 @@ class TeamsRoom:
             raise Forbidden("a key can make keys with at most its own scopes")
         key_id = "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(12))
         secret = secrets.token_hex(24)
+        if request.key is not None:  # the same key on every node of a fleet
+            given = KEY.fullmatch(request.key)
+            if by.team is not None or given is None:
+                raise Forbidden("only the owner gives a key itself, as sk_stasis_<12 of a-z0-9>_<48 hex>")
+            if self.table.key_row(given[1]) is not None:
+                raise Conflict(f"a key with id {given[1]} exists here already")
+            key_id, secret = given[1], given[2]
         now = time.time()
         expires = now + request.expires_in_secs if request.expires_in_secs else None
         parent = self.table.key_row(by.key_id) if by.key_id else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import posixpath
 from collections.abc import AsyncIterator
@@ -13,10 +14,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ....code_models import CodeRequest
 from ....errors import StasisError
 from ....models import CheckpointType, CreateCheckpointRequest, CreateSandboxRequest
+from ....network.relay import until_first_done
 from ...rooms.forks import fork
 from ..deps import Rooms
 from ..terminal import serve_terminal
-from .render import FeedDep, RoomsDep, acting, admitted, reach, refused, session_of, visible
+from .render import FeedDep, RoomsDep, acting, admitted, reach, refused, session_of, until_ended, visible
 
 router = APIRouter()
 ACTIONS = ("suspend", "resume", "checkpoint", "fork", "remove")
@@ -105,7 +107,7 @@ async def events(request: Request, feed: FeedDep) -> Response:
     async def stream() -> AsyncIterator[bytes]:
         last = None
         async for snapshot in feed.follow():
-            if await request.is_disconnected():
+            if await request.is_disconnected() or session_of(request) is None:  # logged out, or its key revoked
                 return
             shown = visible(session, snapshot, lambda s: s["team"])
             if shown != last:  # another team's change is no news here (nor a hint of it)
@@ -124,7 +126,13 @@ async def pty(websocket: WebSocket, ref: str, rooms: RoomsDep, cols: int = 80, r
         if session is None:
             return await websocket.close(code=4401, reason="log in first")
         reach(rooms, session, "sandbox", ref, "exec")
-        await serve_terminal(rooms.core, websocket, ref, cols, rows, ["/bin/sh", "-l"])
+        serving = serve_terminal(rooms.core, websocket, ref, cols, rows, ["/bin/sh", "-l"])
+        ended = await until_first_done(serving, until_ended(websocket))
+        if isinstance(ended[0], StasisError):
+            raise ended[0]
+        if ended[1] is None:  # the session ended first
+            with contextlib.suppress(RuntimeError):  # already closed
+                await websocket.close(code=4401, reason="the console session ended (logged out, or its key revoked)")
     except StasisError as exc:
         await websocket.close(code=4400, reason=exc.message[:120])
     except (WebSocketDisconnect, asyncio.CancelledError):

@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, Response
 from ....desktop import IMAGE
 from ....errors import StasisError
 from ....network.relay import until_first_done
-from .render import RoomsDep, admitted, page, reach, session_of, to_login
+from .render import RoomsDep, admitted, page, reach, session_of, to_login, until_ended
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -52,7 +52,7 @@ async def vnc(websocket: WebSocket, ref: str, rooms: RoomsDep, csrf: str = "", c
         return
     log.info("live view of %s opened (%s)", ref, "control" if control else "view only")
     with rooms.core.activity.busy(sandbox_id):
-        await _bridge(websocket, reader, writer)
+        await until_first_done(_bridge(websocket, reader, writer), until_ended(websocket))  # ends with the session
 
 
 async def _bridge(websocket: WebSocket, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

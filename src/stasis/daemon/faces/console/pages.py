@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 
 from ....console_sessions import COOKIE, LIFETIME_SECS
 from ....errors import StasisError
+from ....origin import same_origin
 from .live import describe
 from .render import FeedDep, RoomsDep, page, pages, reach, session_of, to_login, visible
 from .tree import lineage
@@ -29,6 +30,8 @@ async def login_page(request: Request) -> HTMLResponse:
 
 @router.post("/login", response_model=None)
 async def login(request: Request, rooms: RoomsDep) -> Response:
+    if not same_origin(request):  # a form posted from another origin (a sandbox's port) never logs anyone in
+        return pages.TemplateResponse(request, "login.html", {"error": "Log in from this page."}, status_code=403)
     form = await request.form()
     token = str(form.get("token") or "")
     key = rooms.teams.authenticate(token) if token else None
@@ -43,6 +46,8 @@ async def login(request: Request, rooms: RoomsDep) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request, rooms: RoomsDep) -> RedirectResponse:
+    if not same_origin(request):
+        return to_login()
     rooms.logins.logout(request.cookies.get(COOKIE))
     response = to_login()
     response.delete_cookie(COOKIE, path="/ui")

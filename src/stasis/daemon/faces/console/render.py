@@ -3,6 +3,7 @@ the login session and its CSRF token, and the rooms and live feed of the daemon 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from .live import Feed
 HERE = Path(__file__).parent
 pages = Jinja2Templates(directory=HERE / "pages")
 __all__ = ["FeedDep", "RoomsDep", "acting", "admitted", "page", "pages", "reach", "refused", "session_of", "to_login",
-           "visible"]  # fmt: skip
+           "until_ended", "visible"]  # fmt: skip
 
 
 async def feed_of(connection: HTTPConnection) -> Feed:
@@ -43,6 +44,15 @@ def session_of(connection: Request | WebSocket) -> Session | None:
         return None
     session.principal = OWNER if session.key_id is None else rooms.teams.working(session.key_id)
     return session if session.principal is not None else None
+
+
+async def until_ended(connection: Request | WebSocket, every: float = 2.0) -> None:
+    """Return once the connection's session ends (a logout, its expiry, its key revoked): what streams for it (a
+    terminal, a desktop, the live list) stops with it."""
+    while True:
+        await asyncio.sleep(every)
+        if session_of(connection) is None:
+            return
 
 
 def visible(session: Session, items: list[Any], team_of: Callable[[Any], str | None]) -> list[Any]:
@@ -82,7 +92,8 @@ async def admitted(websocket: WebSocket, csrf: str, what: str) -> bool:
 
 
 def page(request: Request, name: str, session: Session, **context: Any) -> HTMLResponse:
-    return pages.TemplateResponse(request, name, {"csrf": session.csrf, **context})
+    team = session.principal.team if session.principal is not None else None  # shown on every page
+    return pages.TemplateResponse(request, name, {"csrf": session.csrf, "team": team, **context})
 
 
 def to_login() -> RedirectResponse:
