@@ -56,6 +56,7 @@ def test_pages_need_a_login_and_actions_the_pages_csrf_token() -> None:
         assert (await http.post(f"/ui/sandboxes/{sandbox_id}/suspend")).status_code == 401  # no session
         csrf = await logged_in(http)
         assert "routes-box" in (await http.get("/ui/")).text
+        assert "routes-box" in (await http.get("/ui/usage")).text
         assert (await http.post(f"/ui/sandboxes/{sandbox_id}/suspend")).status_code == 401  # no CSRF header
         forged = await http.post(f"/ui/sandboxes/{sandbox_id}/suspend", headers={"x-stasis-csrf": "forged"})
         assert forged.status_code == 401
@@ -134,6 +135,8 @@ def test_a_teams_key_logs_in_and_sees_acts_on_and_restores_only_its_teams() -> N
         listed = (await http.get("/ui/")).text
         assert "blue-box" in listed and "red-box" not in listed and "team blue" in listed
         assert red_checkpoint not in (await http.get("/ui/checkpoints")).text
+        used = (await http.get("/ui/usage")).text
+        assert "blue-box" in used and "red-box" not in used and "(owner)" not in used  # its own team's usage
         nobody = await http.get("/ui/sandboxes/sb-000000000000")
         theirs = await http.get(f"/ui/sandboxes/{ids['red']}")
         assert theirs.status_code == nobody.status_code == 404  # not found, as on the API, word for word

@@ -1,8 +1,10 @@
-"""The console's agent runs: each run of the harness step by step, from its journal."""
+"""The console's agent runs (each run of the harness step by step, from its journal) and usage."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +14,7 @@ from fastapi.responses import HTMLResponse, Response
 from ....agent.journal import Journal
 from ....errors import NotFound, RunNotFound
 from ....paths import Paths
+from ...rooms.accounting import usage
 from ..deps import Rooms
 from .render import RoomsDep, page, session_of, to_login, visible
 
@@ -48,6 +51,18 @@ def _team(rooms: Rooms, sandbox_id: str) -> str | None:
         return rooms.core.record(sandbox_id).spec.team
     except NotFound:
         return None
+
+
+@router.get("/usage", response_class=HTMLResponse, response_model=None)
+async def usage_page(request: Request, rooms: RoomsDep, hours: int = 24) -> Response:
+    """What each team (a key's session: its own) and sandbox used in the last ``hours``."""
+    if (session := session_of(request)) is None:
+        return to_login()
+    hours = min(max(hours, 1), 24 * 366)
+    since, team = time.time() - hours * 3600, session.principal.team
+    report = await asyncio.to_thread(usage, rooms.core, rooms.checkpoints, rooms.meter, since, team, team is not None)
+    shown = time.strftime("%Y-%m-%d %H:%M", time.localtime(since))
+    return page(request, "usage.html", session, report=report, since=shown, hours=hours)
 
 
 @contextlib.contextmanager
