@@ -69,6 +69,21 @@ class CreatedKey(KeyInfo):
     key: str = Field(description="the key itself: shown this once, only its hash is kept")
 
 
+class ExportedKey(KeyInfo):
+    """A key as a fleet's door copies it to a node that joined: its secret's hash, never the secret."""
+
+    model_config = ConfigDict(extra="forbid")
+    secret_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    id: str = Field(pattern=r"^[0-9a-z]{12}$")
+    team: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    scopes: list[str] = Field(max_length=16)
+
+    @field_validator("scopes")
+    @classmethod
+    def _valid_scopes(cls, scopes: list[str]) -> list[str]:
+        return normalize_scopes(scopes)
+
+
 class CreateKeyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     team: str

@@ -555,6 +555,10 @@ def test_a_host_joins_and_leaves_losing_nothing(fleet: Fleet) -> None:
     nothing of the third node is left running."""
     home = fleet.home.parent / f"{fleet.home.name}-n3"
     env = {**fleet.env, "RAY_AUTH_TOKEN_PATH": fleet.ray_token_path, "STASIS_IMAGE_DIR": str(IMAGE_DIR)}
+    owner = fleet.client()
+    teams.create_team("joiners", client=owner, max_running=3)  # made before n3 joins: it gets them as it joins
+    key, revoked = (teams.create_key("joiners", ["read", "write"], client=owner) for _ in range(2))
+    teams.revoke_key(revoked.id, client=owner)
     joined = subprocess.Popen(
         [sys.executable, "-m", "stasis", "fleet", "join", "--address", fleet.ray_address, "--name", "n3",
          "--home", str(home), "--cpus", "1", "--store", f"file://{fleet.home / 'store'}"],
@@ -564,8 +568,14 @@ def test_a_host_joins_and_leaves_losing_nothing(fleet: Fleet) -> None:
         assert joined.stdout is not None
         line = joined.stdout.readline()
         assert "node n3 joined" in line, joined.stderr.read() if joined.stderr else ""
-        states = {n["name"]: n["state"] for n in json.loads(fleet.cli("fleet", "nodes", "--json").stdout)}
-        assert states == {"n1": "up", "n2": "up", "n3": "up"}
+        described = json.loads(fleet.cli("fleet", "nodes", "--json").stdout)
+        assert {n["name"]: n["state"] for n in described} == {"n1": "up", "n2": "up", "n3": "up"}
+        with Client(url=next(n["url"] for n in described if n["name"] == "n3"), token=key.key) as on_n3:
+            assert teams.whoami(client=on_n3)["team"] == "joiners"  # the team and its key reached the new node
+            assert [t.quotas.max_running for t in teams.list_teams(client=Client(url=on_n3.url, token=fleet.token))
+                    if t.name == "joiners"] == [3]  # fmt: skip
+        with pytest.raises(Unauthorized), Client(url=on_n3.url, token=revoked.key) as gone:
+            teams.whoami(client=gone)  # and so did a revocation
         sbx = Sandbox.create("joiner", memory_mb=256, backend="gvisor", node="n3", client=fleet.client())
         sbx.start_process(["python3", "-c", COUNTER])
         wait_until(lambda: sbx.run("test -s /tmp/count").exit_code == 0)
@@ -583,6 +593,7 @@ def test_a_host_joins_and_leaves_losing_nothing(fleet: Fleet) -> None:
         assert [pid for pid in processes_with(fleet.marker) if "stasis-node-n3" in cmdline(pid)] == []  # its raylet
         paths = Paths(home, IMAGE_DIR)
         assert not mountns.pinned(paths.mount_pin) and list(paths.sandboxes.glob("*")) == []
+        teams.remove_team("joiners", client=owner)
     finally:
         if joined.poll() is None:
             os.killpg(joined.pid, signal.SIGTERM)

@@ -62,6 +62,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
     """The front door's app. ``kill_node`` (a local fleet's) removes a node as a host's loss would."""
     app = FastAPI(title="stasis fleet", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
     keys = tenants.Keys(nodes)
+    nodes.on_join = lambda node, reference: tenants.welcome(nodes, node, reference)
 
     @app.middleware("http")
     async def bearer(request: Request, call_next):  # type: ignore[no-untyped-def]

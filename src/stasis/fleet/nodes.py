@@ -8,6 +8,7 @@ import asyncio
 import collections
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -50,6 +51,9 @@ class Nodes:
         self._described: dict[str, dict[str, Any]] = {}  # node name -> its last description
         self._clients: dict[str, httpx.AsyncClient] = {}  # node url -> a client of its daemon
         self._where: collections.OrderedDict[str, str] = collections.OrderedDict()  # id or name -> node name
+        self.on_join: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]] | None = None  # (new, from)
+        self._welcomed: set[str] = set()
+        self._welcoming = asyncio.Lock()
 
     async def close(self) -> None:
         for client in self._clients.values():
@@ -80,7 +84,25 @@ class Nodes:
                 self._described[name] = {**previous, "state": "lost", "error": str(answer)[:200]}
             else:
                 self._described[name] = answer
+        await self._welcome([self._described[name] for name in names if self._described[name]["state"] == "up"])
         return [self._described[name] for name in names]
+
+    async def _welcome(self, up: list[dict[str, Any]]) -> None:
+        """Give each node seen up for the first time what the fleet has (its teams and keys), from one that has."""
+        if self.on_join is None or all(node["name"] in self._welcomed for node in up):
+            return
+        async with self._welcoming:
+            reference = next((n for n in up if n["name"] in self._welcomed), up[0])
+            self._welcomed.add(reference["name"])
+            for node in up:
+                if node["name"] in self._welcomed:
+                    continue
+                try:
+                    await self.on_join(node, reference)
+                except Exception as exc:  # tried again at the next look
+                    log.warning("could not give node %s the fleet's teams and keys: %s", node["name"], exc)
+                    continue
+                self._welcomed.add(node["name"])
 
     async def _describe(self, name: str) -> dict[str, Any]:
         return await asyncio.wait_for(self._agents[name].describe.remote(), DESCRIBE_TIMEOUT)  # type: ignore[no-any-return]

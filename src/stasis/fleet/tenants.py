@@ -16,6 +16,7 @@ that answers, quotas counted over every node, usage summed from every node.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from typing import Any
@@ -34,6 +35,7 @@ from ..errors import (
 )
 from .nodes import Nodes, checked
 
+log = logging.getLogger(__name__)
 KEY = re.compile(r"sk_stasis_[0-9a-z]{12}_[0-9a-f]{48}")
 KEY_CACHE_SECS = 5.0  # how long the door trusts a node's word on a key (the node checks it again on every call)
 KEY_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/usage", "/v1/whoami", "/v1/keys", "/v1/health")
@@ -125,6 +127,26 @@ async def admit(nodes: Nodes, request: Request, spec: dict[str, Any], resuming: 
                 f"{more:g} more; suspend or terminate one of its sandboxes, or raise the quota: "
                 f"stasis team set {team} --{option} N"
             )
+
+
+async def welcome(nodes: Nodes, node: dict[str, Any], reference: dict[str, Any]) -> None:
+    """A node that joined gets the teams and keys (hashes only) the fleet's other nodes have, revocations too."""
+    new, old = nodes.client(node), nodes.client(reference)
+    theirs = {t["name"]: t for t in _ok(await new.get("/v1/teams")).json()}
+    for team in _ok(await old.get("/v1/teams")).json():
+        if team["name"] not in theirs:
+            _ok(await new.post("/v1/teams", json={"name": team["name"], "quotas": team["quotas"]}))
+        elif theirs[team["name"]]["quotas"] != team["quotas"]:
+            _ok(await new.patch(f"/v1/teams/{checked(team['name'])}", json=team["quotas"]))
+    _ok(await new.post("/v1/keys/import", json=_ok(await old.get("/v1/keys/export")).json()))
+    log.info("node %s has the fleet's teams and keys", node["name"])
+
+
+def _ok(answer: Any) -> Any:
+    if not answer.is_success:
+        asked = f"{answer.request.method} {answer.request.url.path}"
+        raise StasisError(f"{asked}: {answer.status_code} {answer.text[:200]}")
+    return answer
 
 
 def team_routes(app: FastAPI, nodes: Nodes) -> None:

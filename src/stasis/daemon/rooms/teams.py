@@ -18,7 +18,16 @@ from dataclasses import dataclass
 
 from ...errors import Conflict, Forbidden, NotFound, QuotaExceeded, echo
 from ...models import SandboxSpec, SandboxStatus
-from ...team_models import SCOPES, CreatedKey, CreateKeyRequest, CreateTeamRequest, KeyInfo, TeamInfo, TeamQuotas
+from ...team_models import (
+    SCOPES,
+    CreatedKey,
+    CreateKeyRequest,
+    CreateTeamRequest,
+    ExportedKey,
+    KeyInfo,
+    TeamInfo,
+    TeamQuotas,
+)
 from ..core.service import SandboxService
 from ..core.tables import TeamTable
 
@@ -123,6 +132,25 @@ class TeamsRoom:
         self.table.insert_key(info, _digest(secret))
         log.info("key %s made for team %s with scopes %s", key_id, request.team, ",".join(request.scopes))
         return CreatedKey(**info.model_dump(), key=f"sk_stasis_{key_id}_{secret}")
+
+    def export_keys(self) -> list[ExportedKey]:
+        """Every key with its secret's hash (the owner's: a fleet's door copies them to a node that joined)."""
+        rows = [self.table.key_row(key.id) for key in self.table.keys(team=None)]
+        return [ExportedKey(**row[0].model_dump(), secret_sha256=row[1]) for row in rows if row is not None]
+
+    def import_keys(self, keys: list[ExportedKey]) -> int:
+        """The keys this daemon lacks added as they are (their teams must exist here), and revocations applied.
+        How many changed."""
+        teams, changed = {t.name for t in self.table.teams()}, 0
+        for key in keys:
+            found = self.table.key_row(key.id)
+            if found is None and key.team in teams:
+                self.table.insert_key(KeyInfo(**key.model_dump(exclude={"secret_sha256"})), key.secret_sha256)
+                changed += 1
+            if key.revoked_at is not None and (found is None or found[0].revoked_at is None):
+                self.table.revoke_key(key.id)
+                changed += 1
+        return changed
 
     def keys(self, by: Principal, team: str | None = None) -> list[KeyInfo]:
         if by.team is not None:

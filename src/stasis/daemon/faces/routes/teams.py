@@ -7,7 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from ....team_models import CreatedKey, CreateKeyRequest, CreateTeamRequest, KeyInfo, TeamInfo, TeamQuotas
+from ....errors import Forbidden
+from ....team_models import CreatedKey, CreateKeyRequest, CreateTeamRequest, ExportedKey, KeyInfo, TeamInfo, TeamQuotas
+from ...rooms.teams import Principal
 from ..deps import RoomsDep
 from ..tenancy import PrincipalDep
 
@@ -51,6 +53,25 @@ async def remove_team(name: str, rooms: RoomsDep) -> dict[str, str]:
 async def create_key(request: CreateKeyRequest, rooms: RoomsDep, principal: PrincipalDep) -> CreatedKey:
     """A new key of a team: the key itself is in this answer only."""
     return rooms.teams.create_key(request, principal)
+
+
+@router.get("/v1/keys/export")
+async def export_keys(rooms: RoomsDep, principal: PrincipalDep) -> list[ExportedKey]:
+    """Every key with its secret's hash, never the secret (the owner's: a fleet's door copies them to a new node)."""
+    _owner_only(principal)
+    return rooms.teams.export_keys()
+
+
+@router.post("/v1/keys/import")
+async def import_keys(keys: list[ExportedKey], rooms: RoomsDep, principal: PrincipalDep) -> dict[str, int]:
+    """Keys this daemon lacks added as exported elsewhere, and revocations applied (the owner's)."""
+    _owner_only(principal)
+    return {"changed": rooms.teams.import_keys(keys)}
+
+
+def _owner_only(principal: Principal) -> None:
+    if principal.team is not None:
+        raise Forbidden("copying keys between daemons is the owner's")
 
 
 @router.get("/v1/keys")
