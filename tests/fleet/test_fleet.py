@@ -319,9 +319,8 @@ def test_teams_keys_quotas_and_usage_are_the_fleets(fleet: Fleet) -> None:
             assert Sandbox.list(client=blue) == []
             raw = httpx.Client(base_url=fleet.url, headers={"authorization": f"Bearer {blue_key}"}, timeout=300)
             theirs, nobodys = raw.get(f"/v1/sandboxes/{made[0]}"), raw.get("/v1/sandboxes/sb-000000000000")
-            assert theirs.status_code == nobodys.status_code == 404
-            assert theirs.json()["message"].replace(made[0], "X") == nobodys.json()["message"].replace(
-                "sb-000000000000", "X")  # fmt: skip
+            assert theirs.status_code == nobodys.status_code == 404  # the very same bytes: nothing tells them apart
+            assert theirs.content.replace(made[0].encode(), b"X") == nobodys.content.replace(b"sb-000000000000", b"X")
             assert raw.post(f"/v1/sandboxes/{made[1]}/exec", json={"cmd": ["true"]}).status_code == 404
             for method, path in (("GET", "/v1/secrets"), ("GET", "/v1/fleet/nodes"),
                                  ("POST", f"/v1/sandboxes/{made[0]}/fork")):  # fmt: skip
@@ -331,6 +330,13 @@ def test_teams_keys_quotas_and_usage_are_the_fleets(fleet: Fleet) -> None:
             assert sorted(r.sandbox_id for r in report.sandboxes) == sorted(made)
             assert [(t.team, t.sandboxes) for t in report.teams] == [("fleetred", 2)]
             assert report.teams[0].running_seconds > 0
+
+            teams.set_quotas("fleetred", client=owner, max_cpus=4)  # on every node
+            Sandbox.connect(made.pop(), client=red).terminate()  # one running now: the CPUs decide
+            as_text = httpx.post(
+                f"{fleet.url}/v1/sandboxes", json={"cpus": "8", "memory_mb": "256"}, headers=as_red, timeout=300
+            )  # numbers sent as text are counted as the node reads them
+            assert as_text.status_code == 429 and "CPUs in use of its 4 across the fleet" in as_text.text, as_text.text
 
             red_key_id = next(k.id for k in teams.list_keys(client=owner, team="fleetred"))
             teams.revoke_key(red_key_id, client=owner)

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,12 +32,11 @@ from ..errors import (
     error_from_payload,
 )
 from ..models import TEMPLATE_PREFIX
-from ..validation import ID_PATTERN, NAME_PATTERN
-from . import tenants
+from . import quotas, tenants
 from .console import console_routes
 from .e2b import e2b_routes
 from .forks import fork_routes
-from .nodes import Nodes, checked, node_path
+from .nodes import Nodes, SandboxLost, checked, node_path
 from .placement import place
 from .pools import pool_routes
 from .requests import REPLAYABLE
@@ -46,6 +44,7 @@ from .requests import replayable as _replayable
 from .requests import small_json as _small_json
 from .sockets import websocket_routes
 from .tenants import as_caller
+from .waiting import waiting_in_store
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length",
               "authorization", "proxy-authorization"}  # fmt: skip
@@ -108,14 +107,14 @@ def _fleet_routes(app: FastAPI, nodes: Nodes, kill_node: KillNode | None) -> Non
     """The door's own: health, and the nodes."""
 
     @app.get("/v1/health")
-    async def health() -> dict[str, Any]:
+    async def health(request: Request) -> dict[str, Any]:
         described = await nodes.describe()
         first = next((n for n in described if n["state"] == "up"), None)
         backends = {}
         if first is not None:
             backends = (await nodes.client(first).get("/v1/health")).json().get("backends", {})
         return {"version": __version__, "pid": 0, "home": "fleet", "backends": backends, "fleet": True,
-                "nodes": {n["name"]: n["state"] for n in described}}  # fmt: skip
+                "nodes": {} if tenants.key_of(request) else {n["name"]: n["state"] for n in described}}  # fmt: skip
 
     @app.get("/v1/fleet/nodes")
     async def list_nodes() -> list[dict[str, Any]]:
@@ -165,7 +164,7 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
         every = request.query_params.get("all", "false").lower() in ("1", "true", "yes")
         found = await _gather(nodes, "/v1/sandboxes" + ("?all=true" if every else ""), as_caller(request))
         here = {s["id"] for s in found} | {s["name"] for s in found if s.get("name")}
-        waiting = [s for s in await _waiting_in_store(nodes)
+        waiting = [s for s in await waiting_in_store(nodes)
                    if _team(request) is None or (s.get("spec") or {}).get("team") == _team(request)]  # fmt: skip
         found += [s for s in waiting if s["id"] not in here and s.get("name") not in here]
         merged = sorted(found, key=lambda s: (s["created_at"], s["id"]))
@@ -186,17 +185,17 @@ def _sandbox_routes(app: FastAPI, nodes: Nodes) -> None:
         wanted = body.pop("node", None) if isinstance(body, dict) else None
         name = body.get("name") if isinstance(body, dict) else None
         if wanted is None and isinstance(body, dict):
-            wanted = await _holder_of_source(nodes, body)
+            wanted = await _holder_of_source(nodes, body, as_caller(request))
         async with creating if name else contextlib.nullcontext():  # only a name is checked, then taken, at once
             if name:
                 holders = [n for n, held in await _holders(nodes, checked(name)) if held]
                 if holders:
-                    raise NameTaken(f"a sandbox named {name!r} already exists in the fleet (on node "
-                                    f"{holders[0]['name']}); pick another name or remove it with `stasis rm {name}`",
-                                    name=name)  # fmt: skip
-            await tenants.admit(nodes, request, body if isinstance(body, dict) else {})
-            node = place(await nodes.live(), wanted)
-            answer = await nodes.client(node).post("/v1/sandboxes", json=body, headers=as_caller(request))
+                    where = "" if tenants.key_of(request) else f" (on node {holders[0]['name']})"
+                    raise NameTaken(f"a sandbox named {name!r} already exists in the fleet{where}; pick another name "
+                                    f"or remove it with `stasis rm {name}`", name=name)  # fmt: skip
+            async with quotas.admitted(nodes, request, body):
+                node = place(await nodes.live(), wanted)
+                answer = await nodes.client(node).post("/v1/sandboxes", json=body, headers=as_caller(request))
         if answer.status_code == 201:
             made = answer.json()
             nodes.remember(node["name"], made["id"], made.get("name"))
@@ -280,16 +279,21 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
         if kind not in ("sandboxes", "checkpoints"):
             return _not_routed(request)
         path = node_path(kind, ref, rest)  # rebuilt from checked segments: never another endpoint of the node
+        resuming = kind == "sandboxes" and rest == "resume" and request.method == "POST"
         try:
-            return await _routed(nodes, request, kind, ref, rest, path)
-        except (SandboxNotFound, CheckpointNotFound):
+            async with quotas.admitted(nodes, request, resuming=ref) if resuming else contextlib.nullcontext():
+                answer = await _routed(nodes, request, kind, ref, rest, path)
+        except (SandboxNotFound, CheckpointNotFound, SandboxLost):
             if tenants.key_of(request) is None:
                 raise
-            raise tenants.not_found(kind, ref) from None
+            raise tenants.not_found(kind, ref) from None  # the door's own words, whatever a node said or knew
+        if isinstance(answer, Response):  # streamed up and back (an upload), or a sandbox described with its node
+            return answer
+        if tenants.key_of(request) and answer.status_code == 404 and await _gone(answer):
+            raise tenants.not_found(kind, ref)
+        return _relay_whole(answer) if answer.is_stream_consumed else _streamed(answer)
 
-    async def _routed(nodes: Nodes, request: Request, kind: str, ref: str, rest: str, path: str) -> Response:
-        if kind == "sandboxes" and rest == "resume" and request.method == "POST":
-            await tenants.admit(nodes, request, {}, resuming=ref)
+    async def _routed(nodes: Nodes, request: Request, kind: str, ref: str, rest: str, path: str) -> Any:
         if not _replayable(request):  # an upload: its node asked first, the body streamed through once
             return await _forward(nodes.client(await nodes.found(kind, ref, as_caller(request))), request, path)
         body = await request.body()
@@ -301,7 +305,7 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
             nodes.mark_lost(node, str(exc))
             answer = None
         if answer is None or (cached is not None and await _gone(answer)):  # not where it was: ask all once more
-            if answer is not None:
+            if answer is not None and tenants.key_of(request) is None:  # a key never makes the door forget
                 nodes.forget(ref)
             node = await nodes.found(kind, ref, as_caller(request))
             answer = await _send(nodes.client(node), request, body, path)
@@ -311,7 +315,7 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
             await answer.aread()
             await answer.aclose()
             return JSONResponse({**answer.json(), "node": node["name"]})
-        return _relay_whole(answer) if answer.is_stream_consumed else _streamed(answer)
+        return answer
 
     @app.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def anything_else(request: Request, rest: str) -> Response:
@@ -340,44 +344,16 @@ async def _gather(nodes: Nodes, path: str, headers: dict[str, str] | None = None
     return found
 
 
-async def _holder_of_source(nodes: Nodes, body: dict[str, Any]) -> str | None:
+async def _holder_of_source(nodes: Nodes, body: dict[str, Any], headers: dict[str, str]) -> str | None:
     """A restore goes where its checkpoint (or template's) is; None if no node has it (a node's daemon then
     fetches it from the store, if the fleet has one)."""
     snapshot = body.get("snapshot_id") or (f"{TEMPLATE_PREFIX}{body['template']}" if body.get("template") else None)
     if not isinstance(snapshot, str):
         return None
     try:
-        return str((await nodes.holder("checkpoints", snapshot))["name"])
+        return str((await nodes.holder("checkpoints", snapshot, headers or None))["name"])
     except CheckpointNotFound:
         return None
-
-
-async def _waiting_in_store(nodes: Nodes) -> list[dict[str, Any]]:
-    """Sandboxes no node holds that wait in the fleet's store (gone there idle, or pushed): suspended, and any
-    request brings one back on a live node."""
-    live = await nodes.live()
-    if not live:
-        return []
-    answer = await nodes.client(live[0]).get("/v1/remote")
-    if not answer.is_success:  # no store: nothing waits anywhere
-        return []
-    return [{**entry["sandbox"], "status": "suspended", "node": None, "moved_to": "the fleet's store"}
-            for entry in answer.json()
-            if entry["kind"] == "sandbox" and entry.get("owner") is None and _sound(entry)]  # fmt: skip
-
-
-def _sound(entry: dict[str, Any]) -> bool:
-    """A record from the store (anyone who wrote the store could have written it) is listed only if it is the
-    entry's own (same id and name), with an id, a name and times as the daemon makes them."""
-    record = entry.get("sandbox")
-    if not isinstance(record, dict) or record.get("id") != entry.get("id") or record.get("name") != entry.get("name"):
-        return False
-    name, times = record.get("name"), (record.get("created_at"), record.get("last_activity"))
-    return (
-        isinstance(record["id"], str) and bool(ID_PATTERN.fullmatch(record["id"]))
-        and (name is None or bool(NAME_PATTERN.fullmatch(str(name))))
-        and all(isinstance(t, int | float) and math.isfinite(t) for t in times)
-    )  # fmt: skip
 
 
 async def _holders(nodes: Nodes, name: str) -> list[tuple[dict[str, Any], bool]]:

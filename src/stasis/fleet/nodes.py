@@ -84,6 +84,7 @@ class Nodes:
                 self._described[name] = {**previous, "state": "lost", "error": str(answer)[:200]}
             else:
                 self._described[name] = answer
+        self._welcomed -= {name for name in names if self._described[name]["state"] != "up"}  # welcomed again
         await self._welcome([self._described[name] for name in names if self._described[name]["state"] == "up"])
         return [self._described[name] for name in names]
 
@@ -171,17 +172,22 @@ class Nodes:
             if ref:
                 self._where.pop(ref, None)
 
-    async def holder(self, kind: str, ref: str) -> dict[str, Any]:
+    async def holder(self, kind: str, ref: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
         """The live node holding the sandbox (``kind`` "sandboxes") or checkpoint ("checkpoints") ``ref``: the
-        cached one if it still has it, else the one of all live nodes that does."""
+        cached one if it still has it, else the one of all live nodes that does (``headers``: a team key's, asked
+        with: another team's is held nowhere)."""
         checked(ref)
         if not self._described:
             await self.describe()
         cached = self._described.get(self._where.get(ref, ""))
-        if cached is not None and cached["state"] in ("up", "leaving") and await self._holds(cached, kind, ref):
+        if (
+            cached is not None
+            and cached["state"] in ("up", "leaving")
+            and await self._holds(cached, kind, ref, headers)
+        ):
             return cached
         nodes = await self.reachable()
-        holds = await asyncio.gather(*(self._holds(n, kind, ref) for n in nodes))
+        holds = await asyncio.gather(*(self._holds(n, kind, ref, headers) for n in nodes))
         for node, held in zip(nodes, holds, strict=True):
             if held:
                 self.remember(node["name"], ref)
@@ -195,7 +201,7 @@ class Nodes:
         (a sandbox whose node was lost after it went there idle), or a clear word that it is lost with its node.
         ``headers``: a team key's, which the take-back is asked with (a key never pulls from the store)."""
         try:
-            return await self.holder(kind, checked(ref))
+            return await self.holder(kind, checked(ref), headers)
         except SandboxNotFound:
             if kind != "sandboxes":
                 raise
@@ -216,9 +222,9 @@ class Nodes:
         raise SandboxNotFound(f"no sandbox named or with id {ref[:80]!r} on any live node or in the fleet's store; "
                               "`stasis ls` lists them")  # fmt: skip
 
-    async def _holds(self, node: dict[str, Any], kind: str, ref: str) -> bool:
+    async def _holds(self, node: dict[str, Any], kind: str, ref: str, headers: dict[str, str] | None = None) -> bool:
         try:
-            answer = await self.client(node).get(f"/v1/{kind}/{ref}", timeout=DESCRIBE_TIMEOUT)
+            answer = await self.client(node).get(f"/v1/{kind}/{ref}", timeout=DESCRIBE_TIMEOUT, headers=headers)
         except httpx.HTTPError:
             return False
         if answer.status_code == 200 and kind == "sandboxes":

@@ -21,6 +21,7 @@ import re
 import time
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -28,7 +29,6 @@ from ..errors import (
     CheckpointNotFound,
     DaemonUnavailable,
     Forbidden,
-    QuotaExceeded,
     SandboxNotFound,
     StasisError,
     Unauthorized,
@@ -38,9 +38,8 @@ from .nodes import Nodes, checked
 log = logging.getLogger(__name__)
 KEY = re.compile(r"sk_stasis_[0-9a-z]{12}_[0-9a-f]{48}")
 KEY_CACHE_SECS = 5.0  # how long the door trusts a node's word on a key (the node checks it again on every call)
-KEY_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/usage", "/v1/whoami", "/v1/keys", "/v1/health")
+KEY_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/usage", "/v1/whoami", "/v1/keys", "/v1/health", "/v1/images")
 OWNER_VERBS = re.compile(r"^/v1/(sandboxes/[^/]+/(move|fork)|checkpoints/[^/]+/fork|sandboxes/remove)/?$")
-RUNNING = ("pending", "running", "snapshotting", "suspending", "resuming")
 USAGE_SUMS = ("running_seconds", "suspended_seconds", "cpu_seconds", "cpu_allocated_seconds", "memory_gib_seconds",
               "disk_gib_hours", "egress_bytes", "ingress_bytes", "checkpoint_gib_hours")  # fmt: skip
 
@@ -50,25 +49,38 @@ class Keys:
 
     def __init__(self, nodes: Nodes) -> None:
         self.nodes = nodes
-        self._known: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._known: dict[str, tuple[float, dict[str, Any] | None]] = {}  # key -> (until, who; None: refused)
 
     async def who(self, key: str) -> dict[str, Any]:
-        """{"team", "scopes", "key_id"} of a key that works now, or Unauthorized."""
+        """{"team", "scopes", "key_id"} of a key that works now, or Unauthorized. A refusal is remembered as long
+        as an acceptance, and a node the door already knows is asked: a stream of made-up keys costs the door and
+        its nodes one small request each, never a look at the whole fleet."""
         now = time.monotonic()
         if (known := self._known.get(key)) is not None and known[0] > now:
+            if known[1] is None:
+                raise _refused()
             return known[1]
-        live = await self.nodes.live()
-        if not live:
+        up = [n for n in self.nodes.known().values() if n.get("state") == "up"] or await self.nodes.live()
+        if not up:
             raise DaemonUnavailable("no live node in the fleet: `stasis fleet nodes` says what became of them")
-        answer = await self.nodes.client(live[0]).get("/v1/whoami", headers=bearer(key))
-        if answer.status_code != 200 or answer.json().get("team") is None:
-            self._known.pop(key, None)
-            raise Unauthorized("missing, wrong, expired or revoked API token or key; send 'Authorization: Bearer "
-                               "$STASIS_TOKEN'")  # fmt: skip
+        try:
+            answer = await self.nodes.client(up[0]).get("/v1/whoami", headers=bearer(key))
+            who = answer.json() if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            raise DaemonUnavailable(f"node {up[0]['name']} did not say who the key is: {exc}") from exc
         if len(self._known) > 10_000:
-            self._known.clear()
-        self._known[key] = (now + KEY_CACHE_SECS, answer.json())
-        return self._known[key][1]
+            self._known = {k: v for k, v in self._known.items() if v[0] > now}
+            if len(self._known) > 10_000:
+                self._known.clear()
+        self._known[key] = (now + KEY_CACHE_SECS, who if who and who.get("team") is not None else None)
+        if self._known[key][1] is None:
+            raise _refused()
+        return who  # type: ignore[return-value]
+
+
+def _refused() -> Unauthorized:
+    return Unauthorized("missing, wrong, expired or revoked API token or key; send 'Authorization: Bearer "
+                        "$STASIS_TOKEN'")  # fmt: skip
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -89,44 +101,9 @@ def as_caller(request: Request) -> dict[str, str]:
 def key_may(method: str, path: str) -> bool:
     """Whether a door route is one a key has on a node (the rest of the door is the owner's, and so, for now, are
     the door's own verbs that act on several nodes: a move, a fork spread over nodes, a bulk removal)."""
-    if (path == "/v1/health" and method != "GET") or OWNER_VERBS.match(path):
+    if (path.startswith(("/v1/health", "/v1/images")) and method != "GET") or OWNER_VERBS.match(path):
         return False
     return any(path == p or path.startswith(p + "/") for p in KEY_ROUTES)
-
-
-async def admit(nodes: Nodes, request: Request, spec: dict[str, Any], resuming: str | None = None) -> None:
-    """Refuse (429) a key's sandbox that would pass its team's quotas fleet-wide (``resuming``: the name or id of
-    one resuming, which does not count against itself)."""
-    key = key_of(request)
-    if key is None:
-        return
-    team = request.state.team
-    live = await _live(nodes)
-    quotas = (await nodes.client(live[0]).get(f"/v1/teams/{checked(team)}")).json().get("quotas", {})
-    answers = await asyncio.gather(*(nodes.client(n).get("/v1/sandboxes", headers=bearer(key)) for n in live))
-    theirs = [s for a in answers if a.is_success for s in a.json()]
-    if resuming is not None:
-        target = next((s for s in theirs if resuming in (s["id"], s.get("name"))), None)
-        if target is None or target["status"] in RUNNING:
-            return  # not the key's to resume (its node says so), or nothing to start
-        spec, theirs = target["spec"], [s for s in theirs if s is not target]
-    running = [s["spec"] for s in theirs if s["status"] in RUNNING]
-    disks = sum(s["spec"]["disk_mb"] for s in theirs if s["status"] not in ("terminating", "terminated"))
-    checks = (
-        ("running sandboxes", "max_running", len(running), 1),
-        ("CPUs", "max_cpus", sum(s["cpus"] for s in running), spec.get("cpus", 1)),
-        ("MiB of memory", "max_memory_mb", sum(s["memory_mb"] for s in running), spec.get("memory_mb", 0)),
-        ("MiB of disk", "max_disk_mb", disks, 0 if resuming else spec.get("disk_mb", 0)),
-    )
-    for what, field, used, more in checks:
-        limit = quotas.get(field)
-        if limit is not None and isinstance(more, int | float) and used + more > limit:
-            option = field.replace("_", "-")
-            raise QuotaExceeded(
-                f"team {team} has {used:g} {what} in use of its {limit:g} across the fleet, and this sandbox needs "
-                f"{more:g} more; suspend or terminate one of its sandboxes, or raise the quota: "
-                f"stasis team set {team} --{option} N"
-            )
 
 
 async def welcome(nodes: Nodes, node: dict[str, Any], reference: dict[str, Any]) -> None:
