@@ -1,5 +1,6 @@
 """What teams cost a request: a team key's check (with its ownership lookup and the audit log's entry) beside the
-owner's token on the same request, and a transition's lifecycle event beside the same transition without it.
+owner's token on the same request, a transition's lifecycle event beside the same transition without it, and the
+usage meter's reading of a running sandbox beside the bare read of its CPU counter.
 
     python benchmarks/teams.py [--rounds 300]
 
@@ -24,6 +25,8 @@ from common import report_ratios, serving_daemon, write_results
 from stasis import Client, Sandbox
 from stasis.daemon.core import store as store_module
 from stasis.daemon.core.store import Store
+from stasis.daemon.rooms.host_usage import cpu_reading
+from stasis.daemon.rooms.meter import Meter
 from stasis.models import SandboxSpec, SandboxStatus
 from stasis.sdk import team as teams
 
@@ -59,8 +62,31 @@ def requests(rounds: int) -> dict[str, tuple[list[float], list[float], str]]:
                             samples.append(time.perf_counter() - started)
                             answer.raise_for_status()  # a refusal is not the request measured
                 rows[f"{name} with a team's key"] = (keyed, owned, "the owner's token")
+            rows["a meter reading of a running sandbox, kept"] = meter_readings(sbx.id, rounds)
             Sandbox.connect(sbx.id, client=owner).terminate()
     return rows
+
+
+class _NoNetwork:
+    def traffic(self, sandbox_id: str) -> None:
+        return None
+
+
+def meter_readings(sandbox_id: str, rounds: int) -> tuple[list[float], list[float], str]:
+    """The meter's reading of a real sandbox's cgroup, kept durably (an fsync'd SQLite commit), beside the bare
+    read of the same counter: what the meter adds for each running sandbox every STASIS_METER_SECONDS."""
+    with tempfile.TemporaryDirectory() as directory:
+        meter = Meter(Path(directory) / "meter.db", _NoNetwork())  # type: ignore[arg-type]
+        kept, read = [], []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            meter.sample(sandbox_id)
+            kept.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            cpu_reading(sandbox_id)
+            read.append(time.perf_counter() - started)
+        meter.db.close()
+    return kept, read, "the bare read of its CPU counter"
 
 
 def transitions(rounds: int) -> tuple[list[float], list[float], str]:

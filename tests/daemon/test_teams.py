@@ -21,9 +21,11 @@ from stasis import (
     Client,
     Conflict,
     Forbidden,
+    NotFound,
     QuotaExceeded,
     Sandbox,
     SandboxNotFound,
+    Secret,
     Unauthorized,
     Volume,
     VolumeNotFound,
@@ -109,10 +111,13 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
             sbx.checkpoint(CheckpointType.FILESYSTEM, name="template-web")  # a team cannot plant a template
         with pytest.raises(CheckpointNotFound, match="team red's"):
             Sandbox.create(snapshot_id=checkpoint.id, client=owner)  # never mixed into another's create
-        for path in ("/v1/secrets", "/v1/teams", "/v1/pools", "/metrics"):  # the owner's routes
+        for path in ("/v1/teams", "/v1/pools", "/metrics"):  # the owner's routes
             assert raw.get(path).status_code == 403, path
-        with pytest.raises(Forbidden, match="secrets are the daemon owner's"):
-            Sandbox.create(backend="gvisor", secrets=["ANY"], network=True, client=blue)
+        Secret.add("OWNERS_ONLY", "x", hosts=["api.example.test"], client=owner)
+        assert Secret.list(client=blue) == []  # a team's secrets are its own store: not the owner's, not red's
+        with pytest.raises(NotFound, match="no secret named OWNERS_ONLY"):
+            Sandbox.create(backend="gvisor", secrets=["OWNERS_ONLY"], network=True, client=blue)
+        Secret.remove("OWNERS_ONLY", client=owner)
 
         # A read-only key of red's sees red's sandbox but may not change or run anything.
         assert [s.id for s in Sandbox.list(client=reader)] == [sbx.id]
@@ -231,14 +236,14 @@ def test_usage_adds_up_survives_a_kill_and_the_audit_log_says_who_did_what(serve
         assert exported[0].startswith("sandbox_id,") and any(line.startswith(sbx.id) for line in exported[1:])
 
         raw = httpx.Client(base_url=url, headers={"authorization": f"Bearer {key}"})
-        assert raw.put("/v1/secrets/STOLEN", json={"value": "x"}).status_code == 403
+        assert raw.post("/v1/pools", json={"name": "stolen", "size": 1}).status_code == 403
         with pytest.raises(Forbidden):
             teams.audit(client=green)  # the log is the owner's
         entries = teams.audit(client=owner)
         mine = [e for e in entries if e["team"] == "green"]
         assert {(e["method"], e["path"], e["status"]) for e in mine} >= {
             ("POST", "/v1/sandboxes", 201), ("POST", f"/v1/sandboxes/{sbx.id}/suspend", 200),
-            ("PUT", "/v1/secrets/STOLEN", 403), ("DELETE", f"/v1/sandboxes/{sbx.id}", 200)}  # fmt: skip
+            ("POST", "/v1/pools", 403), ("DELETE", f"/v1/sandboxes/{sbx.id}", 200)}  # fmt: skip
         assert all(e["key_id"] and e["client"].startswith("127.0.0.1:") for e in mine)
         assert any(e["team"] is None and e["path"] == "/v1/teams" and e["status"] == 201 for e in entries)
 

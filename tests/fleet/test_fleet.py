@@ -316,22 +316,56 @@ def test_teams_keys_quotas_and_usage_are_the_fleets(fleet: Fleet) -> None:
                 Sandbox.create(memory_mb=256, backend="gvisor", client=red)
             assert Sandbox.connect("red-n2", client=red).run("echo red").stdout == "red\n"
 
+            # Blue finds nothing of red's through any route of the door, HTTP or WebSocket.
             assert Sandbox.list(client=blue) == []
             raw = httpx.Client(base_url=fleet.url, headers={"authorization": f"Bearer {blue_key}"}, timeout=300)
             theirs, nobodys = raw.get(f"/v1/sandboxes/{made[0]}"), raw.get("/v1/sandboxes/sb-000000000000")
             assert theirs.status_code == nobodys.status_code == 404  # the very same bytes: nothing tells them apart
             assert theirs.content.replace(made[0].encode(), b"X") == nobodys.content.replace(b"sb-000000000000", b"X")
-            assert raw.post(f"/v1/sandboxes/{made[1]}/exec", json={"cmd": ["true"]}).status_code == 404
-            for method, path in (("GET", "/v1/secrets"), ("GET", "/v1/fleet/nodes"),
-                                 ("POST", f"/v1/sandboxes/{made[0]}/fork")):  # fmt: skip
-                assert raw.request(method, path, json={}).status_code == 403, path
+            for path, body in (("exec", {"cmd": ["true"]}), ("fork", {"times": 1}), ("move", {})):
+                assert raw.post(f"/v1/sandboxes/{made[1]}/{path}", json=body).status_code == 404, path
+            removed = raw.post("/v1/sandboxes/remove", json={"refs": [made[0]]}).json()
+            assert removed["removed"] == [] and made[0] in removed["failed"]
+            for path in ("/v1/fleet/nodes", "/v1/pools"):  # the fleet owner's
+                assert raw.get(path).status_code == 403, path
+            pty = f"{fleet.url.replace('http://', 'ws://')}/v1/sandboxes/{made[0]}/pty?cols=80&rows=24&cmd=%5B%22cat%22%5D"
+            with pytest.raises(InvalidStatus):
+                ws_connect(pty, additional_headers={"authorization": f"Bearer {blue_key}"})
+            with ws_connect(pty, additional_headers=as_red) as ws:  # red's own terminal, through the door
+                ws.send(b"red through the door\r")
+                seen = b""
+                while b"red through the door" not in seen:
+                    message = ws.recv(timeout=60)
+                    seen += message if isinstance(message, bytes) else b""
+
+            # A team's secrets are on every node, its own.
+            Secret.add("RED_FLEET", "red-value", hosts=["api.example.test"], client=red)
+            for node in nodes:
+                assert [s.name for s in Secret.list(client=Client(url=node["url"], token=red_key))] == ["RED_FLEET"]
+            assert Secret.list(client=blue) == []
+            Secret.remove("RED_FLEET", client=red)
+
+            # A key forks, moves and removes its own through the door; the children count against its quota.
+            teams.set_quotas("fleetred", client=owner, max_running=4)
+            forked = httpx.post(f"{fleet.url}/v1/sandboxes/{made[0]}/fork", json={"times": 2}, headers=as_red,
+                                timeout=300)  # fmt: skip
+            assert forked.status_code == 201, forked.text
+            children = [c["id"] for c in forked.json()]
+            assert {Sandbox.connect(c, client=red).info().spec.team for c in children} == {"fleetred"}
+            more = httpx.post(f"{fleet.url}/v1/sandboxes/{made[0]}/fork", json={"times": 1}, headers=as_red,
+                              timeout=300)  # fmt: skip
+            assert more.status_code == 429 and "4 running sandboxes in use of its 4 across the fleet" in more.text
+            was_on = Sandbox.connect(made[0], client=red).info().node
+            assert Sandbox.connect(made[0], client=red).move().node != was_on
+            gone = httpx.post(f"{fleet.url}/v1/sandboxes/remove", json={"refs": children}, headers=as_red, timeout=300)
+            assert sorted(gone.json()["removed"]) == sorted(children), gone.text
 
             report = teams.usage(client=red, since=0)
-            assert sorted(r.sandbox_id for r in report.sandboxes) == sorted(made)
-            assert [(t.team, t.sandboxes) for t in report.teams] == [("fleetred", 2)]
+            assert {r.sandbox_id for r in report.sandboxes} == {*made, *children}
+            assert [(t.team, t.sandboxes) for t in report.teams] == [("fleetred", 4)]
             assert report.teams[0].running_seconds > 0
 
-            teams.set_quotas("fleetred", client=owner, max_cpus=4)  # on every node
+            teams.set_quotas("fleetred", client=owner, max_running=2, max_cpus=4)  # on every node
             Sandbox.connect(made.pop(), client=red).terminate()  # one running now: the CPUs decide
             as_text = httpx.post(
                 f"{fleet.url}/v1/sandboxes", json={"cpus": "8", "memory_mb": "256"}, headers=as_red, timeout=300

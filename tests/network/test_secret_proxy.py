@@ -70,7 +70,7 @@ def through_the_proxy(
         SandboxSpec, network=True, secrets={"TOKEN": PH, "OTHER": OTHER_PH}, egress_headers=egress_headers or {}
     )
     authorities = Authorities(tmp_path / "cas")
-    broker = SecretBroker(store, authorities, lambda sandbox_id: spec)
+    broker = SecretBroker(lambda team: store, authorities, lambda sandbox_id: spec)
     real_ca = Authorities(tmp_path / "real-ca").get("1" * 32)  # the host's own certificate, which the broker checks
     broker.upstream = ssl.create_default_context(cadata=real_ca.cert_pem.decode())
     host = host or Host()

@@ -22,6 +22,7 @@ import pytest
 
 from stasis import CheckpointType, Client, NotFound, Sandbox, Secret
 from stasis.errors import InvalidRequest
+from stasis.sdk import team as teams
 from tests.conftest import Daemon, new_home, terminate_all
 from tests.network.testhosts import TestHost, TestTls
 from tests.remote import conftest as remote
@@ -409,3 +410,38 @@ def test_a_killed_daemon_comes_back_with_its_secrets_and_the_sandbox_authenticat
     finally:
         terminate_all(daemon)
         daemon.stop()
+
+
+def test_a_teams_secrets_are_its_own_and_reach_its_sandboxes_alone(net_daemon: Daemon, net_client: Client,
+                                                                   tls: TestTls) -> None:  # fmt: skip
+    """A team's key adds secrets to its team's own store: its sandboxes get them on the wire, another team's
+    cannot name them, and neither can reach the owner's."""
+    suffix = secrets.token_hex(3)
+    keys = {}
+    for team in ("red", "blue"):
+        teams.create_team(f"{team}-{suffix}", client=net_client)
+        keys[team] = teams.create_key(f"{team}-{suffix}", ["read", "write", "exec"], client=net_client).key
+    owners = f"OWNER_{suffix}".upper()
+    Secret.add(owners, "owner-value", hosts=["api.secret.test"], client=net_client)
+    name, value = f"RED_{suffix}".upper(), "red-" + secrets.token_hex(16)
+    with Client(net_daemon.paths, token=keys["red"]) as red, Client(net_daemon.paths, token=keys["blue"]) as blue:
+        Secret.add(name, value, hosts=["api.secret.test"], client=red)
+        assert [s.name for s in Secret.list(client=red)] == [name] and Secret.list(client=blue) == []
+        assert name not in {s.name for s in Secret.list(client=net_client)}  # not the owner's store either
+        with pytest.raises(NotFound, match=f"no secret named {name}"):
+            Sandbox.create(network=True, secrets=[name], memory_mb=512, client=blue)
+        with pytest.raises(NotFound, match=f"no secret named {owners}"):
+            Sandbox.create(network=True, secrets=[owners], memory_mb=512, client=red)
+        sbx = Sandbox.create(network=True, secrets=[name], memory_mb=512, client=red)
+        try:
+            path = f"/team/{secrets.token_hex(4)}"
+            answer = request(sbx, f"https://api.secret.test{path}", {"Authorization": f"Bearer ${name}"})
+            assert answer["status"] == 200, answer
+            (got,) = received(tls, path)
+            assert header(got, "Authorization") == f"Bearer {value}"  # the team's own value, put in on the wire
+        finally:
+            sbx.terminate()
+        Secret.remove(name, client=red)
+    Secret.remove(owners, client=net_client)
+    for team in ("red", "blue"):
+        teams.remove_team(f"{team}-{suffix}", client=net_client)

@@ -45,9 +45,12 @@ def upstream_context() -> ssl.SSLContext:
 
 class SecretBroker:
     def __init__(
-        self, store: SecretStore, authorities: Authorities, spec_of: Callable[[str], SandboxSpec | None]
+        self,
+        store_of: Callable[[str | None], SecretStore],
+        authorities: Authorities,
+        spec_of: Callable[[str], SandboxSpec | None],
     ) -> None:
-        self.store = store
+        self.store_of = store_of  # a team's store for its sandboxes, the owner's for the owner's
         self.authorities = authorities
         self._spec_of = spec_of  # the sandbox's spec as stored
         self._specs: dict[str, SandboxSpec] = {}  # what secrets a sandbox has is fixed when it is made: read once
@@ -85,7 +88,7 @@ class SecretBroker:
         if any(name_matches(rule, host) for rule in spec.egress_headers):
             return True
         for name in spec.secrets:
-            secret = self.store.get(name)
+            secret = self.store_of(spec.team).get(name)
             if secret is not None and any(name_matches(rule, host) for rule in secret.info.hosts):
                 return True
         return False
@@ -101,13 +104,15 @@ class SecretBroker:
         def bound_to_all(rules: list[str]) -> bool:
             return all(any(name_matches(rule, name) for rule in rules) for name in names)
 
+        store = self.store_of(spec.team)
+
         def rule_value(name: str) -> str | None:  # a secret bound to no host (E2B's) goes where its rules say
-            secret = self.store.get(name)
+            secret = store.get(name)
             return secret.value if secret and (not secret.info.hosts or bound_to_all(secret.info.hosts)) else None
 
         bound = []
         for name, placeholder in spec.secrets.items():
-            secret = self.store.get(name)
+            secret = store.get(name)
             if secret is None or not bound_to_all(secret.info.hosts):
                 continue
             value, info = secret.value.encode(), secret.info

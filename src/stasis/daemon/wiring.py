@@ -53,7 +53,8 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     checkpoints.admit = teams.admit_checkpoint
     teams.holdings = lambda team: [f"checkpoint {c.id}" for c in checkpoints.list() if c.spec.team == team] + [
         f"volume {v.name}" for v in volumes.store.list() if v.team == team] + [
-        f"webhook {h.id}" for h in rooms.webhooks.list() if h.team == team]  # fmt: skip
+        f"webhook {h.id}" for h in rooms.webhooks.list() if h.team == team] + [
+        f"secret {s.name}" for s in secrets.list(team)]  # fmt: skip
     if remote is not None:
         remote.volumes = VolumeTransfers(remote, volumes)
     checkpoints.keep_volumes, checkpoints.drop_volumes = volumes.keep, volumes.drop

@@ -35,7 +35,7 @@ from ..models import TEMPLATE_PREFIX
 from . import quotas, tenants
 from .console import console_routes
 from .e2b import e2b_routes
-from .forks import fork_routes
+from .forks import fork_routes, found
 from .nodes import Nodes, SandboxLost, checked, node_path
 from .placement import place
 from .pools import pool_routes
@@ -80,6 +80,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
         except StasisError as exc:
             return error(exc)
         request.state.key, request.state.team = given.removeprefix("Bearer "), who["team"]
+        request.state.scopes = set(who["scopes"])
         return await call_next(request)
 
     @app.exception_handler(StasisError)
@@ -90,7 +91,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
     async def closing() -> None:
         await nodes.close()
 
-    websocket_routes(app, nodes, token)
+    websocket_routes(app, nodes, token, keys)
     console_routes(app, nodes, token)
     _fleet_routes(app, nodes, kill_node)
     _sandbox_routes(app, nodes)
@@ -241,7 +242,7 @@ def _secret_routes(app: FastAPI, nodes: Nodes) -> None:
         if not live:
             raise DaemonUnavailable("no live node in the fleet: `stasis fleet nodes` says what became of them")
         path = "/v1/secrets" + (f"/{checked(name)}" if name else "")
-        return _relay_whole(await nodes.client(live[0]).get(path))
+        return _relay_whole(await nodes.client(live[0]).get(path, headers=as_caller(request)))  # a key: its team's
 
 
 def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
@@ -251,7 +252,8 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
     async def move(ref: str, request: Request) -> Response:
         """Suspended and pushed to the store on its node, pulled and resumed on the other: processes kept."""
         wanted = (await _small_json(request) or {}).get("node")
-        source = await nodes.found("sandboxes", ref)
+        tenants.require(request, "write")  # a key's own sandbox (looked for with the key), moved by the fleet
+        source = await found(nodes, request, "sandboxes", ref)
         live = await nodes.live()
         target = place(live, wanted) if wanted else place([n for n in live if n["name"] != source["name"]])
         if target["name"] == source["name"]:
@@ -293,30 +295,6 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
             raise tenants.not_found(kind, ref)
         return _relay_whole(answer) if answer.is_stream_consumed else _streamed(answer)
 
-    async def _routed(nodes: Nodes, request: Request, kind: str, ref: str, rest: str, path: str) -> Any:
-        if not _replayable(request):  # an upload: its node asked first, the body streamed through once
-            return await _forward(nodes.client(await nodes.found(kind, ref, as_caller(request))), request, path)
-        body = await request.body()
-        cached = nodes.cached(ref)
-        node = cached or await nodes.found(kind, ref, as_caller(request))
-        try:
-            answer = await _send(nodes.client(node), request, body, path)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # never sent: its daemon is gone (a host's loss)
-            nodes.mark_lost(node, str(exc))
-            answer = None
-        if answer is None or (cached is not None and await _gone(answer)):  # not where it was: ask all once more
-            if answer is not None and tenants.key_of(request) is None:  # a key never makes the door forget
-                nodes.forget(ref)
-            node = await nodes.found(kind, ref, as_caller(request))
-            answer = await _send(nodes.client(node), request, body, path)
-        if request.method == "DELETE" and kind == "sandboxes" and not rest and answer.status_code == 200:
-            nodes.forget(ref)
-        if DESCRIBES_A_SANDBOX.match(path) and answer.status_code == 200:
-            await answer.aread()
-            await answer.aclose()
-            return JSONResponse({**answer.json(), "node": node["name"]})
-        return answer
-
     @app.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def anything_else(request: Request, rest: str) -> Response:
         parts = rest.split("/")
@@ -326,6 +304,32 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
                 path = "/" + "/".join(checked(part) for part in parts)
                 return await _forward(nodes.client(live[0]), request, path)
         return _not_routed(request)
+
+
+async def _routed(nodes: Nodes, request: Request, kind: str, ref: str, rest: str, path: str) -> Any:
+    """A request about one sandbox or checkpoint sent to its node: the node's answer (or one made here)."""
+    if not _replayable(request):  # an upload: its node asked first, the body streamed through once
+        return await _forward(nodes.client(await nodes.found(kind, ref, as_caller(request))), request, path)
+    body = await request.body()
+    cached = nodes.cached(ref)
+    node = cached or await nodes.found(kind, ref, as_caller(request))
+    try:
+        answer = await _send(nodes.client(node), request, body, path)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # never sent: its daemon is gone (a host's loss)
+        nodes.mark_lost(node, str(exc))
+        answer = None
+    if answer is None or (cached is not None and await _gone(answer)):  # not where it was: ask all once more
+        if answer is not None and tenants.key_of(request) is None:  # a key never makes the door forget
+            nodes.forget(ref)
+        node = await nodes.found(kind, ref, as_caller(request))
+        answer = await _send(nodes.client(node), request, body, path)
+    if request.method == "DELETE" and kind == "sandboxes" and not rest and answer.status_code == 200:
+        nodes.forget(ref)
+    if DESCRIBES_A_SANDBOX.match(path) and answer.status_code == 200:
+        await answer.aread()
+        await answer.aclose()
+        return JSONResponse({**answer.json(), "node": node["name"]})
+    return answer
 
 
 async def _gather(nodes: Nodes, path: str, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:

@@ -13,11 +13,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ..errors import InvalidRequest, StasisError
+from ..errors import CheckpointNotFound, InvalidRequest, SandboxNotFound, StasisError
 from ..models import ForkRequest, RemoveRequest, build
-from .nodes import Nodes
+from . import quotas
+from .nodes import Nodes, SandboxLost
 from .placement import place
 from .requests import small_json as _small_json
+from .tenants import as_caller, key_of, not_found
 
 log = logging.getLogger(__name__)
 LOOKUPS_AT_ONCE = 16  # of a bulk removal: each asks every node
@@ -45,15 +47,17 @@ def fork_routes(app: FastAPI, nodes: Nodes) -> None:
     async def fork_sandbox(ref: str, request: Request) -> JSONResponse:
         """A live fork: a MEMORY checkpoint of this instant on its node, its children spread, the checkpoint gone."""
         times = build(ForkRequest, **(await _small_json(request) or {})).times
-        source = await nodes.found("sandboxes", ref)
+        source = await found(nodes, request, "sandboxes", ref)
         taken = await nodes.client(source).post(
-            f"/v1/sandboxes/{ref}/checkpoints", json={"type": "memory", "metadata": {"fleet_fork_of": ref}}
-        )
+            f"/v1/sandboxes/{ref}/checkpoints", json={"type": "memory", "metadata": {"fleet_fork_of": ref}},
+            headers=as_caller(request),
+        )  # fmt: skip
         if not taken.is_success:
             return JSONResponse(taken.json(), status_code=taken.status_code)
         checkpoint = taken.json()
         try:
-            return JSONResponse(await _fork(nodes, source, checkpoint, times), status_code=201)
+            async with quotas.admitted(nodes, request, forking=(checkpoint["spec"], times)):
+                return JSONResponse(await _fork(nodes, request, source, checkpoint, times), status_code=201)
         finally:
             await _drop(nodes, checkpoint["id"])
 
@@ -68,7 +72,7 @@ def fork_routes(app: FastAPI, nodes: Nodes) -> None:
 
         async def holder(ref: str) -> dict[str, Any]:
             async with looking:  # where each is now: a removal brings nothing back from the store first
-                return await nodes.holder("sandboxes", ref)
+                return await nodes.holder("sandboxes", ref, as_caller(request) or None)
 
         where = await asyncio.gather(*(holder(ref) for ref in refs), return_exceptions=True)
         failed = {ref: str(node) for ref, node in zip(refs, where, strict=True) if isinstance(node, BaseException)}
@@ -78,8 +82,9 @@ def fork_routes(app: FastAPI, nodes: Nodes) -> None:
             if isinstance(node, dict):
                 per_node.setdefault(node["name"], []).append(ref)
                 by_name[node["name"]] = node
-        answers = await asyncio.gather(*(_call(nodes, by_name[name], "/v1/sandboxes/remove", {"refs": mine})
-                                         for name, mine in per_node.items()), return_exceptions=True)  # fmt: skip
+        answers = await asyncio.gather(*(_call(nodes, by_name[name], "/v1/sandboxes/remove", {"refs": mine},
+                                               as_caller(request)) for name, mine in per_node.items()),
+                                       return_exceptions=True)  # fmt: skip
         removed: list[str] = []
         for (name, mine), answer in zip(per_node.items(), answers, strict=True):
             if isinstance(answer, BaseException):
@@ -94,12 +99,27 @@ def fork_routes(app: FastAPI, nodes: Nodes) -> None:
     async def fork_checkpoint(ref: str, request: Request) -> JSONResponse:
         """Rollouts: ``times`` sandboxes from one checkpoint, spread over the nodes."""
         times = build(ForkRequest, **(await _small_json(request) or {})).times
-        source = await nodes.found("checkpoints", ref)
-        checkpoint = (await nodes.client(source).get(f"/v1/checkpoints/{ref}")).json()
-        return JSONResponse(await _fork(nodes, source, checkpoint, times), status_code=201)
+        source = await found(nodes, request, "checkpoints", ref)
+        checkpoint = (await nodes.client(source).get(f"/v1/checkpoints/{ref}", headers=as_caller(request))).json()
+        async with quotas.admitted(nodes, request, forking=(checkpoint["spec"], times)):
+            return JSONResponse(await _fork(nodes, request, source, checkpoint, times), status_code=201)
 
 
-async def _fork(nodes: Nodes, source: dict[str, Any], checkpoint: dict[str, Any], times: int) -> list[dict[str, Any]]:
+async def found(nodes: Nodes, request: Request, kind: str, ref: str) -> dict[str, Any]:
+    """Its node; for a team's key, looked for with the key, and not found in the door's own words."""
+    try:
+        return await nodes.found(kind, ref, as_caller(request) or None)
+    except (SandboxNotFound, CheckpointNotFound, SandboxLost):
+        if key_of(request) is None:
+            raise
+        raise not_found(kind, ref) from None
+
+
+async def _fork(
+    nodes: Nodes, request: Request, source: dict[str, Any], checkpoint: dict[str, Any], times: int
+) -> list[dict[str, Any]]:
+    """``times`` children of ``checkpoint`` over the nodes: the checkpoint carried through the store (the fleet's
+    own doing), each node's share made as the caller (a team key's children are its team's, checked there)."""
     spec = checkpoint["spec"]
     plan = spread(await nodes.live(), times, spec["cpus"], spec["memory_mb"])
     by_name = {n["name"]: n for n in await nodes.live()}
@@ -109,8 +129,8 @@ async def _fork(nodes: Nodes, source: dict[str, Any], checkpoint: dict[str, Any]
         await _call(nodes, source, "/v1/remote/push", handed)
         await asyncio.gather(*(_call(nodes, by_name[name], "/v1/remote/pull", handed) for name in elsewhere))
     shares = await asyncio.gather(
-        *(_call(nodes, by_name[name], f"/v1/checkpoints/{checkpoint['id']}/fork", {"times": count})
-          for name, count in plan.items()),
+        *(_call(nodes, by_name[name], f"/v1/checkpoints/{checkpoint['id']}/fork", {"times": count},
+                as_caller(request)) for name, count in plan.items()),
         return_exceptions=True,
     )  # fmt: skip
     made = [(name, child) for name, share in zip(plan, shares, strict=True) if isinstance(share, list)
@@ -126,8 +146,10 @@ async def _fork(nodes: Nodes, source: dict[str, Any], checkpoint: dict[str, Any]
     return [{**child, "node": name} for name, child in made]
 
 
-async def _call(nodes: Nodes, node: dict[str, Any], path: str, body: dict[str, Any]) -> Any:
-    answer = await nodes.client(node).post(path, json=body)
+async def _call(
+    nodes: Nodes, node: dict[str, Any], path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> Any:
+    answer = await nodes.client(node).post(path, json=body, headers=headers)
     if not answer.is_success:
         message = answer.json().get("message", answer.text) if answer.content else answer.reason_phrase
         raise ForkFailed(f"node {node['name']}: {path}: {message}")

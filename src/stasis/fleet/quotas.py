@@ -25,20 +25,24 @@ _checking: dict[str, asyncio.Lock] = {}  # per team: one start at a time is chec
 
 @contextlib.asynccontextmanager
 async def admitted(
-    nodes: Nodes, request: Request, body: Any = None, resuming: str | None = None
-) -> AsyncIterator[None]:
-    """Within: a key's create (``body``) or resume (``resuming``: a name or id) that its team's quotas allow."""
+    nodes: Nodes, request: Request, body: Any = None, resuming: str | None = None,
+    forking: tuple[dict[str, Any], int] | None = None,
+) -> AsyncIterator[None]:  # fmt: skip
+    """Within: a key's create (``body``), resume (``resuming``: a name or id) or fork (``forking``: the checkpoint's
+    spec and how many children) that its team's quotas allow."""
     key = key_of(request)
     if key is None:
         yield
         return
     team = request.state.team
     async with _checking.setdefault(team, asyncio.Lock()):
-        await _check(nodes, key, team, body, resuming)
+        await _check(nodes, key, team, body, resuming, forking)
         yield
 
 
-async def _check(nodes: Nodes, key: str, team: str, body: Any, resuming: str | None) -> None:
+async def _check(
+    nodes: Nodes, key: str, team: str, body: Any, resuming: str | None, forking: tuple[dict[str, Any], int] | None
+) -> None:
     live = await nodes.live()
     if not live:
         raise DaemonUnavailable("no live node in the fleet: `stasis fleet nodes` says what became of them")
@@ -49,8 +53,10 @@ async def _check(nodes: Nodes, key: str, team: str, body: Any, resuming: str | N
     listings = await asyncio.gather(*(nodes.client(n).get("/v1/sandboxes", headers=bearer(key)) for n in live))
     if any(not listing.is_success for listing in listings):
         raise DaemonUnavailable("a node did not list the team's sandboxes, so its quotas cannot be counted; try again")
-    theirs = [s for listing in listings for s in listing.json()]
-    if resuming is not None:
+    theirs, count = [s for listing in listings for s in listing.json()], 1
+    if forking is not None:
+        wanted, count = {k: float(forking[0][k]) for k in SIZES}, forking[1]
+    elif resuming is not None:
         target = next((s for s in theirs if resuming in (s["id"], s.get("name"))), None)
         if target is None or target["status"] in RUNNING:
             return  # not the key's (its node says so), or nothing to start
@@ -64,16 +70,16 @@ async def _check(nodes: Nodes, key: str, team: str, body: Any, resuming: str | N
     running = [s["spec"] for s in theirs if s["status"] in RUNNING]
     disks = sum(s["spec"]["disk_mb"] for s in theirs if s["status"] not in ("terminating", "terminated"))
     checks = (
-        ("running sandboxes", "max_running", len(running), 1),
-        ("CPUs", "max_cpus", sum(s["cpus"] for s in running), wanted["cpus"]),
-        ("MiB of memory", "max_memory_mb", sum(s["memory_mb"] for s in running), wanted["memory_mb"]),
-        ("MiB of disk", "max_disk_mb", disks, wanted["disk_mb"]),
+        ("running sandboxes", "max_running", len(running), count),
+        ("CPUs", "max_cpus", sum(s["cpus"] for s in running), wanted["cpus"] * count),
+        ("MiB of memory", "max_memory_mb", sum(s["memory_mb"] for s in running), wanted["memory_mb"] * count),
+        ("MiB of disk", "max_disk_mb", disks, wanted["disk_mb"] * count),
     )
     for what, field, used, more in checks:
         limit = quotas.get(field)
         if limit is not None and used + more > limit:
             raise QuotaExceeded(
-                f"team {team} has {used:g} {what} in use of its {limit:g} across the fleet, and this sandbox needs "
+                f"team {team} has {used:g} {what} in use of its {limit:g} across the fleet, and this needs "
                 f"{more:g} more; suspend or terminate one of its sandboxes, or raise the quota: "
                 f"stasis team set {team} --{field.replace('_', '-')} N"
             )

@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from ..errors import StasisError
 from ..network.relay import until_first_done
 from .nodes import Nodes, node_path
+from .tenants import KEY, Keys, bearer, not_found
 
 log = logging.getLogger(__name__)
 
@@ -23,29 +24,45 @@ MAX_MESSAGE = 16 << 20  # bytes of one message, as the daemon's own WebSockets a
 OPEN_TIMEOUT = 60.0  # seconds for the node to answer the upgrade (it may resume the sandbox first)
 
 
-def websocket_routes(app: FastAPI, nodes: Nodes, token: str) -> None:
+def websocket_routes(app: FastAPI, nodes: Nodes, token: str, keys: Keys) -> None:
     @app.websocket("/v1/sandboxes/{ref}/{rest:path}")
     async def relayed(websocket: WebSocket, ref: str, rest: str) -> None:
+        """A team's key goes on to the node, which answers it as the key (its team's sandbox, the exec scope)."""
         sent = websocket.headers.get("authorization", "")
+        caller = None  # the fleet's token: the node client's own
         if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-            await websocket.close(code=4401, reason="missing or wrong API token")
-            return
+            if not await _works(keys, sent.removeprefix("Bearer ")):
+                await websocket.close(code=4401, reason="missing or wrong API token or key")
+                return
+            caller = bearer(sent.removeprefix("Bearer "))
         try:
             path = node_path("sandboxes", ref, rest)
-            node = await nodes.found("sandboxes", ref)
+            node = await nodes.found("sandboxes", ref, caller)
         except StasisError as exc:
-            await websocket.close(code=4400, reason=exc.message[:120])
+            said = not_found("sandboxes", ref).message if caller and exc.status_code in (404, 410) else exc.message
+            await websocket.close(code=4400, reason=said[:120])
             return
         query = urlencode(list(websocket.query_params.multi_items()))
         url = node["url"].replace("http://", "ws://", 1) + path + (f"?{query}" if query else "")
         try:
-            upstream = await connect(url, additional_headers={"authorization": f"Bearer {token}"}, proxy=None,
-                                     max_size=MAX_MESSAGE, max_queue=4, open_timeout=OPEN_TIMEOUT)  # fmt: skip
+            upstream = await connect(url, additional_headers=caller or {"authorization": f"Bearer {token}"},
+                                     proxy=None, max_size=MAX_MESSAGE, max_queue=4,
+                                     open_timeout=OPEN_TIMEOUT)  # fmt: skip
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             await websocket.close(code=4502, reason=f"node {node['name']}: {exc}"[:120])
             return
         await websocket.accept()
         await relay(websocket, upstream)
+
+
+async def _works(keys: Keys, key: str) -> bool:
+    if not KEY.fullmatch(key):
+        return False
+    try:
+        await keys.who(key)
+    except StasisError:
+        return False
+    return True
 
 
 async def relay(websocket: WebSocket, upstream: ClientConnection) -> None:

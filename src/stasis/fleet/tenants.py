@@ -38,8 +38,8 @@ from .nodes import Nodes, checked
 log = logging.getLogger(__name__)
 KEY = re.compile(r"sk_stasis_[0-9a-z]{12}_[0-9a-f]{48}")
 KEY_CACHE_SECS = 5.0  # how long the door trusts a node's word on a key (the node checks it again on every call)
-KEY_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/usage", "/v1/whoami", "/v1/keys", "/v1/health", "/v1/images")
-OWNER_VERBS = re.compile(r"^/v1/(sandboxes/[^/]+/(move|fork)|checkpoints/[^/]+/fork|sandboxes/remove)/?$")
+KEY_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/usage", "/v1/whoami", "/v1/keys", "/v1/health", "/v1/images",
+              "/v1/secrets")  # fmt: skip
 USAGE_SUMS = ("running_seconds", "suspended_seconds", "cpu_seconds", "cpu_allocated_seconds", "memory_gib_seconds",
               "disk_gib_hours", "egress_bytes", "ingress_bytes", "checkpoint_gib_hours")  # fmt: skip
 
@@ -99,9 +99,8 @@ def as_caller(request: Request) -> dict[str, str]:
 
 
 def key_may(method: str, path: str) -> bool:
-    """Whether a door route is one a key has on a node (the rest of the door is the owner's, and so, for now, are
-    the door's own verbs that act on several nodes: a move, a fork spread over nodes, a bulk removal)."""
-    if (path.startswith(("/v1/health", "/v1/images")) and method != "GET") or OWNER_VERBS.match(path):
+    """Whether a door route is one a key has on a node (the rest of the door is the owner's)."""
+    if path.startswith(("/v1/health", "/v1/images")) and method != "GET":
         return False
     return any(path == p or path.startswith(p + "/") for p in KEY_ROUTES)
 
@@ -239,9 +238,18 @@ def _whole(answer: Any) -> Response:
 
 
 def refuse_key(path: str) -> Forbidden:
-    return Forbidden(f"{path[:80]} is the fleet owner's; a team's key reaches its sandboxes, checkpoints, usage and "
-                     "keys (moves, forks and bulk removals through the door are the owner's: fork on the sandbox's "
-                     "node, with the key, for now)")  # fmt: skip
+    return Forbidden(f"{path[:80]} is the fleet owner's; a team's key reaches its sandboxes, checkpoints, secrets, "
+                     "usage and keys")  # fmt: skip
+
+
+def require(request: Request, scope: str) -> None:
+    """A key's scope for what the door does itself on its behalf (a move): as a node would check it."""
+    if key_of(request) is None:
+        return
+    scopes = request.state.scopes
+    if not ("admin" in scopes or scope in scopes):
+        raise Forbidden(f"this key of team {request.state.team} lacks the {scope} scope it needs here "
+                        f"(it has {', '.join(sorted(scopes))})")  # fmt: skip
 
 
 def not_found(kind: str, ref: str) -> StasisError:

@@ -4,9 +4,9 @@
   token. Any other TCP client sends a team's key (:mod:`..rooms.teams`) or is refused (401). A team's key sent
   over the unix socket acts as its team there too: the owner may always act as less (MCP over HTTP does, for
   the key that called it).
-- A team's key reaches its team's sandboxes, checkpoints, volumes and keys, and reads the image list; every other
-  route is the owner's (403). Reading needs ``read``; running commands, files, terminals and ports in a sandbox
-  need ``exec``; anything else that changes something needs ``write``.
+- A team's key reaches its team's sandboxes, checkpoints, volumes, secrets and keys, and reads the image list;
+  every other route is the owner's (403). Reading needs ``read``; running commands, files, terminals and ports
+  in a sandbox need ``exec``; anything else that changes something needs ``write``.
 - A sandbox, checkpoint, volume or volume snapshot of another team is not found (404), never forbidden: a key
   learns nothing of what other teams have. Lists are filtered by the routes (:func:`principal_of`).
 
@@ -45,7 +45,7 @@ App = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awa
 
 PRINCIPAL = "stasis.principal"
 TEAM_ROUTES = ("/v1/sandboxes", "/v1/checkpoints", "/v1/volumes", "/v1/volume-snapshots", "/v1/keys",
-               "/v1/whoami", "/v1/usage")  # fmt: skip
+               "/v1/whoami", "/v1/usage", "/v1/secrets")  # fmt: skip
 TEAM_READS = ("/v1/images", "/v1/health")  # read only
 MCP = "/mcp"  # any key: each tool's call to the daemon is checked as the caller's (:mod:`.mcp_http`)
 EXEC = re.compile(r"^/v1/sandboxes/[^/]+/(exec|processes|files|dirs|pty|ssh|code|desktop|ports)(/|$)")

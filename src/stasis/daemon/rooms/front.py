@@ -28,7 +28,7 @@ class Front:
         checkpoints: CheckpointsRead,
         pools: PoolManager,
         remote: RemoteService | None,
-        check_secrets: Callable[[list[str], dict[str, dict[str, str]]], None] = lambda names, rules: None,
+        check_secrets: Callable[[list[str], dict[str, dict[str, str]], str | None], None] = lambda n, r, t: None,
         check_volumes: Callable[[SandboxSpec], None] = lambda spec: None,
     ) -> None:
         self.check_volumes = check_volumes
@@ -43,11 +43,9 @@ class Front:
 
     async def create(self, request: CreateSandboxRequest) -> SandboxInfo:
         """``request.team`` set: a team's sandbox (its key's), from a checkpoint of its own or a boot, never a
-        pool's member or the owner's secrets."""
+        pool's member; the secrets it names are its team's."""
         team = request.team
-        if team is not None and (request.secrets or request.egress_headers):
-            raise Forbidden("secrets are the daemon owner's: a team's sandbox cannot use them (yet)")
-        self.check_secrets(list(request.secrets), request.egress_headers)
+        self.check_secrets(list(request.secrets), request.egress_headers, team)  # a team's sandbox: its team's
         if team is None and (claimed := await self.pools.claim(request)) is not None:
             self.core.metrics.pool_claims.inc()
             return self.core.present(claimed)

@@ -1,4 +1,7 @@
-"""Secrets that never enter a sandbox: the room that owns the daemon's secret store and its CAs.
+"""Secrets that never enter a sandbox: the room that owns the daemon's secret stores and its CAs.
+
+The owner's secrets are one store; each team has a store of its own (``team-secrets/TEAM``), which only its keys
+reach and only its sandboxes draw from: a team's sandbox names its team's secrets, and no other's.
 
 The wiring hands the core its broker (which puts secrets into HTTPS requests to their hosts) and its hooks:
 each time a sandbox with secrets starts on this node, it makes it trust the CA this node holds for it
@@ -15,6 +18,7 @@ from ...credentials.broker import SecretBroker
 from ...credentials.models import SecretInfo, SecretRequest
 from ...credentials.store import SecretStore
 from ...errors import InvalidRequest, NotFound
+from ...fsutil import private_dir
 from ...guest.client import GuestChannel
 from ...models import SandboxInfo, SandboxSpec
 from ...netpolicy import name_matches
@@ -28,8 +32,9 @@ class SecretsRoom:
     def __init__(self, core: SandboxService) -> None:
         self.core = core
         self.store = SecretStore(core.paths.home / "secrets")
+        self._team_stores: dict[str, SecretStore] = {}
         self.authorities = Authorities(core.paths.home / "secret-cas")
-        self.broker = SecretBroker(self.store, self.authorities, self._spec_of)
+        self.broker = SecretBroker(self.of, self.authorities, self._spec_of)
         self._installed: dict[str, str] = {}  # sandbox id -> the CA fingerprint last put in it by this daemon
 
     def _spec_of(self, sandbox_id: str) -> SandboxSpec | None:
@@ -38,33 +43,42 @@ class SecretsRoom:
         except NotFound:
             return None
 
-    # ------------------------------------------------------------ the store, for the faces
+    def of(self, team: str | None) -> SecretStore:
+        """The owner's store (None), or a team's (made on first use; team names are validated names)."""
+        if team is None:
+            return self.store
+        if team not in self._team_stores:
+            self._team_stores[team] = SecretStore(private_dir(self.core.paths.home / "team-secrets") / team)
+        return self._team_stores[team]
 
-    def put(self, name: str, request: SecretRequest) -> tuple[SecretInfo, bool]:
-        return self.store.put(name, request)
+    # ------------------------------------------------------------ the stores, for the faces
 
-    def list(self) -> list[SecretInfo]:
-        return self.store.list()
+    def put(self, name: str, request: SecretRequest, team: str | None = None) -> tuple[SecretInfo, bool]:
+        return self.of(team).put(name, request)
 
-    def get(self, name: str) -> SecretInfo:
-        return self.store.info(name)
+    def list(self, team: str | None = None) -> list[SecretInfo]:
+        return self.of(team).list()
 
-    def remove(self, name: str) -> SecretInfo:
-        return self.store.remove(name)
+    def get(self, name: str, team: str | None = None) -> SecretInfo:
+        return self.of(team).info(name)
 
-    def check(self, names: list[str], rules: dict[str, dict[str, str]]) -> None:
-        """A create that names secrets this daemon lacks, or whose header rule for a host names a secret bound to
-        other hosts, is refused before anything starts (the proxy would not send it there either)."""
-        missing = [name for name in [*names, *referenced_secrets(rules)] if self.store.get(name) is None]
+    def remove(self, name: str, team: str | None = None) -> SecretInfo:
+        return self.of(team).remove(name)
+
+    def check(self, names: list[str], rules: dict[str, dict[str, str]], team: str | None = None) -> None:
+        """A create that names secrets its store (its team's, or the owner's) lacks, or whose header rule for a host
+        names a secret bound to other hosts, is refused before anything starts (the proxy would not send it)."""
+        store = self.of(team)
+        missing = [name for name in [*names, *referenced_secrets(rules)] if store.get(name) is None]
         if missing:
-            known = ", ".join(s.name for s in self.store.list()) or "none yet"
+            known = ", ".join(s.name for s in store.list()) or "none yet"
             raise NotFound(
                 f"no secret named {', '.join(missing)} on this daemon (secrets: {known}); add it first with "
                 "`stasis secret add NAME --host HOST`"
             )
         for host, headers in rules.items():
             for name in referenced_secrets({host: headers}):
-                hosts = self.store.info(name).hosts  # none: E2B's kind, sent only where its rules say
+                hosts = store.info(name).hosts  # none: E2B's kind, sent only where its rules say
                 if hosts and not any(name_matches(rule, host) for rule in hosts):
                     raise InvalidRequest(
                         f"the header rule for {host} names secret {name}, which is bound to {', '.join(hosts)}: a rule "
