@@ -153,7 +153,7 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
             teams.remove_team("red", client=owner)
         short = new_key(served, "red", "--expires", "1")
         with Client(url=url, token=short) as expiring:
-            wait_until(lambda: _refused(expiring), timeout=30)
+            wait_until(lambda: key_refused(expiring), timeout=30)
         red_id = next(k.id for k in teams.list_keys(client=owner, team="red") if k.scopes == ["read", "write", "exec"])
         assert cli(served, OWNER_TOKEN, "key", "revoke", red_id).returncode == 0
         with pytest.raises(Unauthorized):
@@ -173,7 +173,8 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
     assert bad.status_code == 401
 
 
-def _refused(client: Client) -> bool:
+def key_refused(client: Client) -> bool:
+    """Whether the client's key is refused now (revoked, expired)."""
     try:
         Sandbox.list(client=client)
     except Unauthorized:

@@ -39,6 +39,7 @@ from stasis import (
 from stasis.paths import Paths
 from stasis.sdk import team as teams
 from tests.conftest import IMAGE_DIR, TEST_ROOT, require_default_image, wait_until
+from tests.daemon.test_teams import key_refused
 
 STARTUP = 300.0  # seconds: a cluster, two raylets and two daemons on a loaded 2-core machine
 
@@ -377,20 +378,12 @@ def test_teams_keys_quotas_and_usage_are_the_fleets(fleet: Fleet) -> None:
             for node in nodes:  # revoked on every node
                 with pytest.raises(Unauthorized):
                     teams.whoami(client=Client(url=node["url"], token=red_key))
-            wait_until(lambda: _refused(red), timeout=60)  # and at the door, once its short memory of the key ends
+            wait_until(lambda: key_refused(red), timeout=60)  # and at the door, once its short memory of the key ends
     finally:
         for sandbox_id in made:
             Sandbox.connect(sandbox_id, client=owner).terminate()
     for team in ("fleetred", "fleetblue"):
         teams.remove_team(team, client=owner)
-
-
-def _refused(client: Client) -> bool:
-    try:
-        Sandbox.list(client=client)
-    except Unauthorized:
-        return True
-    return False
 
 
 def test_the_door_wants_the_token_and_says_what_it_does_not_route(fleet: Fleet) -> None:
