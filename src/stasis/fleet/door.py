@@ -261,19 +261,20 @@ def _routed_routes(app: FastAPI, nodes: Nodes) -> None:
             return (
                 JSONResponse({**answer.json(), "node": source["name"]}) if answer.is_success else _relay_whole(answer)
             )
-        pushed = await nodes.client(source).post("/v1/remote/push", json={"ref": ref, "kind": "sandbox"})
-        if not pushed.is_success:
-            return _relay_whole(pushed)
-        sandbox_id = pushed.json()["id"]
-        nodes.forget(ref, sandbox_id)
-        for step in ("/v1/remote/pull", f"/v1/sandboxes/{sandbox_id}/resume"):
-            body = {"ref": sandbox_id, "kind": "sandbox"} if step.endswith("pull") else None
-            answer = await nodes.client(target).post(step, json=body)
-            if not answer.is_success:
-                return _relay_whole(answer)
-        moved = answer.json()
-        nodes.remember(target["name"], sandbox_id, moved.get("name"))
-        return JSONResponse({**moved, "node": target["name"]})
+        async with quotas.admitted(nodes, request, resuming=ref):  # one suspended starts again over there
+            pushed = await nodes.client(source).post("/v1/remote/push", json={"ref": ref, "kind": "sandbox"})
+            if not pushed.is_success:
+                return _relay_whole(pushed)
+            sandbox_id = pushed.json()["id"]
+            nodes.forget(ref, sandbox_id)
+            for step in ("/v1/remote/pull", f"/v1/sandboxes/{sandbox_id}/resume"):
+                body = {"ref": sandbox_id, "kind": "sandbox"} if step.endswith("pull") else None
+                answer = await nodes.client(target).post(step, json=body)
+                if not answer.is_success:
+                    return _relay_whole(answer)
+            moved = answer.json()
+            nodes.remember(target["name"], sandbox_id, moved.get("name"))
+            return JSONResponse({**moved, "node": target["name"]})
 
     @app.api_route("/v1/{kind}/{ref}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     @app.api_route("/v1/{kind}/{ref}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])

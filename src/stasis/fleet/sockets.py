@@ -49,7 +49,8 @@ def websocket_routes(app: FastAPI, nodes: Nodes, token: str, keys: Keys) -> None
                                      proxy=None, max_size=MAX_MESSAGE, max_queue=4,
                                      open_timeout=OPEN_TIMEOUT)  # fmt: skip
         except (OSError, InvalidHandshake, TimeoutError) as exc:
-            await websocket.close(code=4502, reason=f"node {node['name']}: {exc}"[:120])
+            where = "its node" if caller else f"node {node['name']}"  # a key learns no node's name
+            await websocket.close(code=4502, reason=f"{where}: {exc}"[:120])
             return
         await websocket.accept()
         await relay(websocket, upstream)

@@ -57,7 +57,7 @@ class Front:
             raise self._no_source(request) from None
         if isinstance(source, Restore) and team is not None and _shared_template(source):  # the owner's template
             source = dataclasses.replace(source, spec=source.spec.model_copy(update={"team": team}))
-        if isinstance(source, Restore) and source.checkpoint.spec.team != team:  # never another's, either way
+        elif isinstance(source, Restore) and source.checkpoint.spec.team != team:  # never another's, either way
             if team is not None:
                 raise self._no_source(request)
             raise CheckpointNotFound(f"checkpoint {source.checkpoint.id} is team {source.checkpoint.spec.team}'s: "

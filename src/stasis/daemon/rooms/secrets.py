@@ -23,6 +23,7 @@ from ...guest.client import GuestChannel
 from ...models import SandboxInfo, SandboxSpec
 from ...netpolicy import name_matches
 from ...secretnames import referenced_secrets
+from ...validation import validate_name
 from ..core.service import SandboxService
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,10 @@ class SecretsRoom:
         if team is None:
             return self.store
         if team not in self._team_stores:
+            try:
+                validate_name(team, "team")  # a spec's team, even one read back from the store, never a path
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from None
             self._team_stores[team] = SecretStore(private_dir(self.core.paths.home / "team-secrets") / team)
         return self._team_stores[team]
 
