@@ -26,7 +26,7 @@ from .resident import Resident, Stream
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 180.0  # seconds for the session's VNC server to answer (Chromium's first start on a loaded host)
-WINDOW_TIMEOUT = 60.0  # seconds for the browser's window to be there to take a URL
+WINDOW_TIMEOUT = 300.0  # seconds for the browser's window to take a URL (Chromium on TCG, loaded: minutes of churn)
 SHOT = "/tmp/.stasis-screenshot.png"
 BUTTONS = {"left": "1", "middle": "2", "right": "3"}
 ENV = {"DISPLAY": DISPLAY}
