@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import httpx
+
+from stasis.daemon.app import create_app
 from stasis.daemon.core.recovery import Recovery
 from stasis.daemon.core.service import SandboxService
 from stasis.daemon.core.sources import source_of
@@ -77,3 +81,23 @@ async def create(service: SandboxService, name: str | None = None, **spec: objec
 
 def statuses(service: SandboxService, sandbox_id: str) -> list[str]:
     return [t["to_status"] for t in service.store.transitions(sandbox_id)]
+
+
+def over_tcp(name: str, token: str, scenario: Callable[[httpx.AsyncClient, SandboxService], Awaitable[None]]) -> None:
+    """Run ``scenario`` against the daemon's whole app in process, on the fake backend, as a TCP client (the
+    token, and team keys, are checked as over a socket); every sandbox it leaves is removed after."""
+
+    async def main() -> None:
+        paths = fake_home(name)
+        service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
+        app = create_app(paths, token=token, service=service)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
+                try:
+                    await scenario(http, service)
+                finally:
+                    for info in service.store.list():
+                        await service.terminate(info.id)
+
+    asyncio.run(main())

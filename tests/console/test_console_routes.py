@@ -3,36 +3,20 @@ an action carried out, a checkpoint restored. (The real-browser tests are test_c
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import httpx
 import pytest
 
-from stasis.daemon.app import create_app
 from stasis.daemon.core.service import SandboxService
-from tests.fakes import FakeBackend
-from tests.fastkit import fake_home
+from tests.fastkit import over_tcp
 
 pytestmark = pytest.mark.fast
 TOKEN = "routes-token"
 
 
 def with_console(scenario) -> None:  # type: ignore[no-untyped-def]
-    async def main() -> None:
-        paths = fake_home("console-routes")
-        service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
-        app = create_app(paths, token=TOKEN, service=service)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
-                try:
-                    await scenario(http, service)
-                finally:
-                    for info in service.store.list():
-                        await service.terminate(info.id)
-
-    asyncio.run(main())
+    over_tcp("console-routes", TOKEN, scenario)
 
 
 async def logged_in(http: httpx.AsyncClient, token: str = TOKEN) -> str:

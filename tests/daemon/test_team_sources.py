@@ -3,35 +3,18 @@ team's own), its own checkpoints, never another team's; a template is not a team
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
-from stasis.daemon.app import create_app
 from stasis.daemon.core.service import SandboxService
-from tests.fakes import FakeBackend
-from tests.fastkit import fake_home
+from tests.fastkit import over_tcp
 
 pytestmark = pytest.mark.fast
 TOKEN = "team-sources-token"
 
 
 def test_a_team_starts_from_the_owners_templates_and_its_own_checkpoints_only() -> None:
-    async def main() -> None:
-        paths = fake_home("team-sources")
-        service = SandboxService(paths, backends={"fake": FakeBackend(paths)})
-        app = create_app(paths, token=TOKEN, service=service)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
-                try:
-                    await scenario(http)
-                finally:
-                    for info in service.store.list():
-                        await service.terminate(info.id)
-
-    async def scenario(http: httpx.AsyncClient) -> None:
+    async def scenario(http: httpx.AsyncClient, service: SandboxService) -> None:
         owner = {"authorization": f"Bearer {TOKEN}"}
         keys = {}
         for team in ("red", "blue"):
@@ -56,4 +39,4 @@ def test_a_team_starts_from_the_owners_templates_and_its_own_checkpoints_only() 
                                   "name": "template-mine"}, headers=keys["red"])  # fmt: skip
         assert planted.status_code == 403 and "owner's templates" in planted.text
 
-    asyncio.run(main())
+    over_tcp("team-sources", TOKEN, scenario)
