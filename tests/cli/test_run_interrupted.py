@@ -97,6 +97,7 @@ def stasis_run(fake_daemon: FakeDaemon, command: str, ignoring_sigint: bool = Fa
     return cli
 
 
+@pytest.mark.slow  # seconds of its own: the full suite runs it, the fast tier not
 def test_ctrl_c_ends_stasis_run_within_seconds_even_when_the_agent_does_not_answer(fake_daemon: FakeDaemon) -> None:
     cli = stasis_run(fake_daemon, "sleep 300")
     (process_id,) = fake_daemon.running_cli_commands()

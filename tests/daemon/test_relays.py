@@ -75,6 +75,7 @@ async def slow_read(reader: asyncio.StreamReader, stall: float) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow  # seconds of its own: the full suite runs it, the fast tier not
 def test_an_exposed_port_without_network_delivers_64_mib_whole_to_a_slow_client() -> None:
     """The agent used to keep 8 MiB for a lagging reader and drop the rest: HTTP 200 with 12-17 MB of 64."""
     body = pattern(64 * MIB)
@@ -125,6 +126,7 @@ class Asgi:
                 await asyncio.sleep(self.pause)
 
 
+@pytest.mark.slow  # seconds of its own: the full suite runs it, the fast tier not
 def test_the_e2b_port_proxy_delivers_a_large_answer_whole_to_a_slow_client() -> None:
     body = pattern(32 * MIB)
 

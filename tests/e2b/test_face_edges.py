@@ -54,6 +54,7 @@ def envd(sandbox_id: str, **headers: str) -> dict[str, str]:
     return {"E2b-Sandbox-Id": sandbox_id, **headers}
 
 
+@pytest.mark.slow  # seconds of its own: the full suite runs it, the fast tier not
 def test_the_traffic_token_opens_the_sandboxs_ports_and_never_envd() -> None:
     async def scenario(http: httpx.AsyncClient, rooms: Rooms, key: dict[str, str]) -> None:
         sbx = await new_sandbox(http, key)
