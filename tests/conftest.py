@@ -30,6 +30,8 @@ from stasis.paths import Paths, default_home
 from tests.fakes import fake_agents
 from tests.network.testhosts import leftover_namespaces
 
+pytest_plugins = ["tests.profiling"]  # STASIS_TEST_PROFILE=DIR: where the time goes (scripts/test_profile.py)
+
 procs.share_children()  # tests start CLIs and daemons with subprocess in a process where the reaper may run
 REAL_BACKENDS = tuple(BACKENDS)  # before the fast tier's fake joins the registry
 register_backend("fake", "tests.fakes:FakeBackend")
