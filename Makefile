@@ -1,9 +1,14 @@
-.PHONY: setup test test-fast demo bench soak fuzz lint clean
+.PHONY: setup setup-test test test-fast demo bench soak fuzz lint clean
 
+# What `make demo` needs: system packages, stasis in .venv, the default image (other images build on first use).
 setup:
 	@scripts/setup.sh
 
-test: setup
+# That, and what the suite needs besides: test dependencies, Harbor's venv, E2B's npm package, every image.
+setup-test:
+	@scripts/setup.sh test
+
+test: setup-test
 	.venv/bin/ruff check src tests benchmarks demo
 	.venv/bin/pytest -v -rs --durations=25 -n 2 --dist loadfile
 

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Install what stasis needs on a Debian/Ubuntu host, idempotently and quickly when already done:
-# system packages (runsc, mmdebstrap, QEMU and a guest kernel, ...), the virtualenv, the default image,
-# and the microVM boot files (checked by `stasis doctor`).
+# Install what stasis needs on a Debian/Ubuntu host, idempotently and quickly when already done.
+#   scripts/setup.sh        what `make demo` needs: system packages (runsc, mmdebstrap, QEMU and a guest kernel,
+#                           ...), stasis in .venv, the default image, the microVM boot files (`stasis doctor`)
+#   scripts/setup.sh test   that, and what `make test` needs besides: the test dependencies, Harbor's own venv,
+#                           E2B's npm package, and the code-interpreter and desktop images, built in the
+#                           background while the rest installs (anything else builds a built-in image on first use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-demo}
+case "$mode" in demo|test) ;; *) echo "usage: scripts/setup.sh [demo|test]" >&2; exit 2 ;; esac
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+started=$SECONDS
+say() { printf '\033[1m==> %s\033[0m  (%ds)\n' "$*" "$((SECONDS - started))"; }
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
@@ -60,32 +66,37 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 say "runsc: $(runsc --version | head -n1)"
 
-stamp=.venv/.stasis-installed
-if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
-  say "creating .venv with stasis and its dev dependencies"
-  python3 -m venv .venv
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev,integrations,fleet]'
-  touch "$stamp"
-fi
+# pip's own lines, a package each as it comes (-q would hide minutes of work); the machine's notes on missing
+# local indexes are no news. Returns pip's own status.
+pip_install() {
+  set +e
+  "$@" --progress-bar off 2>&1 | grep --line-buffered -v '^WARNING: Location' \
+    | grep --line-buffered -E '^(Collecting|Successfully|ERROR|error)' | cut -c1-110
+  local status=${PIPESTATUS[0]}
+  set -e
+  return "$status"
+}
+# The requirements of pyproject.toml's extras "$@" (a `stasis[x]` among them unfolded): installed as such, so
+# stasis itself is not reinstalled under the image builds that run from it meanwhile.
+extras() {
+  .venv/bin/python - "$@" <<'PY'
+import re, sys, tomllib
+optional = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
+def unfold(extra):
+    for requirement in optional[extra]:
+        nested = re.fullmatch(r"stasis\[(.+)\]", requirement)
+        yield from (r for name in nested.group(1).split(",") for r in unfold(name.strip())) if nested else [requirement]
+print("\n".join(dict.fromkeys(r for extra in sys.argv[1:] for r in unfold(extra))))
+PY
+}
 
-# Harbor needs Python >= 3.12 (this project runs on 3.11): its adapter's tests use a venv of its own
-harbor_python=""
-for candidate in python3.13 python3.12 "$HOME"/.pyenv/versions/3.13*/bin/python "$HOME"/.pyenv/versions/3.12*/bin/python; do
-  # (a pyenv shim is on PATH even where its version is not selected: run it to know)
-  if "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1; then
-    harbor_python=$(command -v "$candidate"); break
-  fi
-done
-harbor_stamp=.venv-harbor/.stasis-installed
-if [ -n "$harbor_python" ] && { [ ! -x .venv-harbor/bin/harbor ] || [ pyproject.toml -nt "$harbor_stamp" ]; }; then
-  say "creating .venv-harbor with $harbor_python for the Harbor adapter"
-  "$harbor_python" -m venv .venv-harbor
-  .venv-harbor/bin/pip install -q --upgrade pip
-  .venv-harbor/bin/pip install -q -e '.[harbor]'
-  touch "$harbor_stamp"
-elif [ -z "$harbor_python" ]; then
-  say "no Python >= 3.12 here: the Harbor adapter's tests will say they cannot run"
+core=.venv/.stasis-core
+if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$core" ] || [ ! -f "$core" ]; then
+  say "creating .venv with stasis"
+  python3 -m venv .venv
+  pip_install .venv/bin/pip install -q --upgrade pip || { echo "setup: upgrading pip in .venv failed" >&2; exit 1; }
+  pip_install .venv/bin/pip install -e . || { echo "setup: installing stasis into .venv failed (above)" >&2; exit 1; }
+  touch "$core"
 fi
 
 # The console's terminal: xterm.js and its fit addon, pinned, from the npm registry into the package.
@@ -117,18 +128,69 @@ if [ ! -f "$vendor/.novnc-1.7.0" ]; then
   touch "$vendor/.novnc-1.7.0"
 fi
 
+say "default image"
+.venv/bin/python -m stasis.images default  # in place: no daemon runs yet (later, `stasis image build` asks it)
+
+if [ "$mode" = demo ]; then
+  say "backends on this host"
+  .venv/bin/stasis doctor
+  say "ready: make demo runs the demo; .venv/bin/stasis is the CLI"
+  exit 0
+fi
+
+# The tests' other images build in the background beside the installs below (a build mostly waits on downloads
+# and dpkg), each into a log of its own that is shown if it fails.
+logs=$(mktemp -d)
+declare -A building=()
+for image in code-interpreter desktop; do
+  .venv/bin/python -m stasis.images "$image" >"$logs/$image.log" 2>&1 &
+  building[$image]=$!
+done
+say "building the code-interpreter and desktop images in the background"
+
+stamp=.venv/.stasis-installed
+if [ pyproject.toml -nt "$stamp" ] || [ ! -f "$stamp" ]; then
+  say "installing the test dependencies into .venv"
+  extras dev integrations fleet > "$logs/requirements.txt"
+  pip_install .venv/bin/pip install -r "$logs/requirements.txt" \
+    || { echo "setup: installing the test dependencies failed (above)" >&2; exit 1; }
+  touch "$stamp"
+fi
+
+# Harbor needs Python >= 3.12 (this project runs on 3.11): its adapter's tests use a venv of its own
+harbor_python=""
+for candidate in python3.13 python3.12 "$HOME"/.pyenv/versions/3.13*/bin/python "$HOME"/.pyenv/versions/3.12*/bin/python; do
+  # (a pyenv shim is on PATH even where its version is not selected: run it to know)
+  if "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1; then
+    harbor_python=$(command -v "$candidate"); break
+  fi
+done
+harbor_stamp=.venv-harbor/.stasis-installed
+if [ -n "$harbor_python" ] && { [ ! -x .venv-harbor/bin/harbor ] || [ pyproject.toml -nt "$harbor_stamp" ]; }; then
+  say "creating .venv-harbor with $harbor_python for the Harbor adapter"
+  "$harbor_python" -m venv .venv-harbor
+  pip_install .venv-harbor/bin/pip install -q --upgrade pip || { echo "setup: pip in .venv-harbor failed" >&2; exit 1; }
+  pip_install .venv-harbor/bin/pip install -e '.[harbor]' || { echo "setup: installing Harbor failed (above)" >&2; exit 1; }
+  touch "$harbor_stamp"
+elif [ -z "$harbor_python" ]; then
+  say "no Python >= 3.12 here: the Harbor adapter's tests will say they cannot run"
+fi
+
 # The E2B face's JavaScript tests: the official e2b npm package, pinned by its lock file.
 if [ ! -d tests/e2b/js/node_modules/e2b ] || [ tests/e2b/js/package-lock.json -nt tests/e2b/js/node_modules/.package-lock.json ]; then
   say "installing the e2b npm package for the E2B face's tests"
   (cd tests/e2b/js && npm ci --no-audit --no-fund --silent)
 fi
 
-say "default image"
-.venv/bin/python -m stasis.images default  # in place: no daemon runs yet (later, `stasis image build` asks it)
-say "code-interpreter image (Debian's Jupyter, numpy, pandas, matplotlib)"
-.venv/bin/python -m stasis.images code-interpreter
-say "desktop image (Xvfb, openbox, Chromium, x11vnc, xdotool)"
-.venv/bin/python -m stasis.images desktop
+for image in "${!building[@]}"; do
+  if ! wait "${building[$image]}"; then
+    echo "setup: building the $image image failed; the end of its log:" >&2
+    tail -n 30 "$logs/$image.log" >&2
+    exit 1
+  fi
+  say "$image image: $(tail -n 1 "$logs/$image.log")"
+done
+rm -rf "$logs"
 
 say "backends on this host"
 .venv/bin/stasis doctor

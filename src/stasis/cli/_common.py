@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.status import Status
 
 from ..models import SandboxInfo
 from ..sdk import Client
@@ -56,3 +60,26 @@ STATUS_STYLE = {"running": "green", "suspended": "cyan", "failed": "red", "termi
 def status(info: SandboxInfo) -> str:
     style = STATUS_STYLE.get(info.status.value, "yellow")
     return f"[{style}]{info.status.value}[/{style}]"
+
+
+class _ToStatus(logging.Handler):
+    def __init__(self, status: Status) -> None:
+        super().__init__(logging.INFO)
+        self.status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.status.update(escape(record.getMessage()[:110]))
+
+
+@contextlib.contextmanager
+def first_use_builds_shown(status: Status) -> Iterator[None]:
+    """What the SDK logs while it builds a built-in image on its first use (minutes, once), shown on ``status``."""
+    logger = logging.getLogger("stasis.sdk._sync")
+    handler, level = _ToStatus(status), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -23,7 +23,21 @@ from ..sdk import Sandbox
 from ..sdk._base import resume_call
 from ..sdk._host import disk_usage_call
 from . import quick
-from ._common import AllowOut, DenyOut, Json, Name, ago, app, client, err, in_, out, shown, status
+from ._common import (
+    AllowOut,
+    DenyOut,
+    Json,
+    Name,
+    ago,
+    app,
+    client,
+    err,
+    first_use_builds_shown,
+    in_,
+    out,
+    shown,
+    status,
+)
 
 SPEC = SandboxSpec.model_fields
 
@@ -97,7 +111,7 @@ def create(
         explicit["screen"] = screen
     if storage:
         explicit["storage"] = storage
-    with err.status(f"creating sandbox {name}..."):
+    with err.status(f"creating sandbox {name}...") as spinner, first_use_builds_shown(spinner):
         started = time.monotonic()
         sbx = Sandbox.create(
             name, on_idle=on_idle, backend=backend, snapshot_id=from_checkpoint, client=client(), **explicit

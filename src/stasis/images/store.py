@@ -28,7 +28,7 @@ from ..errors import BackendError, ImageNotFound, InvalidRequest
 from ..fsutil import atomic_write, fsync_dir, tree_bytes
 from ..hostpath import IMAGE_KEY, is_plain_dir
 from ..validation import NAME_PATTERN
-from . import layers, oci
+from . import debcache, layers, oci
 from .oci import ImageConfig
 from .recipe import IMAGE_PYTHON, RECIPES, Recipe
 
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str], None]
 LOCK_WAIT = 120.0
+DEB_CACHE = ".deb-cache"  # Debian's packages across builds (hidden: no image; no pid suffix: never swept)
 
 
 class ImageInfo(BaseModel):
@@ -76,9 +77,10 @@ class ImageStore:
             )
         recipe = self.recipe(name)
         if not (self._dir(recipe.key) / "image.json").exists():
-            raise ImageNotFound(
+            raise ImageNotFound(  # buildable: the SDK builds a recipe's image on its first use, then creates
                 f"image {name!r} is not built yet; run `stasis image build {name}` (make setup builds 'default')",
                 image=name,
+                buildable=True,
             )
         return self.by_key(recipe.key)
 
@@ -308,12 +310,14 @@ class ImageStore:
         staging.mkdir()
         started = time.monotonic()
         argv = ["mmdebstrap", f"--variant={recipe.variant}", f"--include={','.join(recipe.packages)}"]
+        argv += debcache.hooks(self.directory / DEB_CACHE, staging / "debs")
         argv += [recipe.suite, str(staging / "rootfs")]
         if mirror := os.environ.get("STASIS_APT_MIRROR"):
             argv.append(mirror)
         log.info("building image %s: %s", recipe.key, " ".join(argv))
         try:
             self._run_build(argv, progress)
+            debcache.keep(self.directory / DEB_CACHE, staging / "debs")
             self._add_wheels(recipe, staging, progress)
             self._add_mount_points(staging / "rootfs")
             # Host keys made by openssh-server's install would be shared by every sandbox: each makes its own.

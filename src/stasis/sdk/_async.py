@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import inspect
+import logging
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
 from typing_extensions import Unpack
 
+from ..errors import ImageNotFound, InvalidRequest
+from ..images import ImageInfo
 from ..models import (
     CheckpointInfo,
     CheckpointType,
@@ -26,8 +29,11 @@ from . import _base as b
 from . import _host as h
 from ._client import AsyncClient
 from ._dirs import pack, unpack
+from ._images import FIRST_USE, build_image_call, first_use_recipe
 from .code import CodeContext, CodeRecipes, Execution, ExecutionBuilder, OnResult, OnText
 from .desktop import DesktopRecipes, Keyboard, Mouse
+
+log = logging.getLogger(__name__)
 
 
 class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
@@ -41,9 +47,17 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     async def create(
         cls, name: str | None = None, *, client: AsyncClient | None = None, **options: Unpack[b.CreateOptions]
     ) -> AsyncSandbox:
-        """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files)."""
+        """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files). A
+        built-in image not built on this host yet is built first (logged: it takes minutes, once)."""
         client = client or AsyncClient()
-        return cls(await client.call(b.create_call(name, options)), client)
+        call = b.create_call(name, options)
+        try:
+            return cls(await client.call(call), client)
+        except ImageNotFound as exc:
+            if (recipe := first_use_recipe(exc)) is None:
+                raise
+        await build_on_first_use(recipe, client)
+        return cls(await client.call(call), client)
 
     @classmethod
     async def connect(cls, id_or_name: str, client: AsyncClient | None = None) -> AsyncSandbox:
@@ -337,3 +351,14 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
 
 
 __all__ = ["AsyncSandbox"]
+
+
+async def build_on_first_use(recipe: str, client: AsyncClient) -> ImageInfo:
+    """Build built-in image ``recipe`` for a call that needs it, its progress logged."""
+    log.info(FIRST_USE, recipe)
+    async for event in client.stream_lines(build_image_call(recipe, False)):
+        if "progress" in event:
+            log.info("%s: %s", recipe, event["progress"])
+        if "result" in event:
+            return ImageInfo.model_validate(event["result"])
+    raise InvalidRequest("the daemon's answer ended before the image was ready; see the daemon's log")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..errors import ImageNotFound, InvalidRequest
 from ..images import ImageInfo
 from ..models import BuildImageRequest, CommitImageRequest
 from ._base import Call, _model, _models
@@ -93,6 +93,16 @@ def _chunks(path: Path) -> Iterator[bytes]:
     with path.open("rb") as f:
         while chunk := f.read(UPLOAD_CHUNK):
             yield chunk
+
+
+def first_use_recipe(error: ImageNotFound) -> str | None:
+    """The built-in recipe a call named that the daemon has not built yet (the SDK builds it on its first use and
+    asks again), or None for any other missing image."""
+    image = error.details.get("image")
+    return image if error.details.get("buildable") is True and isinstance(image, str) else None
+
+
+FIRST_USE = "image %r is not built on this host yet: building it now, on its first use (once; minutes for a large one)"
 
 
 def image_result(events: Iterator[dict[str, Any]], on_progress: ProgressCallback | None) -> ImageInfo:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from typing_extensions import Unpack
 
+from ..errors import ImageNotFound
 from ..models import (
     CheckpointInfo,
     CheckpointType,
@@ -25,8 +27,11 @@ from . import _base as b
 from . import _host as h
 from ._client import Client
 from ._dirs import pack, unpack
+from ._images import FIRST_USE, build_image_call, first_use_recipe, image_result
 from .code import CodeContext, CodeRecipes, Execution, ExecutionBuilder, OnResult, OnText
 from .desktop import DesktopRecipes, Keyboard, Mouse
+
+log = logging.getLogger(__name__)
 
 
 class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
@@ -40,9 +45,17 @@ class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
     def create(
         cls, name: str | None = None, *, client: Client | None = None, **options: Unpack[b.CreateOptions]
     ) -> Sandbox:
-        """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files)."""
+        """A new sandbox: from an image, or from a checkpoint (``snapshot_id``: its processes and files). A
+        built-in image not built on this host yet is built first (logged: it takes minutes, once)."""
         client = client or Client()
-        return cls(client.call(b.create_call(name, options)), client)
+        call = b.create_call(name, options)
+        try:
+            return cls(client.call(call), client)
+        except ImageNotFound as exc:
+            if (recipe := first_use_recipe(exc)) is None:
+                raise
+        build_on_first_use(recipe, client)
+        return cls(client.call(call), client)
 
     @classmethod
     def connect(cls, id_or_name: str, client: Client | None = None) -> Sandbox:
@@ -336,3 +349,9 @@ class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
 
 
 __all__ = ["Sandbox"]
+
+
+def build_on_first_use(recipe: str, client: Client) -> None:
+    """Build built-in image ``recipe`` for a call that needs it, its progress logged."""
+    log.info(FIRST_USE, recipe)
+    image_result(client.stream_lines(build_image_call(recipe, False)), lambda line: log.info("%s: %s", recipe, line))

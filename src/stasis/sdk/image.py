@@ -41,12 +41,13 @@ from ._images import (
     ProgressCallback,
     build_image_call,
     commit_image_call,
+    first_use_recipe,
     image_call,
     image_result,
     images_call,
     import_image_call,
-)  # fmt: skip
-from ._sync import Sandbox
+)
+from ._sync import Sandbox, build_on_first_use
 
 MAX_MATCHES = 10_000  # paths one COPY wildcard may match
 BUILD_FORMAT = 1  # bump when what a step's cache key covers changes
@@ -167,7 +168,13 @@ class _Build:
     forced: str = ""
 
     def run(self) -> ImageInfo:
-        base = self._image(self.image.base)
+        try:
+            base = self._image(self.image.base)
+        except ImageNotFound as exc:
+            if (recipe := first_use_recipe(exc)) is None:
+                raise
+            build_on_first_use(recipe, self.client)
+            base = self._image(self.image.base)
         config = base.config or ImageConfig()
         last = base.key  # the newest image of the chain
         sandbox_image = last  # the image the build sandbox was made from: its upper layer is relative to it
