@@ -188,9 +188,14 @@ def run_blocking(argv: Sequence[str], timeout: float | None = None, **popen_kwar
 def share_children(grace: float = 0.25) -> None:
     """For a process that also starts children with plain ``subprocess`` (a test session): the reaper
     leaves an exit it does not know to its owner for ``grace`` seconds before taking it as an orphan's.
-    The daemon does not: runsc waits for its orphans, so they are reaped at once."""
+    The daemon does not: runsc waits for its orphans, so they are reaped at once. The reaper starts now: the
+    sandboxes of a daemon this process started and SIGKILLed are its orphans then, reaped within ``grace``
+    (left to this host's init, each made `runsc delete` wait ~1.3 s)."""
     global _grace
     _grace = grace
+    with _reaper._lock:
+        if not _reaper._started:
+            _reaper._start()
 
 
 def _exited(pid: int) -> bool:

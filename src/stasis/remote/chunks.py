@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lz4.frame
 
@@ -33,7 +33,9 @@ from ..errors import BackendError, CheckpointCorrupt, InvalidRequest
 from ..fsutil import fsync_dir, fsync_tree
 from .cache import ChunkCache
 from .directory import DirectoryStore
-from .objects import ObjectStore
+
+if TYPE_CHECKING:
+    from .objects import ObjectStore  # boto3 (0.13 s): imported where an S3 store is made
 
 log = logging.getLogger(__name__)
 

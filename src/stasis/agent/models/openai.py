@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
-
-import openai
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ModelError
+
+if TYPE_CHECKING:
+    import openai
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,11 @@ class OpenAIModel:
         max_retries: int = 6,
         timeout: float = 600.0,
     ) -> None:
+        import openai  # here, not at the top: 0.45 s that a daemon or CLI start not running an agent never pays
+
         self.model = model or os.environ.get("STASIS_MODEL") or "gpt-4o-mini"
         # Retries with exponential backoff on 429, 5xx and connection errors are the library's own.
-        self.client = openai.OpenAI(
+        self.client: openai.OpenAI = openai.OpenAI(
             base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "not-needed",
             max_retries=max_retries,
@@ -36,6 +39,8 @@ class OpenAIModel:
         )
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> ModelReply:
+        import openai
+
         try:
             response = self.client.chat.completions.create(model=self.model, messages=messages, tools=tools)
         except openai.APIError as exc:

@@ -94,7 +94,8 @@ class GvisorBackend:
 
     async def _initialize(self) -> None:
         self.version = await runsc_version(self.binary)
-        self.platform, self.platform_reason = await choose_platform(self.binary, self.version, self.paths.home)
+        cache = self.paths.runtime.parent  # host-wide: every home shares the probe
+        self.platform, self.platform_reason = await choose_platform(self.binary, self.version, cache)
         self.runsc = Runsc(self.binary, self.paths.runsc_root, self.platform)
         self.runsc.root.mkdir(parents=True, exist_ok=True)
         self.checkpoint_flags = await supported_flags(self.binary, "checkpoint", PREFERRED_CHECKPOINT_FLAGS)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ... import procs
 from ...errors import BackendError, StateError
+from ...fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +66,18 @@ async def probe_platform(binary: str, platform: str, timeout: float = 20.0) -> t
 
 
 async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[str, str]:
-    """The fastest platform that passes a real probe, cached per runsc version."""
+    """The fastest platform that passes a real probe, cached in ``cache_dir`` per runsc binary and version: a
+    probe costs ~1 s, so it runs once per runsc build and boot (the cache lives on /run, beside every home's
+    runtime: a reboot, perhaps into another kernel, probes again)."""
     forced = os.environ.get("STASIS_RUNSC_PLATFORM")
     if forced:
         return forced, "set by STASIS_RUNSC_PLATFORM"
-    cache = cache_dir / "runsc-platform.json"  # a probe costs ~1 s: once per runsc build
+    cache = cache_dir / "runsc-platform.json"
     try:
         cached = json.loads(cache.read_text())
-        if cached.get("version") == version:
+        if cached.get("version") == version and cached.get("binary") == binary:
             return cached["platform"], cached["reason"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, AttributeError):
         pass
     reasons = []
     for platform in PLATFORM_PREFERENCE:
@@ -82,7 +85,8 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
         if works:
             chosen = (platform, reason + (f"; skipped: {'; '.join(reasons)}" if reasons else ""))
             cache_dir.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps({"version": version, "platform": chosen[0], "reason": chosen[1]}))
+            record = {"version": version, "binary": binary, "platform": chosen[0], "reason": chosen[1]}
+            atomic_write(cache, json.dumps(record).encode())  # daemons of other homes read it meanwhile
             log.info("runsc platform: %s (%s)", *chosen)
             return chosen
         reasons.append(f"{platform}: {reason}")

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -61,12 +61,21 @@ from ...remote.chunks import Chunks, Transfer
 from ...remote.config import RemoteConfig, node_name
 from ...remote.directory import DirectoryStore
 from ...remote.manifest import FORMAT, ImageRef, Manifest
-from ...remote.objects import ObjectStore
 from ...validation import ID_PATTERN, NAME_PATTERN
 from ...volume_models import VolumeMount
 from ..core.service import SandboxService
 from ..core.tables import PushTable
 from .checkpointing import Checkpoints
+
+if TYPE_CHECKING:
+    from ...remote.objects import ObjectStore
+
+
+def s3_store(config: RemoteConfig) -> ObjectStore:
+    """An S3 bucket's store: boto3 (0.13 s of every start) is imported only by a daemon that has one."""
+    from ...remote.objects import ObjectStore
+
+    return ObjectStore(config)
 
 
 class VolumeTransfers(Protocol):
@@ -96,7 +105,7 @@ class RemoteService:
         self.checkpoints = checkpoints
         self.table = table  # pushes under way: this room is its one writer
         self.node = node_name(service.paths.home)
-        self.objects: ObjectStore | DirectoryStore = DirectoryStore(config) if config.directory else ObjectStore(config)
+        self.objects: ObjectStore | DirectoryStore = DirectoryStore(config) if config.directory else s3_store(config)
         self.cache = ChunkCache(service.paths.home / "remote-cache", config.cache_limit_bytes)
         self.chunks = Chunks(self.objects, self.cache)
         self.externals = service.paths.images / "remote-externals"  # files sandboxes depend on, fetched here
