@@ -2,6 +2,7 @@
 
     STASIS_TEST_PROFILE=/tmp/profile make test        # or any pytest run of tests/
     .venv/bin/python scripts/test_profile.py /tmp/profile [--tests 25] [--files 10] [--json out.json]
+                                              [--durations tests/durations.json]
 
 A test's time is its set-up, call and teardown; a file's is the sum of its tests'; a fixture's is the time
 its own set-up took (a session fixture is paid once per worker, inside the first test that asks for it)."""
@@ -56,6 +57,11 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=10)
     parser.add_argument("--fixtures", type=int, default=15)
     parser.add_argument("--json", type=Path, help="write the whole summary here")
+    parser.add_argument(
+        "--durations",
+        type=Path,
+        help="write each file's seconds here (tests/durations.json orders the suite by them: the slowest files first)",
+    )
     args = parser.parse_args()
     records = load(args.directory)
     if not records:
@@ -74,6 +80,8 @@ def main() -> int:
         print(f"{seconds:8.1f}  {count:4d}x  {name}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
+    if args.durations:
+        args.durations.write_text(json.dumps({path: round(s) for path, s in summary["files"]}, indent=0) + "\n")
     return 0
 
 

@@ -205,6 +205,15 @@ def leak_check() -> Iterator[None]:
     assert not TEST_ROOT.exists(), f"{TEST_ROOT} could not be removed"
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The fast tier (`-m "fast ..."`) imports only the modules that hold a fast test: the others would load
+    Ray, Playwright, moto and E2B's SDKs in each worker for nothing."""
+    name, markexpr = collection_path.name, config.getoption("markexpr", "") or ""
+    if markexpr.startswith("fast") and name.startswith("test_") and name.endswith(".py"):
+        return True if "mark.fast" not in collection_path.read_text() else None
+    return None
+
+
 def new_home(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=TEST_ROOT))
 
@@ -247,6 +256,25 @@ def sandbox(client: Client, backend: str) -> Iterator[Sandbox]:
     sbx = Sandbox.create(client=client, memory_mb=512, backend=backend)
     yield sbx
     sbx.terminate()
+
+
+@pytest.fixture
+def own_sandbox(client: Client, backend: str) -> Iterator[Sandbox]:
+    """A sandbox of the test's own, per backend, in a module whose ``sandbox`` is the shared one."""
+    sbx = Sandbox.create(client=client, memory_mb=512, backend=backend)
+    yield sbx
+    sbx.terminate()
+
+
+@pytest.fixture(scope="module", params=REAL_BACKENDS)
+def shared_sandbox(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[Sandbox]:
+    """One sandbox per backend for a whole module whose subject is not a sandbox's life (commands, files,
+    streams): its tests leave it running, each with paths of its own. Such a module overrides ``sandbox``:
+    ``@pytest.fixture`` ``def sandbox(shared_sandbox): return shared_sandbox``."""
+    with daemon.client() as client:
+        sbx = Sandbox.create(client=client, memory_mb=512, backend=str(request.param))
+        yield sbx
+        sbx.terminate()
 
 
 def wait_until(predicate, timeout: float = 60.0, interval: float = 0.05):  # type: ignore[no-untyped-def]

@@ -48,6 +48,35 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if PROFILE_DIR is not None:
+    if PROFILE_DIR is not None and getattr(report, "node", None) is None:  # xdist's controller: a worker's, again
         phase = {"test": report.nodeid, "when": report.when, "outcome": report.outcome}
         _write({"kind": "phase", **phase, "seconds": round(report.duration, 4)})
+
+
+# The slowest files first (longest processing time first): with `--dist loadfile` each file runs whole on one
+# worker, so a long file started last would run on alone while the other worker idles. The costs are a profile's
+# (`scripts/test_profile.py DIR --durations tests/durations.json`); a file it does not name counts as a median one.
+# A stale list costs only balance, never correctness.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        known: dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    costs = sorted(known.values())
+    median = costs[len(costs) // 2] if costs else 0.0
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(_file_of(item), index)
+
+    def slowest_first(item: pytest.Item) -> tuple[float, int]:
+        path = _file_of(item)
+        return -known.get(path, median), first_seen[path]
+
+    items.sort(key=slowest_first)
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]

@@ -28,9 +28,8 @@ from e2b.exceptions import (
     TimeoutException,
 )
 
-from stasis import Client, NotFound, Template
+from stasis import Client
 from stasis import Sandbox as StasisSandbox
-from stasis.e2b_wire import code_template_name
 from tests.conftest import Daemon, wait_until
 
 E2B_VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY")
@@ -57,8 +56,8 @@ class Listener:
             self.exports[name] = value
 
     def close(self) -> None:
-        """The listener stopped, and the warm template it made gone: a daemon shared with other tests keeps none
-        of this module's checkpoints."""
+        """The listener stopped. The warm template of code-interpreter-v1 it made stays for the next listener on
+        the same daemon (`stasis e2b serve` makes it once per daemon, as for a user): 20-50 s each otherwise."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGINT)
             try:
@@ -66,9 +65,6 @@ class Listener:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        if self.daemon.proc is not None and self.daemon.proc.poll() is None:
-            with self.daemon.client() as client, contextlib.suppress(NotFound):
-                Template.delete(code_template_name(self.backend), client=client)
 
 
 def one_listener(backend: str) -> Any:

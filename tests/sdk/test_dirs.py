@@ -11,6 +11,14 @@ import pytest
 
 from stasis import Sandbox, StasisError
 from stasis.sdk._base import Call
+from tests.conftest import wait_until
+
+
+@pytest.fixture
+def sandbox(shared_sandbox: Sandbox) -> Sandbox:
+    """One sandbox per backend for the module: its subject is moving directories, not a sandbox's life (the two
+    suspends below have their own)."""
+    return shared_sandbox
 
 
 def tree(root: Path) -> Path:
@@ -72,38 +80,38 @@ def test_a_tar_that_leaves_its_directory_is_refused_whole(sandbox: Sandbox) -> N
 
 
 def test_replacing_a_directory_a_process_works_in_leaves_the_sandbox_suspendable(
-    sandbox: Sandbox, tmp_path: Path
+    own_sandbox: Sandbox, tmp_path: Path
 ) -> None:
     """upload_dir(replace=True) keeps the directory itself: a process whose cwd it is stays on a live directory,
     so the next suspend saves it (gVisor cannot save a process on a deleted one)."""
     local = tree(tmp_path / "local")
-    sandbox.upload_dir(local, "/root/work")
-    worker = sandbox.start_process("cd /root/work/pkg && while :; do pwd > /tmp/where; sleep 0.2; done")
+    own_sandbox.upload_dir(local, "/root/work")
+    worker = own_sandbox.start_process("cd /root/work/pkg && while :; do pwd > /tmp/where; sleep 0.2; done")
     (local / "run.sh").write_text("#!/bin/sh\necho new\n")
     (local / "pkg/data.bin").unlink()
     (local / "added").mkdir()
-    sandbox.upload_dir(local, "/root/work", replace=True)
-    replaced = sandbox.run("cd /root/work && ./run.sh && ls pkg && test -d added -a ! -e pkg/data.bin")
+    own_sandbox.upload_dir(local, "/root/work", replace=True)
+    replaced = own_sandbox.run("cd /root/work && ./run.sh && ls pkg && test -d added -a ! -e pkg/data.bin")
     assert replaced.stdout == "new\nempty\n"
-    sandbox.suspend()
-    sandbox.resume()
-    assert sandbox.info().status.value == "running"
-    assert sandbox.get_process(worker.id).status == "running"
+    own_sandbox.suspend()
+    own_sandbox.resume()
+    assert own_sandbox.info().status.value == "running"
+    assert own_sandbox.get_process(worker.id).status == "running"
 
 
 def test_a_process_on_a_deleted_directory_makes_suspend_an_error_and_leaves_the_sandbox_running(
-    sandbox: Sandbox,
+    own_sandbox: Sandbox,
 ) -> None:
-    sandbox.start_process("mkdir /root/gone && cd /root/gone && rmdir /root/gone && exec sleep 600")
-    sandbox.run("sleep 0.5")
-    if sandbox.info().spec.backend == "microvm":  # a VM's memory holds the directory: it just suspends
-        sandbox.suspend()
-        sandbox.resume()
+    own_sandbox.start_process("mkdir /root/gone && cd /root/gone && rmdir /root/gone && exec sleep 600")
+    wait_until(lambda: own_sandbox.run("test ! -e /root/gone && pgrep -x sleep").exit_code == 0)
+    if own_sandbox.info().spec.backend == "microvm":  # a VM's memory holds the directory: it just suspends
+        own_sandbox.suspend()
+        own_sandbox.resume()
     else:
         with pytest.raises(StasisError, match=r"deleted \('.*gone'\).*still running"):
-            sandbox.suspend()
-    assert sandbox.info().status.value == "running"
-    assert sandbox.run("echo ok").stdout == "ok\n"
+            own_sandbox.suspend()
+    assert own_sandbox.info().status.value == "running"
+    assert own_sandbox.run("echo ok").stdout == "ok\n"
 
 
 def test_a_link_may_point_anywhere_but_nothing_is_written_through_one(sandbox: Sandbox) -> None:

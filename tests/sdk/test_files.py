@@ -10,6 +10,12 @@ import pytest
 from stasis import FileError, FileNotFound, Sandbox
 
 
+@pytest.fixture
+def sandbox(shared_sandbox: Sandbox) -> Sandbox:
+    """One sandbox per backend for the module: its subject is files, not a sandbox's life."""
+    return shared_sandbox
+
+
 def test_every_byte_value_round_trips(sandbox: Sandbox) -> None:
     data = bytes(range(256)) * 4
     sandbox.write_file("/root/bytes.bin", data)

@@ -5,6 +5,13 @@ from __future__ import annotations
 import pytest
 
 from stasis import InvalidRequest, Sandbox
+from tests.conftest import wait_until
+
+
+@pytest.fixture
+def sandbox(shared_sandbox: Sandbox) -> Sandbox:
+    """One sandbox per backend for the module: its subject is commands, not a sandbox's life."""
+    return shared_sandbox
 
 
 def test_exit_code_and_streams_kept_apart(sandbox: Sandbox) -> None:
@@ -83,9 +90,8 @@ def test_exec_id_reattaches_instead_of_running_twice(sandbox: Sandbox) -> None:
 
 def test_background_process_output_is_kept(sandbox: Sandbox) -> None:
     proc = sandbox.start_process("for i in 1 2 3; do echo line$i; done; echo oops >&2")
-    sandbox.run("sleep 0.3")
-    info = sandbox.get_process(proc.id)
-    assert info.status == "exited" and info.exit_code == 0
+    info = wait_until(lambda: (found := sandbox.get_process(proc.id)).status == "exited" and found)
+    assert info.exit_code == 0
     out = sandbox.process_output(proc.id)
     assert out.eof
     import base64

@@ -15,6 +15,12 @@ from stasis import Client, InvalidRequest, Sandbox, StateError
 from tests.conftest import Daemon, wait_until
 
 
+@pytest.fixture
+def sandbox(shared_sandbox: Sandbox) -> Sandbox:
+    """One sandbox per backend for the module: its subject is streams and process control, not a sandbox's life."""
+    return shared_sandbox
+
+
 def test_output_is_streamed_line_by_line_while_the_command_runs(sandbox: Sandbox) -> None:
     arrivals: list[tuple[float, bytes]] = []
     errors: list[bytes] = []
