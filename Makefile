@@ -10,7 +10,7 @@ setup-test:
 
 test: setup-test
 	.venv/bin/ruff check src tests benchmarks demo
-	.venv/bin/pytest -v -rs --durations=25 -n 2 --dist loadfile
+	.venv/bin/pytest -v -rs --durations=25 -n 3 --dist loadfile
 
 # No runsc, QEMU or image: the real agent on a fake backend, the tables, the store, the SDK recipes.
 test-fast: .venv/.stasis-installed
@@ -18,8 +18,8 @@ test-fast: .venv/.stasis-installed
 
 .venv/.stasis-installed: pyproject.toml
 	python3 -m venv .venv
-	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q -e '.[dev,integrations,fleet]'
+	.venv/bin/pip install -q uv
+	.venv/bin/uv pip install -q --python .venv/bin/python -e '.[dev,integrations,fleet]'
 	touch $@
 
 demo: setup

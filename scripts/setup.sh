@@ -66,15 +66,19 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 say "runsc: $(runsc --version | head -n1)"
 
-# pip's own lines, a package each as it comes (-q would hide minutes of work); the machine's notes on missing
-# local indexes are no news. Returns pip's own status.
-pip_install() {
+# Python packages go in with uv (seconds, from this machine's uv cache; pip took minutes), which pip brings into
+# .venv first. uv's own lines are the progress, less one line per package. Returns the installer's status.
+quietly() {
   set +e
-  "$@" --progress-bar off 2>&1 | grep --line-buffered -v '^WARNING: Location' \
-    | grep --line-buffered -E '^(Collecting|Successfully|ERROR|error)' | cut -c1-110
+  "$@" 2>&1 | grep --line-buffered -v -E '^WARNING: Location|^ [-+~] ' | cut -c1-120
   local status=${PIPESTATUS[0]}
   set -e
   return "$status"
+}
+uv_install() {  # uv_install VENV PIP-INSTALL-ARGS...
+  local venv=$1
+  shift
+  quietly .venv/bin/uv pip install --python "$venv/bin/python" "$@"
 }
 # The requirements of pyproject.toml's extras "$@" (a `stasis[x]` among them unfolded): installed as such, so
 # stasis itself is not reinstalled under the image builds that run from it meanwhile.
@@ -94,8 +98,8 @@ core=.venv/.stasis-core
 if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$core" ] || [ ! -f "$core" ]; then
   say "creating .venv with stasis"
   python3 -m venv .venv
-  pip_install .venv/bin/pip install -q --upgrade pip || { echo "setup: upgrading pip in .venv failed" >&2; exit 1; }
-  pip_install .venv/bin/pip install -e . || { echo "setup: installing stasis into .venv failed (above)" >&2; exit 1; }
+  quietly .venv/bin/pip install -q uv || { echo "setup: installing uv into .venv failed (above)" >&2; exit 1; }
+  uv_install .venv -e . || { echo "setup: installing stasis into .venv failed (above)" >&2; exit 1; }
   touch "$core"
 fi
 
@@ -152,7 +156,7 @@ stamp=.venv/.stasis-installed
 if [ pyproject.toml -nt "$stamp" ] || [ ! -f "$stamp" ]; then
   say "installing the test dependencies into .venv"
   extras dev integrations fleet > "$logs/requirements.txt"
-  pip_install .venv/bin/pip install -r "$logs/requirements.txt" \
+  uv_install .venv -r "$logs/requirements.txt" \
     || { echo "setup: installing the test dependencies failed (above)" >&2; exit 1; }
   touch "$stamp"
 fi
@@ -169,8 +173,7 @@ harbor_stamp=.venv-harbor/.stasis-installed
 if [ -n "$harbor_python" ] && { [ ! -x .venv-harbor/bin/harbor ] || [ pyproject.toml -nt "$harbor_stamp" ]; }; then
   say "creating .venv-harbor with $harbor_python for the Harbor adapter"
   "$harbor_python" -m venv .venv-harbor
-  pip_install .venv-harbor/bin/pip install -q --upgrade pip || { echo "setup: pip in .venv-harbor failed" >&2; exit 1; }
-  pip_install .venv-harbor/bin/pip install -e '.[harbor]' || { echo "setup: installing Harbor failed (above)" >&2; exit 1; }
+  uv_install .venv-harbor -e '.[harbor]' || { echo "setup: installing Harbor failed (above)" >&2; exit 1; }
   touch "$harbor_stamp"
 elif [ -z "$harbor_python" ]; then
   say "no Python >= 3.12 here: the Harbor adapter's tests will say they cannot run"

@@ -53,6 +53,7 @@ def test_a_directory_goes_in_and_comes_back_the_same(sandbox: Sandbox, tmp_path:
     )
     back = sandbox.download_dir("/root/project", tmp_path / "back")
     assert snapshot(back) == snapshot(local)
+    assert sandbox.run("ls -A /var/lib/stasis/transfers | wc -l").stdout == "0\n"  # its archive gone on return
     with pytest.raises(StasisError, match="exists"):
         sandbox.upload_dir(local, "/root/project")  # not over a directory that is there, unless asked
     (local / "run.sh").unlink()

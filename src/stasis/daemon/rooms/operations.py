@@ -304,13 +304,25 @@ class GuestOperations:
             await channel.call(P.PackTar(path=path, archive=archive), timeout=600)
         chunks = await self.read_file(ref, archive)
 
+        async def remove() -> None:
+            with contextlib.suppress(Exception):
+                await self.delete_file(ref, archive, False)
+
         async def stream() -> AsyncIterator[bytes]:
+            """One chunk behind the sandbox: the archive is removed once it is read whole, before the client has
+            its last bytes (so nothing of it is left when the download returns), or when the client goes away."""
+            last: bytes | None = None
             try:
                 async for chunk in chunks:
-                    yield chunk
-            finally:
-                with contextlib.suppress(Exception):
-                    await self.delete_file(ref, archive, False)
+                    if last is not None:
+                        yield last
+                    last = chunk
+            except BaseException:
+                await asyncio.shield(remove())
+                raise
+            await remove()
+            if last is not None:
+                yield last
 
         return stream()
 
