@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stasis import AsyncClient, AsyncSandbox, InvalidRequest
+from stasis import AsyncClient, AsyncSandbox, ImageNotFound, InvalidRequest
 from stasis.daemon.app import create_app
 from stasis.daemon.core.service import SandboxService
 from stasis.images import ImageStore
 from tests.fakes import FakeBackend
-from tests.fastkit import fake_home
+from tests.fastkit import fake_home, over_tcp
 
 pytestmark = pytest.mark.fast
 
@@ -66,3 +66,28 @@ def test_a_built_in_image_is_built_on_its_first_use(
                 await client.aclose()
 
     asyncio.run(main())
+
+
+def test_a_teams_key_builds_no_image_and_is_told_the_owner_builds_it(tmp_path: Path) -> None:
+    """A team's key may not build images (minutes of the host's CPU, gigabytes of its disk): its create says the
+    image is not built yet and how it is, as before, and nothing is built."""
+    token = "first-use-owner"
+
+    async def scenario(http: httpx.AsyncClient, service: SandboxService) -> None:
+        owner = {"authorization": f"Bearer {token}"}
+        await http.post("/v1/teams", json={"name": "red"}, headers=owner)
+        key = (await http.post("/v1/keys", json={"team": "red"}, headers=owner)).json()["key"]
+        store = ImageStore(service.paths.images)
+        shutil.rmtree(service.paths.images / store.recipe("default").key)
+        client = AsyncClient(paths=service.paths, url="http://127.0.0.1:8000", token=key)
+        await client._http.aclose()
+        client._http = httpx.AsyncClient(transport=http._transport, base_url="http://127.0.0.1:8000",
+                                         headers={"authorization": f"Bearer {key}"})  # fmt: skip
+        try:
+            with pytest.raises(ImageNotFound, match="not built yet; run `stasis image build default`"):
+                await AsyncSandbox.create("red-first", backend="fake", client=client)
+        finally:
+            await client.aclose()
+        assert not (service.paths.images / store.recipe("default").key).exists()
+
+    over_tcp("first-use-team", token, scenario)

@@ -11,7 +11,7 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from ..errors import ImageNotFound, InvalidRequest
+from ..errors import Forbidden, ImageNotFound, InvalidRequest
 from ..images import ImageInfo
 from ..models import (
     CheckpointInfo,
@@ -56,7 +56,11 @@ class AsyncSandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
         except ImageNotFound as exc:
             if (recipe := first_use_recipe(exc)) is None:
                 raise
-        await build_on_first_use(recipe, client)
+            missing = exc
+        try:
+            await build_on_first_use(recipe, client)
+        except Forbidden:  # a team's key builds no image: the host's owner does, as the message says
+            raise missing from None
         return cls(await client.call(call), client)
 
     @classmethod

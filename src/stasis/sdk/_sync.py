@@ -10,7 +10,7 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from ..errors import ImageNotFound
+from ..errors import Forbidden, ImageNotFound
 from ..models import (
     CheckpointInfo,
     CheckpointType,
@@ -54,7 +54,11 @@ class Sandbox(b.SandboxBase, CodeRecipes, DesktopRecipes):
         except ImageNotFound as exc:
             if (recipe := first_use_recipe(exc)) is None:
                 raise
-        build_on_first_use(recipe, client)
+            missing = exc
+        try:
+            build_on_first_use(recipe, client)
+        except Forbidden:  # a team's key builds no image: the host's owner does, as the message says
+            raise missing from None
         return cls(client.call(call), client)
 
     @classmethod

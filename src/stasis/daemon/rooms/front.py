@@ -52,8 +52,8 @@ class Front:
         try:
             source = await self.source(request, pull=team is None)  # a key never pulls from the store
         except NotFound:
-            if team is None:
-                raise
+            if team is None or (request.snapshot_id is None and request.template is None):
+                raise  # the owner's, or a boot's (an image not built yet): said as it is
             raise self._no_source(request) from None
         if isinstance(source, Restore) and team is not None and _shared_template(source):  # the owner's template
             source = dataclasses.replace(source, spec=source.spec.model_copy(update={"team": team}))
