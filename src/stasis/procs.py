@@ -53,6 +53,7 @@ class _Reaper:
         # pid -> who waits: an event loop's future, or (a blocking caller) a concurrent future
         self._waiters: dict[int, tuple[asyncio.AbstractEventLoop | None, Any]] = {}
         self._started = False
+        self._spawned = 0  # children started so far: a start between a look and a wait is not missed
 
     def _start(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -64,12 +65,15 @@ class _Reaper:
     def _reap_forever(self) -> None:
         unknown: dict[int, float] = {}  # exited children nobody registered -> when first seen
         while True:
+            with self._lock:
+                spawned = self._spawned
             try:  # look, do not reap yet; poll while an unknown child waits for its owner
                 exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT | (os.WNOHANG if unknown else 0))
             except ChildProcessError:
                 unknown.clear()
-                with self._lock:
-                    self._lock.wait(1.0)
+                with self._lock:  # no children: sleep until one starts, unless one started since we looked
+                    if self._spawned == spawned:
+                        self._lock.wait(1.0)
                 continue
             if exited is not None and not self._deliver(exited.si_pid):
                 unknown.setdefault(exited.si_pid, time.monotonic())
@@ -127,6 +131,7 @@ class _Reaper:
             if waiter is not None and not self._started:
                 self._start()
             proc = subprocess.Popen(list(argv), **popen_kwargs)
+            self._spawned += 1
             if waiter is not None:
                 self._waiters[proc.pid] = waiter
                 proc.returncode = 0  # never let Popen call waitpid itself: the reaper owns that

@@ -61,6 +61,7 @@ def test_a_directory_goes_in_and_comes_back_the_same(sandbox: Sandbox, tmp_path:
     assert sandbox.run("test -e /root/project/run.sh").exit_code == 1  # replaced, not merged
     with pytest.raises(StasisError, match="not a directory"):
         sandbox.download_dir("/root/project/pkg/data.bin", tmp_path / "nope")
+    assert sandbox.run("ls -A /var/lib/stasis/transfers | wc -l").stdout == "0\n"  # a refusal leaves no archive
 
 
 def test_a_tar_that_leaves_its_directory_is_refused_whole(sandbox: Sandbox) -> None:

@@ -290,12 +290,12 @@ class Files:
         from . import untar
 
         archive, path = absolute(req.archive), absolute(req.path)
-        if os.path.exists(path) and not req.replace:
-            raise RequestError(P.ErrorKind.FILE_EXISTS, f"{path} exists; pass replace to put the directory there")
         parent = os.path.dirname(path)
-        os.makedirs(parent, exist_ok=True)
         staging = os.path.join(parent, f".{os.path.basename(path)}.stasis-dir-{os.getpid()}-{time.monotonic_ns()}")
-        try:
+        try:  # every way out removes the archive, a refusal too
+            if os.path.exists(path) and not req.replace:
+                raise RequestError(P.ErrorKind.FILE_EXISTS, f"{path} exists; pass replace to put the directory there")
+            os.makedirs(parent, exist_ok=True)
             with untar.open_archive(name=archive, mode="r:*") as tar:
                 os.mkdir(staging, 0o755)
                 untar.extract(tar, staging, links="any", owners=True)
@@ -327,8 +327,13 @@ class Files:
         os.makedirs(os.path.dirname(archive), exist_ok=True)
         # a new file of its own: never one somebody planted under that name (a link, a FIFO)
         fd = os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w") as tar:
-            tar.add(path, arcname=".")
+        try:
+            with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w") as tar:
+                tar.add(path, arcname=".")
+        except BaseException:  # a full disk, a file that vanished: no half archive stays behind
+            with contextlib.suppress(OSError):
+                os.unlink(archive)
+            raise
         return P.PathResult(path=archive, size=os.stat(archive).st_size)
 
     def mkdir(self, req: P.MakeDir) -> P.PathResult:

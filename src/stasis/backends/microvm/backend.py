@@ -54,7 +54,7 @@ from .qemu import Machine, VmFiles
 log = logging.getLogger(__name__)
 
 BOOT_TIMEOUT = 90.0  # a cold boot on TCG takes ~3 s; a loaded CI host, much longer
-RESTORE_TIMEOUT = 30.0
+RESTORE_TIMEOUT = 90.0  # a restore answers in ~1 s; on a loaded CI host its cold TCG cache took >30 s
 
 
 class MicrovmState(BackendState):
