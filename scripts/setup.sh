@@ -146,8 +146,13 @@ fi
 # and dpkg), each into a log of its own that is shown if it fails.
 logs=$(mktemp -d)
 declare -A building=()
+stop_builds() {  # a set-up that fails (or is interrupted) leaves no build running behind it
+  for pid in "${building[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  rm -rf "$logs"
+}
+trap stop_builds EXIT
 for image in code-interpreter desktop; do
-  .venv/bin/python -m stasis.images "$image" >"$logs/$image.log" 2>&1 &
+  setsid .venv/bin/python -m stasis.images "$image" >"$logs/$image.log" 2>&1 &  # a process group: mmdebstrap too
   building[$image]=$!
 done
 say "building the code-interpreter and desktop images in the background"
@@ -189,11 +194,12 @@ for image in "${!building[@]}"; do
   if ! wait "${building[$image]}"; then
     echo "setup: building the $image image failed; the end of its log:" >&2
     tail -n 30 "$logs/$image.log" >&2
+    unset 'building[$image]'
     exit 1
   fi
   say "$image image: $(tail -n 1 "$logs/$image.log")"
+  unset 'building[$image]'
 done
-rm -rf "$logs"
 
 say "backends on this host"
 .venv/bin/stasis doctor

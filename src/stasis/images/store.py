@@ -98,7 +98,8 @@ class ImageStore:
         directory = self._dir(key)
         meta = directory / "image.json"
         if not meta.exists():
-            raise ImageNotFound(f"image build {key} is gone from {self.directory}")
+            log.debug("image build %s: no %s", key, meta)  # the host's path for its owner, never in the message
+            raise ImageNotFound(f"image build {key} is gone from this host's images; build or import it again")
         if meta.is_symlink() or not is_plain_dir(directory / "rootfs") or directory.is_symlink():
             raise InvalidRequest(f"image build {key} is damaged (a link where its files should be); remove it")
         try:
@@ -305,6 +306,24 @@ class ImageStore:
                 "mmdebstrap not found on PATH; install it (`apt-get install mmdebstrap`) or run `make setup`"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
+        with self._build_lock(recipe.key):  # a second build of the same recipe waits, then finds it built
+            if (final / "image.json").exists() and not force:
+                return self.get(name)
+            return self._build(recipe, final, progress)
+
+    @contextlib.contextmanager
+    def _build_lock(self, key: str) -> Iterator[None]:
+        """One build of a recipe at a time on this image directory, in any process (daemons, `make setup`)."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(self.directory / f".build-{key}.lock", flags, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _build(self, recipe: Recipe, final: Path, progress: ProgressCallback | None) -> ImageInfo:
+        """Under the recipe's build lock (see build)."""
         staging = self.directory / f".build-{recipe.key}-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()

@@ -73,12 +73,13 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
     if forced:
         return forced, "set by STASIS_RUNSC_PLATFORM"
     cache = cache_dir / "runsc-platform.json"
-    try:
-        cached = json.loads(cache.read_text())
-        if cached.get("version") == version and cached.get("binary") == binary:
-            return cached["platform"], cached["reason"]
-    except (OSError, ValueError, KeyError, AttributeError):
-        pass
+    cached = _read_own(cache)
+    if (
+        cached.get("version") == version
+        and cached.get("binary") == binary
+        and cached.get("platform") in PLATFORM_PREFERENCE
+    ):
+        return cached["platform"], str(cached.get("reason", ""))[:500]
     reasons = []
     for platform in PLATFORM_PREFERENCE:
         works, reason = await probe_platform(binary, platform)
@@ -91,6 +92,24 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
             return chosen
         reasons.append(f"{platform}: {reason}")
     raise BackendError("no runsc platform works on this host: " + "; ".join(reasons))
+
+
+def _read_own(cache: Path) -> dict[str, Any]:
+    """The cached probe if this user wrote it (the directory may be /tmp's, where others write), else nothing."""
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            return {}
+        with os.fdopen(fd, closefd=False) as file:
+            found = json.loads(file.read(4096))
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
+    finally:
+        os.close(fd)
 
 
 # runsc 20240729 refuses `--network=sandbox` in any namespace on kernels where every namespace has

@@ -300,13 +300,18 @@ class GuestOperations:
     async def download_dir(self, ref: str, path: str) -> AsyncIterator[bytes]:
         """Directory ``path`` as a tar stream (packed in the sandbox first, so it is one instant's)."""
         archive = f"{DIR_TRANSFERS}/{secrets.token_hex(8)}.tar"
-        async with self.service.guest(ref) as channel:
-            await channel.call(P.PackTar(path=path, archive=archive), timeout=600)
-        chunks = await self.read_file(ref, archive)
 
         async def remove() -> None:
             with contextlib.suppress(Exception):
                 await self.delete_file(ref, archive, False)
+
+        async with self.service.guest(ref) as channel:
+            await channel.call(P.PackTar(path=path, archive=archive), timeout=600)
+        try:
+            chunks = await self.read_file(ref, archive)
+        except BaseException:
+            await asyncio.shield(remove())
+            raise
 
         async def stream() -> AsyncIterator[bytes]:
             """One chunk behind the sandbox: the archive is removed once it is read whole, before the client has
@@ -320,7 +325,7 @@ class GuestOperations:
             except BaseException:
                 await asyncio.shield(remove())
                 raise
-            await remove()
+            await asyncio.shield(remove())
             if last is not None:
                 yield last
 
