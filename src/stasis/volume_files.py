@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import secrets
 import stat
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import Conflict, InvalidRequest, NotFound, echo
+from .errors import Conflict, InvalidRequest, NoSpace, NotFound, echo
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_ENTRIES = 10_000  # entries one listing returns
@@ -153,7 +154,7 @@ def write(root: Path, path: str, chunks: Iterator[bytes], owner: tuple[int, int,
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=parent)  # fmt: skip
         try:
-            with os.fdopen(fd, "wb") as f:
+            with _full_said(path), os.fdopen(fd, "wb") as f:
                 for chunk in chunks:
                     f.write(chunk)
                 os.fchown(f.fileno(), uid, gid)
@@ -169,6 +170,20 @@ def write(root: Path, path: str, chunks: Iterator[bytes], owner: tuple[int, int,
                 os.unlink(temporary, dir_fd=parent)
             raise
         return _stat_at(parent, parts[-1], "/" + "/".join(parts))
+
+
+@contextlib.contextmanager
+def _full_said(path: str) -> Iterator[None]:
+    """A full volume (its size limit, or its store's disk) as a NoSpace that says so, not an OSError's 500."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise NoSpace(
+            f"the volume is full ({os.strerror(exc.errno)}): {echo(path)} was not written; remove files from it or "
+            "make a volume with a larger limit"
+        ) from None
 
 
 def make_dir(root: Path, path: str, owner: tuple[int, int, int], parents: bool) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from stasis import InvalidRequest
+from stasis import InvalidRequest, SandboxNotFound
 from stasis.backends.microvm.artifacts import find_kernel_release
 from stasis.cli import app
 from tests.conftest import Daemon, new_home, wait_until
@@ -55,6 +55,14 @@ def test_create_run_suspend_resume_info_rm(cli) -> None:  # type: ignore[no-unty
     assert "platform" in human and "running" in human
 
     assert cli("rm", "cli-box").exit_code == 0
+    assert json.loads(cli("ls", "--json").stdout) == []
+    with pytest.raises(SandboxNotFound, match="cli-box"):
+        cli("rm", "cli-box")
+    assert cli("rm", "-f", "cli-box").exit_code == 0  # `docker rm -f` in a script: a name not there is no error
+    assert cli("create", "cli-box", "--memory-mb", "256").exit_code == 0
+    assert cli("suspend", "cli-box").exit_code == 0
+    gone = cli("rm", "--force", "cli-box", "never-made")
+    assert gone.exit_code == 0 and "removed cli-box" in gone.output
     assert json.loads(cli("ls", "--json").stdout) == []
 
 

@@ -91,6 +91,19 @@ def test_contexts_are_kernels_of_their_own(box: Sandbox) -> None:
         box.run_code("1", context=context)
 
 
+def test_a_kernel_that_dies_mid_run_is_an_error_and_its_context_goes_on_with_a_new_one(box: Sandbox) -> None:
+    context = box.create_code_context()
+    try:
+        box.run_code("doomed = 1", context=context)
+        died = box.run_code("import os, signal; print('before'); os.kill(os.getpid(), signal.SIGKILL)", context=context)
+        assert died.error is not None and died.error.name == "KernelDied", died  # an answer, not a wait forever
+        assert "restarted" in died.error.value
+        assert box.run_code("'doomed' in dir()", context=context).text == "False"
+        assert box.run_code("6 * 7", context=context).text == "42"
+    finally:
+        box.remove_code_context(context)
+
+
 def test_the_kernel_lives_through_suspend_resume_and_an_idle_suspend(daemon: Daemon, backend: str) -> None:
     client = daemon.client()
     sbx = Sandbox.create("kernel-idle", image="code-interpreter", memory_mb=MEMORY_MB, backend=backend,

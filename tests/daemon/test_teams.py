@@ -80,6 +80,11 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
         with pytest.raises(SandboxNotFound):
             Sandbox.connect(sbx.id, client=blue)
         raw = httpx.Client(base_url=url, headers={"authorization": f"Bearer {blue_key}"})
+        told = raw.get("/v1/health").json()  # a tenant learns the backends' names, not the host's pid, home or builds
+        assert (told["pid"], told["home"], set(told["backends"])) == (0, "", {"gvisor", "microvm"}), told
+        assert not any(told["backends"].values())
+        assert teams.whoami(client=owner) and httpx.get(f"{url}/v1/health", headers={
+            "authorization": f"Bearer {OWNER_TOKEN}"}).json()["backends"]["gvisor"]  # fmt: skip
         for method, path in (
             ("POST", f"/v1/sandboxes/{sbx.id}/exec"),
             ("GET", f"/v1/sandboxes/{sbx.id}/files"),

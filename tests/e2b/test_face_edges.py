@@ -16,6 +16,7 @@ from stasis.daemon.core.service import SandboxService
 from stasis.daemon.faces.deps import Rooms
 from stasis.daemon.faces.e2b.app import E2bApp
 from stasis.daemon.faces.e2b.room import Defaults
+from stasis.netpolicy import NetworkPolicy
 from tests.fakes import FakeBackend
 from tests.fastkit import create, fake_home
 
@@ -145,8 +146,14 @@ def test_an_allow_out_without_deny_out_is_the_internet_and_the_answers_say_so() 
         for sbx in (narrow, closed):
             assert "warnings" not in sbx
             assert rooms.core.get(sbx["sandboxID"]).spec.network.allow_out == ["203.0.113.7"]  # type: ignore[union-attr]
-        await http.put(f"/sandboxes/{narrow['sandboxID']}/network", json={"allowOut": ["203.0.113.8"]}, headers=key)
-        assert "warnings" in (await http.get(f"/sandboxes/{narrow['sandboxID']}", headers=key)).json()
+        # an update cannot say so in its 204: one that would open the whole internet unasked is refused, whole
+        for body in ({"allowOut": ["203.0.113.8"]}, {}, {"rules": {"api.test": []}}):
+            refused = await http.put(f"/sandboxes/{narrow['sandboxID']}/network", json=body, headers=key)
+            assert refused.status_code == 400 and "whole internet" in refused.json()["message"], (body, refused.text)
+            assert rooms.core.get(narrow["sandboxID"]).spec.network.allow_out == ["203.0.113.7"]  # type: ignore[union-attr]
+        opened = await http.put(f"/sandboxes/{narrow['sandboxID']}/network", json={"denyOut": []}, headers=key)
+        assert opened.status_code == 204  # asked for in so many words
+        assert rooms.core.get(narrow["sandboxID"]).spec.network == NetworkPolicy()
 
     with_face(scenario)
 

@@ -37,7 +37,9 @@ listener = one_listener("gvisor")
 def forget_built(listener: Listener) -> Iterator[None]:
     """The templates this module built, gone after it with their images: the image directory is shared."""
     yield
-    api = httpx.Client(base_url=listener.exports["E2B_API_URL"], headers={"X-API-Key": listener.exports["E2B_API_KEY"]})
+    api = httpx.Client(
+        base_url=listener.exports["E2B_API_URL"], headers={"X-API-Key": listener.exports["E2B_API_KEY"]}, timeout=300
+    )  # a warm template's memory and its images go: seconds on a loaded host
     for template in api.get("/templates").json():
         api.delete(f"/templates/{template['templateID']}")
 

@@ -15,6 +15,7 @@ import pytest
 from e2b import Sandbox, Volume
 from e2b.exceptions import NotFoundException
 
+from stasis import Volume as StasisVolume
 from tests.e2b.test_python_sdk import Listener, e2b, one_listener  # noqa: F401 (e2b: the fixture, over this listener)
 
 JS = Path(__file__).parent / "js"
@@ -61,6 +62,11 @@ def test_a_volume_is_shared_kept_across_pause_and_reached_with_its_token(e2b: Li
     assert httpx.patch(content, json={"mode": 0o600}).status_code == 401  # no token: refused, the body unread
     for headers in ({}, {"Authorization": f"Bearer {volume.token}"}):  # a JSON body is bounded, a token or not
         assert httpx.patch(content, content=big, headers=headers).status_code == 413
+    StasisVolume.get(volume.name, client=e2b.daemon.client()).set_max_size(8)  # its owner sets a limit
+    with pytest.raises(Exception, match="volume is full") as full:  # said, not a 500 and a reset connection
+        again.write_file("/big.bin", b"x" * (32 << 20))
+    assert "Internal" not in str(full.value)
+    assert again.read_file("/note.txt") == "from-the-writer\nafter-the-pause\n" and not again.exists("/big.bin")
     assert volume.volume_id in {v.volume_id for v in Volume.list()}
     Volume.destroy(volume.volume_id)
     with pytest.raises(NotFoundException):

@@ -182,6 +182,9 @@ def test_over_tcp_a_token_or_key_is_required_and_a_key_reaches_only_its_team(tcp
         info = Sandbox.connect(sandbox_id, client=owner).info()
         assert info.spec.team == "red"  # made by red's key through MCP: red's
         Sandbox.connect(sandbox_id, client=owner).terminate()
+        audited = [e for e in teams.audit(client=owner) if e["path"] == "/mcp" and e["method"] == "POST"]
+        assert {e["team"] for e in audited} >= {"red", "blue"} and {401} <= {e["status"] for e in audited}
+    assert "Traceback" not in tcp_daemon.log_of_this_run()  # MCP's requests were audited, none failed to be
 
 
 def test_computer_use_tools_see_the_screen_and_click_on_it(daemon: Daemon) -> None:

@@ -18,6 +18,7 @@ import pytest
 from stasis.netpolicy import NetworkPolicy
 from stasis.network import egress
 from stasis.network.egress import EgressProxy
+from stasis.network.relay import relay
 from stasis.network.resolver import ResolvedNames
 
 pytestmark = pytest.mark.fast
@@ -134,3 +135,77 @@ def test_accepts_failing_with_emfile_neither_spin_nor_log_tracebacks(tmp_path: P
     assert holder.returncode == 0 and time.monotonic() - started > 2  # it ran with accepts failing for seconds
     assert "Traceback" not in said and said.count("cannot accept connections: Too many open files") == 1, said
     assert cpu_while_failing < 1.0  # no busy loop (one spinning for its 4.5 s takes seconds, loaded or not)
+
+
+def test_the_daemons_cap_holds_over_every_sandboxs_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten sandboxes each under their own cap could still hold every descriptor the daemon has."""
+    monkeypatch.setattr(egress, "original_destination", lambda sock: (ipaddress.ip_address("127.0.0.1"), 443))
+    audit: list[dict[str, Any]] = []
+    proxies = [EgressProxy(f"sb-{n}", NetworkPolicy, ResolvedNames(), lambda ip: False, lambda: None, audit.append,
+                           max_open=CAP, daemon_max_open=CAP + 2) for n in range(2)]  # fmt: skip
+
+    async def main() -> None:
+        servers = [await asyncio.start_server(proxy.handle, "127.0.0.1", 0) for proxy in proxies]
+        first, second = (server.sockets[0].getsockname()[1] for server in servers)
+        holding = [await held(first) for _ in range(CAP)] + [await held(second) for _ in range(2)]
+        await until(lambda: EgressProxy.all_open == CAP + 2)
+        assert await refused(second)  # its own cap is far off, the daemon's is reached
+        assert "the daemon's cap of 6" in audit[-1]["rule"]
+        for writer in holding:
+            writer.close()
+        await until(lambda: EgressProxy.all_open == 0)
+        for server in servers:
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_remote_that_never_closes_holds_no_slot_after_the_sandbox_closed() -> None:
+    """1,024 connections to a tarpit sat in FIN-WAIT-2 for good: the proxy waited for a FIN that never came."""
+
+    async def main() -> None:
+        held_by_tarpit: list[asyncio.StreamReader] = []
+
+        async def tarpit(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held_by_tarpit.append(reader)  # reads nothing, says nothing, never closes
+
+        async def slow_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()  # the request, to its end (the sandbox's half-close)
+            for _ in range(10):  # then an answer in dribs, each well inside the idle time
+                writer.write(b".")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            writer.close()
+
+        outcomes: list[tuple[int, int]] = []
+
+        async def proxied(upstream_port: int, idle: float) -> int:
+            async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                upstream = await asyncio.open_connection("127.0.0.1", upstream_port)
+                outcomes.append(await relay((reader, writer), upstream, half_closed_idle=idle))
+
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            servers.append(server)
+            return int(server.sockets[0].getsockname()[1])
+
+        servers = [await asyncio.start_server(answer, "127.0.0.1", 0) for answer in (tarpit, slow_answer)]
+        tarpit_port, slow_port = (server.sockets[0].getsockname()[1] for server in servers)
+        reader, writer = await asyncio.open_connection("127.0.0.1", await proxied(tarpit_port, 0.3))
+        writer.write(b"hello")
+        writer.write_eof()  # the sandbox is done; the remote never will be
+        await until(lambda: len(outcomes) == 1)
+        assert outcomes[0] == (5, 0)
+        assert await asyncio.wait_for(held_by_tarpit[0].read(), 30) == b"hello"  # the half-close reached it first
+        writer.close()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", await proxied(slow_port, 5.0))
+        writer.write(b"request")
+        writer.write_eof()
+        assert await asyncio.wait_for(reader.read(), 60) == b"." * 10  # an answer that keeps coming is all relayed
+        await until(lambda: len(outcomes) == 2)
+        assert outcomes[1] == (7, 10)
+        writer.close()
+        for server in servers:
+            server.close()
+
+    asyncio.run(main())

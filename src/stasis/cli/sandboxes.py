@@ -19,7 +19,7 @@ from ..errors import InvalidRequest, SandboxNotFound
 from ..models import ProcessInfo, SandboxInfo, SandboxSpec, build
 from ..netpolicy import NetworkPolicy
 from ..paths import Paths
-from ..sdk import Sandbox
+from ..sdk import Client, Sandbox
 from ..sdk._base import resume_call
 from ..sdk._host import disk_usage_call
 from . import quick
@@ -350,9 +350,19 @@ def info_table(data: SandboxInfo) -> Table:
 
 
 @app.command("rm")
-def remove(names: Annotated[list[str], typer.Argument(help="Sandbox names or ids.")]) -> None:
-    """Terminate sandboxes and delete their files (several in one call: a rollout's forks)."""
+def remove(
+    names: Annotated[list[str], typer.Argument(help="Sandbox names or ids.")],
+    force: Annotated[
+        bool, typer.Option("--force", "-f", help="A name that is not there is no error (as `docker rm -f`).")
+    ] = False,
+) -> None:
+    """Terminate sandboxes in whatever state and delete their files (several in one call: a rollout's forks)."""
     connection = client()
+    if force:
+        names = [name for name in names if _exists(name, connection)]
+        if not names:
+            out.print("nothing to remove")
+            return
     if len(names) == 1:
         with err.status(f"removing {names[0]}..."):
             Sandbox.connect(names[0], client=connection).terminate()
@@ -361,6 +371,15 @@ def remove(names: Annotated[list[str], typer.Argument(help="Sandbox names or ids
     with err.status(f"removing {len(names)} sandboxes..."):
         removed = Sandbox.terminate_all(names, client=connection)
     out.print(f"removed {len(removed)} sandboxes")
+
+
+def _exists(name: str, connection: Client) -> bool:
+    try:
+        Sandbox.connect(name, client=connection)
+    except SandboxNotFound:
+        err.print(f"no sandbox {shown(name)}: nothing to remove")
+        return False
+    return True
 
 
 @app.command()

@@ -94,6 +94,10 @@ class ContextError(Exception):
         self.status, self.message = status, message
 
 
+class KernelDied(Exception):
+    """The kernel's process is gone (killed, out of memory, ``os._exit``): no idle status will ever come."""
+
+
 class Context:
     """One kernel, one execution at a time."""
 
@@ -134,14 +138,22 @@ class Context:
     def execute(self, code: str, env: dict[str, str], timeout: float | None, send: Any) -> None:
         """Run ``code``; each message as a dict to ``send`` (which raises OSError when the client is gone)."""
         with self.lock:
-            if env and self.language.startswith("python"):
-                self._quietly(f"import os as _stasis_os; _stasis_os.environ.update({json.dumps(env)})")
             try:
-                self._run(code, timeout, send)
-            finally:
                 if env and self.language.startswith("python"):
-                    names = json.dumps(sorted(env))
-                    self._quietly(f"[_stasis_os.environ.pop(_k, None) for _k in {names}]; del _stasis_os")
+                    self._quietly(f"import os as _stasis_os; _stasis_os.environ.update({json.dumps(env)})")
+                try:
+                    self._run(code, timeout, send)
+                finally:
+                    if env and self.language.startswith("python"):
+                        names = json.dumps(sorted(env))
+                        self._quietly(f"[_stasis_os.environ.pop(_k, None) for _k in {names}]; del _stasis_os")
+            except KernelDied:
+                self.manager.restart_kernel(now=True)
+                self.client.wait_for_ready(timeout=120)
+                self._prepared()
+                send({"type": "error", "name": "KernelDied", "traceback": "",
+                      "value": "the kernel exited while it ran this code (killed, or out of memory?); it was "
+                               "restarted, so the context's variables are gone"})  # fmt: skip
 
     def _quietly(self, code: str) -> None:
         msg_id = self.client.execute(code, silent=True, store_history=False)
@@ -173,6 +185,8 @@ class Context:
             try:
                 message = self.client.get_iopub_msg(timeout=wait)
             except queue.Empty:
+                if not self.manager.is_alive():
+                    raise KernelDied from None
                 continue
             if message.get("parent_header", {}).get("msg_id") != msg_id:
                 continue

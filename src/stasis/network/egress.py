@@ -9,10 +9,12 @@ HTTPS to a host one of the sandbox's secrets is bound to is not copied but serve
 (:mod:`stasis.credentials.broker`), which puts the secrets in; plain HTTP to such a host is refused.
 
 A sandbox holds at most ``MAX_OPEN`` connections through its proxy at once (each costs the daemon two
-descriptors). Over that, a new connection is reset as soon as it is accepted, before anything is read or
-opened for it; the first refusal is audited and logged once, and the rest are only counted until the sandbox
-is back well under the cap (three quarters of it). A connection the sandbox resets is logged at debug level
-only, one that fails otherwise in a single line, never with a traceback.
+descriptors), and all sandboxes together ``DAEMON_MAX_OPEN``. Over that, a new connection is reset as soon as it
+is accepted, before anything is read or opened for it; the first refusal is audited and logged once, and the rest
+are only counted until the sandbox is back well under the cap (three quarters of it). A connection the sandbox
+resets is logged at debug level only, one that fails otherwise in a single line, never with a traceback. A
+connection one side has ended is torn down once the other has been silent for a minute (:func:`.relay.relay`): a
+remote that never closes holds no slot.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import struct
 import time
 from collections.abc import Callable
 from secrets import token_hex
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ..netpolicy import IPAddress, NetworkPolicy
 from . import sniff
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SO_ORIGINAL_DST = 80
 MAX_OPEN = 1024  # connections one sandbox holds through its proxy at once
+DAEMON_MAX_OPEN = 8192  # all sandboxes' at once: two descriptors each, of the daemon's 20,000
 PEEK_TIMEOUT = 15.0  # seconds for a client to send its ClientHello or request head (a slow microVM under load)
 CONNECT_TIMEOUT = 10.0
 
@@ -65,6 +68,8 @@ class Interceptor(Protocol):
 
 
 class EgressProxy:
+    all_open: ClassVar[int] = 0  # connections every sandbox's proxy in this daemon handles now
+
     def __init__(
         self,
         label: str,
@@ -75,6 +80,7 @@ class EgressProxy:
         audit: Callable[[dict[str, Any]], None] = lambda entry: None,
         secrets: Callable[[], Interceptor | None] = lambda: None,
         max_open: int = MAX_OPEN,
+        daemon_max_open: int = DAEMON_MAX_OPEN,
     ) -> None:
         self.label = label  # the sandbox's id
         self.policy = policy
@@ -84,6 +90,7 @@ class EgressProxy:
         self.audit = audit  # one line per connection (network.audit)
         self.secrets = secrets
         self.max_open = max_open
+        self.daemon_max_open = daemon_max_open
         self.open = 0  # connections being handled now
         self.instance = token_hex(6)  # its byte counters start at zero with it (:mod:`..daemon.rooms.meter`)
         self.bytes_out = 0  # sent by the sandbox through connections it was allowed, counted as they go
@@ -91,10 +98,11 @@ class EgressProxy:
         self.refused: int | None = None  # refused since the cap was reached; None: under the cap
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.open >= self.max_open:
+        if self.open >= self.max_open or EgressProxy.all_open >= self.daemon_max_open:
             self._refuse(writer)
             return
         self.open += 1
+        EgressProxy.all_open += 1
         try:
             await self._handle(reader, writer)
         except ConnectionError as exc:  # the sandbox reset it or went away: its own business
@@ -108,6 +116,7 @@ class EgressProxy:
             abort(writer)
         finally:
             self.open -= 1
+            EgressProxy.all_open -= 1
             if self.refused is not None and self.open <= self.max_open * 3 // 4:
                 # well under the cap (not one below it, or a sandbox holding it would log each churn)
                 log.info("%s: back under the cap of %d open connections; %d were refused", self.label,
@@ -133,7 +142,9 @@ class EgressProxy:
         except OSError:
             where = {"destination": "unknown", "port": 0}
         abort(writer)
-        why = (f"over the cap of {self.max_open} open connections: new ones are refused until some close "
+        cap = (f"the cap of {self.max_open} open connections" if self.open >= self.max_open else
+               f"the daemon's cap of {self.daemon_max_open} open connections of all sandboxes")  # fmt: skip
+        why = (f"over {cap}: new ones are refused until some close "
                "(the first is recorded here, the others counted in the daemon's log)")  # fmt: skip
         log.warning("%s: %s", self.label, why)
         self.audit({"time": time.time(), **where, "name": None, "verdict": "denied", "rule": why})

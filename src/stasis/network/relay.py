@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 CHUNK = 256 * 1024
+HALF_CLOSED_IDLE = 60.0  # seconds a connection with one side ended may stay silent before both are reset
 
 
 async def pipe(
@@ -41,12 +43,42 @@ async def relay(
     b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     on_data: Callable[[], None] = lambda: None,
     counted: tuple[Callable[[int], None], Callable[[int], None]] = (lambda size: None, lambda size: None),
+    half_closed_idle: float = HALF_CLOSED_IDLE,
 ) -> tuple[int, int]:
-    """The bytes copied from a to b, and from b to a (``counted``: told of each chunk, forth and back)."""
+    """The bytes copied from a to b, and from b to a (``counted``: told of each chunk, forth and back).
+
+    Once one side has ended, the other may go on answering for as long as it sends; silent for
+    ``half_closed_idle`` seconds, both are reset (a remote that never closes would hold the connection, and its
+    two descriptors, forever)."""
+    copied, last = [0, 0], [time.monotonic()]
+
+    def seen(direction: int, tell: Callable[[int], None]) -> Callable[[int], None]:
+        def count(size: int) -> None:
+            copied[direction] += size
+            last[0] = time.monotonic()
+            tell(size)
+
+        return count
+
+    directions = [
+        asyncio.ensure_future(pipe(a[0], b[1], on_data, seen(0, counted[0]))),
+        asyncio.ensure_future(pipe(b[0], a[1], on_data, seen(1, counted[1]))),
+    ]
     try:
-        forth, back = await asyncio.gather(pipe(a[0], b[1], on_data, counted[0]), pipe(b[0], a[1], on_data, counted[1]))
-        return forth, back
+        _, going = await asyncio.wait(directions, return_when=asyncio.FIRST_COMPLETED)
+        last[0] = time.monotonic()
+        while going:
+            left = last[0] + half_closed_idle - time.monotonic()
+            if left <= 0:
+                for _, writer in (a, b):
+                    abort(writer)
+                break
+            _, going = await asyncio.wait(going, timeout=left)
+        return copied[0], copied[1]
     finally:
+        for direction in directions:
+            direction.cancel()
+        await asyncio.gather(*directions, return_exceptions=True)
         for _, writer in (a, b):
             writer.close()
 

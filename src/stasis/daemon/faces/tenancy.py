@@ -37,6 +37,7 @@ from ...errors import (
     VolumeNotFound,
     echo,
 )
+from ..rooms.audit import AuditLog
 from ..rooms.teams import KEY, OWNER, Principal
 
 Scope = MutableMapping[str, Any]
@@ -68,6 +69,7 @@ class Tenancy:
         if scope["type"] not in ("http", "websocket") or _console(scope["path"]):
             return await self.app(scope, receive, send)
         started, answered = time.monotonic(), {"status": 101 if scope["type"] == "websocket" else 500}
+        audit = scope["app"].state.rooms.audit  # now: a mounted app (/mcp) puts itself in scope["app"] on its way
         principal = None
         try:
             principal = self.principal(scope)
@@ -76,7 +78,7 @@ class Tenancy:
         except StasisError as exc:
             answered["status"] = exc.status_code
             await _refuse(scope, receive, send, exc)
-            return self._audit(scope, principal, answered["status"], started)
+            return self._audit(audit, scope, principal, answered["status"], started)
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -89,16 +91,17 @@ class Tenancy:
             with tracing.incoming(headers):  # a traceparent sent makes this request's spans the caller's
                 await self.app(scope, receive, sending)
         finally:
-            self._audit(scope, principal, answered["status"], started)
+            self._audit(audit, scope, principal, answered["status"], started)
 
-    def _audit(self, scope: Scope, principal: Principal | None, status: int, started: float) -> None:
+    @staticmethod
+    def _audit(audit: AuditLog, scope: Scope, principal: Principal | None, status: int, started: float) -> None:
         """Every request that may change something, and every refused one (reads that succeed are not)."""
         method = scope.get("method", "WEBSOCKET")
         if method in ("GET", "HEAD") and status < 400:
             return
         client = scope.get("client")
         where = f"{client[0]}:{client[1]}" if client and client[0] else "unix socket"
-        scope["app"].state.rooms.audit.record({
+        audit.record({
             "at": time.time(), "team": principal.team if principal else None,
             "key_id": principal.key_id if principal else "anonymous", "client": where, "method": method,
             "path": scope["path"][:1024], "status": status, "duration_ms": (time.monotonic() - started) * 1000,

@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
+from ....errors import InvalidRequest
 from ....netpolicy import NetworkPolicy
 from ..tenancy import PrincipalDep
 from .plane import (
@@ -140,7 +141,16 @@ async def fork(sandbox_id: str, body: Fork, plane: PlaneDep) -> list[dict[str, A
 
 @router.put("/sandboxes/{sandbox_id}/network", status_code=204)
 async def update_network(sandbox_id: str, body: NetworkConfig, plane: PlaneDep) -> Response:
-    info = await plane.room.update_network(sandbox_id, policy(True, body) or NetworkPolicy.no_egress())
+    """E2B's rules replace the sandbox's. A body that would open the whole internet without saying so (``{}``,
+    ``rules`` alone, an ``allowOut`` without ``denyOut``: E2B's meaning) is refused: a 204 could not say it."""
+    updated = policy(True, body) or NetworkPolicy.no_egress()
+    if body.deny_out is None and not updated.allow_out and not updated.deny_out:
+        raise InvalidRequest(
+            "this update would let the sandbox reach the whole internet (E2B's meaning of {}, of rules alone and of "
+            "allowOut without denyOut); to allow only allowOut add denyOut ['0.0.0.0/0'], to open everything send "
+            "denyOut [] explicitly"
+        )
+    info = await plane.room.update_network(sandbox_id, updated)
     if info.spec.network is not None and info.spec.network.note:
         log.warning("E2B sandbox %s: %s", info.id, info.spec.network.note)
     return Response(status_code=204)

@@ -12,15 +12,19 @@ from .... import __version__
 from ....models import DaemonInfo, DiskUsage
 from ...rooms.usage import disk_usage
 from ..deps import RoomsDep
+from ..tenancy import PrincipalDep
 
 router = APIRouter()
 
 
 @router.get("/v1/health")
-async def health(rooms: RoomsDep) -> DaemonInfo:
-    return DaemonInfo(
-        version=__version__, pid=os.getpid(), home=str(rooms.paths.home), backends=rooms.core.describe_backends()
-    )
+async def health(rooms: RoomsDep, principal: PrincipalDep) -> DaemonInfo:
+    """The daemon's version and backends; its pid, home and the backends' host details for the owner alone (a
+    team's key is a tenant: which runsc build, kernel or directory the host runs is not its business)."""
+    backends = rooms.core.describe_backends()
+    if principal.team is not None:
+        return DaemonInfo(version=__version__, pid=0, home="", backends={name: {} for name in backends})
+    return DaemonInfo(version=__version__, pid=os.getpid(), home=str(rooms.paths.home), backends=backends)
 
 
 @router.get("/metrics", include_in_schema=False)
