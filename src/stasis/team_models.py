@@ -63,6 +63,8 @@ class KeyInfo(BaseModel):
     revoked_at: float | None = None
     last_used_at: float | None = None
     description: str = ""
+    made_by: str | None = Field(None, description="the key that made it (None: the owner); revoking a key revokes "
+                                "every key it made, and theirs")  # fmt: skip
 
 
 class CreatedKey(KeyInfo):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
 from stasis import (
     CheckpointNotFound,
@@ -21,6 +23,7 @@ from stasis import (
     Client,
     Conflict,
     Forbidden,
+    InvalidRequest,
     NotFound,
     QuotaExceeded,
     Sandbox,
@@ -109,6 +112,10 @@ def test_each_team_reaches_only_its_own_and_scopes_and_quotas_hold(served: Daemo
             answers = [raw.get(path.format(ref)).json() for ref in (theirs, nobodys)]
             assert json.dumps(answers[0]).replace(theirs, "X") == json.dumps(answers[1]).replace(nobodys, "X"), kind
         red_named_remove = Sandbox.create("remove", backend="gvisor", memory_mb=256, client=red)
+        with pytest.raises(Conflict) as taken:  # the name is red's: blue is told it is not free, not whose or why
+            Sandbox.create("remove", backend="gvisor", memory_mb=256, client=blue)
+        assert "cannot be used here" in str(taken.value) and "exists" not in str(taken.value)
+        assert "stasis rm" not in str(taken.value)
         assert raw.get("/v1/sandboxes/remove").status_code == 404  # the bulk verb's path is no way around
         assert raw.delete("/v1/sandboxes/remove").status_code == 404
         red_named_remove.terminate()
@@ -282,6 +289,19 @@ def test_disk_lifetime_and_checkpoint_quotas_hold(served: Daemon) -> None:
         sbx.terminate()
         for checkpoint in Sandbox.list_checkpoints(client=bounded):
             Sandbox.delete_checkpoint(checkpoint.id, client=bounded)
+        # volumes share one store with every team: a key's volume always has a limit, and the limits count
+        data = Volume.create("bounded-data", max_size_mb=512, client=bounded)
+        with pytest.raises(QuotaExceeded, match="512 MiB of disk in use of its 1024"):
+            Volume.create("bounded-more", client=bounded)  # no limit given: a team's default, 1024 MiB, passes it
+        with pytest.raises(InvalidRequest, match="keeps a size limit"):
+            data.set_max_size(None)
+        with pytest.raises(QuotaExceeded):
+            data.set_max_size(2048)
+        with pytest.raises(QuotaExceeded, match="MiB of disk in use"):
+            Sandbox.create(backend="gvisor", memory_mb=256, disk_mb=768, client=bounded)  # volumes count for disks
+        assert Volume.create("bounded-small", max_size_mb=256, client=bounded).info().max_size_mb == 256
+        for name in ("bounded-data", "bounded-small"):
+            Volume.get(name, client=bounded).delete()
 
 
 def test_ssh_with_a_teams_key_reaches_its_own_sandbox_alone(served: Daemon, tmp_path: Path) -> None:
@@ -308,3 +328,43 @@ def test_ssh_with_a_teams_key_reaches_its_own_sandbox_alone(served: Daemon, tmp_
                 assert answer.status_code == 404, path
         finally:
             sbx.terminate()
+
+
+def test_a_revoked_key_takes_the_keys_it_made_and_their_open_terminals_with_it(served: Daemon) -> None:
+    url = served.url  # type: ignore[attr-defined]
+    with Client(url=url, token=OWNER_TOKEN) as owner:
+        teams.create_team("gold", client=owner)
+        admin = teams.create_key("gold", ["read", "write", "exec", "admin"], client=owner)
+        with Client(url=url, token=admin.key) as by_admin:
+            deputy = teams.create_key("gold", ["read", "write", "exec", "admin"], client=by_admin)
+        with Client(url=url, token=deputy.key) as by_deputy:
+            worker = teams.create_key("gold", ["read", "write", "exec"], client=by_deputy)
+        other = teams.create_key("gold", ["read", "exec"], client=owner)  # the owner's own: not admin's lineage
+        made = {k.id: k.made_by for k in teams.list_keys(client=owner, team="gold")}
+        assert made == {admin.id: None, deputy.id: admin.id, worker.id: deputy.id, other.id: None}  # `key ls`
+        sbx = Sandbox.create(backend="gvisor", memory_mb=256, client=Client(url=url, token=worker.key))
+        path = f"/v1/sandboxes/{sbx.id}/pty?cmd=" + json.dumps(["cat"])
+        ws_url = url.replace("http://", "ws://") + path.replace(" ", "%20")
+        headers = {"authorization": f"Bearer {worker.key}"}
+        with ws_connect(ws_url, additional_headers=headers) as terminal, \
+                ws_connect(ws_url, additional_headers={"authorization": f"Bearer {other.key}"}) as kept:  # fmt: skip
+            for ws in (terminal, kept):
+                ws.send(b"typed\r")
+                seen = b""
+                while b"typed" not in seen:
+                    message = ws.recv(timeout=60)
+                    seen += message if isinstance(message, bytes) else b""
+            teams.revoke_key(admin.id, client=owner)
+            with pytest.raises(ConnectionClosed) as closed:  # the worker's open terminal ends with its maker's maker
+                while True:
+                    terminal.recv(timeout=60)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401, closed.value
+            kept.send(b"still\r")  # a key of another lineage keeps its terminal
+            seen = b""
+            while b"still" not in seen:
+                message = kept.recv(timeout=60)
+                seen += message if isinstance(message, bytes) else b""
+        for key in (admin, deputy, worker):
+            assert httpx.get(f"{url}/v1/sandboxes", headers={"authorization": f"Bearer {key.key}"}).status_code == 401
+        assert all(k.revoked_at for k in teams.list_keys(client=owner, team="gold") if k.id != other.id)
+        sbx.terminate()

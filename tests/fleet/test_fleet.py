@@ -118,6 +118,8 @@ def _ip(hex_address: str) -> str:
 def fleet() -> Iterator[Fleet]:
     require_default_image()
     home = TEST_ROOT / f"fleet-{uuid.uuid4().hex[:6]}"
+    home.mkdir(parents=True)
+    os.chmod(home, 0o755)  # a home that exists, open to others: the fleet makes it its own (0700)
     marker = f"STASIS_TEST_FLEET={uuid.uuid4().hex}"
     env = {**os.environ, "STASIS_IMAGE_DIR": str(IMAGE_DIR), marker.split("=")[0]: marker.split("=")[1]}
     env.pop("STASIS_FLEET", None)
@@ -148,6 +150,9 @@ def fleet() -> Iterator[Fleet]:
 
 
 def test_creates_spread_over_the_nodes_and_every_name_is_the_fleets(fleet: Fleet) -> None:
+    assert os.stat(fleet.home).st_mode & 0o777 == 0o700  # Ray's 0777 socket directories live in it
+    host_wide = Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
+    assert not host_wide.exists() or fleet.ray_address not in host_wide.read_text()  # a plain ray.init() joins not
     client = fleet.client()
     made = [Sandbox.create(f"spread-{n}", memory_mb=256, backend="gvisor", client=client) for n in range(4)]
     try:
@@ -597,6 +602,7 @@ def test_a_host_joins_and_leaves_losing_nothing(fleet: Fleet) -> None:
          "--home", str(home), "--cpus", "1", "--store", f"file://{fleet.home / 'store'}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
+    again: subprocess.Popen[str] | None = None
     try:
         assert joined.stdout is not None
         line = joined.stdout.readline()
@@ -613,6 +619,8 @@ def test_a_host_joins_and_leaves_losing_nothing(fleet: Fleet) -> None:
         sbx.start_process(["python3", "-c", COUNTER])
         wait_until(lambda: sbx.run("test -s /tmp/count").exit_code == 0)
         kept = sbx.read_file("/tmp/kept").decode()
+        refused = fleet.cli("fleet", "kill-node", "n3")  # a host of its own: not the local fleet's to kill (was a 500)
+        assert refused.returncode != 0 and "joined from elsewhere" in refused.stderr, refused.stderr
         left = fleet.cli("fleet", "leave", "n3")
         assert left.returncode == 0 and "joiner" in left.stdout, left.stderr
         assert joined.wait(timeout=STARTUP) == 0, joined.stderr.read() if joined.stderr else ""
@@ -627,10 +635,21 @@ def test_a_host_joins_and_leaves_losing_nothing(fleet: Fleet) -> None:
         paths = Paths(home, IMAGE_DIR)
         assert not mountns.pinned(paths.mount_pin) and list(paths.sandboxes.glob("*")) == []
         teams.remove_team("joiners", client=owner)
+        again = subprocess.Popen(
+            [sys.executable, "-m", "stasis", "fleet", "join", "--address", fleet.ray_address, "--name", "n4",
+             "--home", f"{home}-n4", "--cpus", "1", "--store", f"file://{fleet.home / 'store'}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        assert again.stdout is not None and "node n4 joined" in again.stdout.readline()
+        again.send_signal(signal.SIGTERM)  # as docs/fleet.md says: SIGTERM leaves (Ray's own handler ran first)
+        assert again.wait(timeout=STARTUP) == 0 and "left the fleet" in again.stdout.read()
+        states = {n["name"]: n["state"] for n in json.loads(fleet.cli("fleet", "nodes", "--json").stdout)}
+        assert states["n4"] == "left"
     finally:
-        if joined.poll() is None:
-            os.killpg(joined.pid, signal.SIGTERM)
-            joined.wait(timeout=STARTUP)
+        for process in (joined, again):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=STARTUP)
 
 
 def test_a_lost_node_takes_its_running_sandboxes_and_the_store_gives_back_its_idle_ones(fleet: Fleet) -> None:

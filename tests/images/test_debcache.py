@@ -27,18 +27,23 @@ def test_a_new_cache_is_made_private_and_its_hooks_read_and_write_it(tmp_path: P
     assert any(str(cache) in hook and "sync-in" in hook for hook in hooks)
 
 
-def test_a_cache_others_could_write_or_a_link_is_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_cache_of_another_user_or_a_link_is_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    open_one = tmp_path / "open"
+    open_one.mkdir()
+    os.chmod(open_one, 0o777)
+    assert debcache.hooks(open_one, tmp_path / "out") != []  # this user's own, left open: closed, then used
+    assert os.stat(open_one).st_mode & 0o777 == 0o700
     shared = tmp_path / "shared"
-    shared.mkdir(mode=0o777)
-    os.chmod(shared, 0o777)
+    shared.mkdir()
+    os.chown(shared, 65534, 65534)  # the suite runs as root (runsc, QEMU): another user's directory
     assert debcache.hooks(shared, tmp_path / "out") == []  # every package downloaded, none taken from it
     linked = tmp_path / "linked"
-    linked.symlink_to(shared)
+    linked.symlink_to(open_one)
     assert debcache.hooks(linked, tmp_path / "out") == []
     assert "mode 0700" in caplog.text
     debs(tmp_path / "out", "planted")
     debcache.keep(linked, tmp_path / "out")
-    assert not (shared / "planted.deb").exists() and not (tmp_path / "out").exists()
+    assert not (open_one / "planted.deb").exists() and not (tmp_path / "out").exists()
 
 
 def test_kept_packages_are_trimmed_oldest_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

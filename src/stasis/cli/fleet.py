@@ -121,11 +121,11 @@ def join(
     images = Path(os.environ["STASIS_IMAGE_DIR"]) if os.environ.get("STASIS_IMAGE_DIR") else None
     node = Join(address, name, place.absolute(), token, store or os.environ.get("STASIS_REMOTE", ""), cpus, images)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         with err.status(f"joining the fleet at {address} as node {name}..."):
             described = node.start()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # now: ray.init() put its own SIGTERM handler (exit) in place
+            signal.signal(sig, lambda *_: stop.set())
         out.print(f"node [bold]{shown(name)}[/bold] joined: its daemon on {shown(described['url'])}", highlight=False)
         node.wait(stop)
         if not node.left.is_set():

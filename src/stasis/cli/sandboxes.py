@@ -356,7 +356,8 @@ def remove(
         bool, typer.Option("--force", "-f", help="A name that is not there is no error (as `docker rm -f`).")
     ] = False,
 ) -> None:
-    """Terminate sandboxes in whatever state and delete their files (several in one call: a rollout's forks)."""
+    """Terminate sandboxes (running, suspended or failed) and delete their files; several in one call: a rollout's
+    forks."""
     connection = client()
     if force:
         names = [name for name in names if _exists(name, connection)]
@@ -365,7 +366,13 @@ def remove(
             return
     if len(names) == 1:
         with err.status(f"removing {names[0]}..."):
-            Sandbox.connect(names[0], client=connection).terminate()
+            try:
+                Sandbox.connect(names[0], client=connection).terminate()
+            except SandboxNotFound:
+                if not force:
+                    raise
+                out.print(f"no sandbox {shown(names[0])}: nothing to remove")  # gone meanwhile
+                return
         out.print(f"removed [bold]{shown(names[0])}[/bold]")
         return
     with err.status(f"removing {len(names)} sandboxes..."):

@@ -123,25 +123,25 @@ def key_create(
 
 @key_app.command("ls")
 def key_ls(team: Annotated[str | None, typer.Option("--team")] = None, as_json: Json = False) -> None:
-    """List keys (never the keys themselves): team, scopes, expiry, last use."""
+    """List keys (never the keys themselves): team, scopes, expiry, last use, and the key that made each."""
     found = teams.list_keys(client=client(), team=team)
     if as_json:
         sys.stdout.write(json.dumps([k.model_dump(mode="json") for k in found], indent=2) + "\n")
         return
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "TEAM", "SCOPES", "EXPIRES", "STATE", "LAST USED"):
+    for column in ("ID", "TEAM", "SCOPES", "EXPIRES", "STATE", "LAST USED", "MADE BY"):
         table.add_column(column)
     now = time.time()
     for k in found:
         state = "revoked" if k.revoked_at else "expired" if k.expires_at and k.expires_at <= now else "active"
         expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(k.expires_at)) if k.expires_at else "never"
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(k.last_used_at)) if k.last_used_at else "-"
-        table.add_row(k.id, k.team, ",".join(k.scopes), expires, state, used)
+        table.add_row(k.id, k.team, ",".join(k.scopes), expires, state, used, k.made_by or "owner")
     out.print(table if found else "no keys; make one with `stasis key create --team TEAM`")
 
 
 @key_app.command("revoke")
 def key_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (`stasis key ls`).")]) -> None:
-    """Revoke a key: it stops working at once."""
+    """Revoke a key: it, and every key it made (and theirs), stop working at once; their open terminals close."""
     teams.revoke_key(key_id, client=client())
-    out.print(f"revoked key [bold]{key_id}[/bold]")
+    out.print(f"revoked key [bold]{key_id}[/bold] and the keys it made (`stasis key ls` shows each key's maker)")

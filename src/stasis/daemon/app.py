@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from .. import __version__, tracing
+from ..body_limits import BodyLimit
 from ..e2b_models import E2bServeRequest
 from ..paths import Paths
 from .core.recovery import Recovery
@@ -20,7 +21,6 @@ from .faces.accepts import quiet_accept_failures
 from .faces.console import create_console
 from .faces.e2b.resident import serve_e2b
 from .faces.guards import map_errors
-from .faces.limits import BodyLimit
 from .faces.routes import ROUTERS
 from .faces.tenancy import Tenancy
 from .wiring import build

@@ -51,6 +51,7 @@ def build(paths: Paths, core: SandboxService, token: str | None = None) -> Rooms
     secrets, volumes, teams = SecretsRoom(core), VolumesRoom(core), TeamsRoom(core, tables.teams)
     core.use_quotas(teams.admit, teams.longest_lifetime)
     checkpoints.admit = teams.admit_checkpoint
+    teams.volume_limits, volumes.admit = volumes.limits, teams.admit_volume
     teams.holdings = lambda team: [f"checkpoint {c.id}" for c in checkpoints.list() if c.spec.team == team] + [
         f"volume {v.name}" for v in volumes.store.list() if v.team == team] + [
         f"webhook {h.id}" for h in rooms.webhooks.list() if h.team == team] + [

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
+from ..body_limits import BodyLimit
 from ..errors import (
     CheckpointNotFound,
     Conflict,
@@ -91,6 +92,7 @@ def create_door(nodes: Nodes, token: str, kill_node: KillNode | None = None) -> 
     async def closing() -> None:
         await nodes.close()
 
+    app.add_middleware(BodyLimit)  # outermost: a body past its bound is refused before anything holds it
     websocket_routes(app, nodes, token, keys)
     console_routes(app, nodes, token)
     _fleet_routes(app, nodes, kill_node)

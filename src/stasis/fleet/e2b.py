@@ -34,6 +34,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake
 from websockets.typing import Subprotocol
 
+from ..body_limits import BodyLimit, e2b_upload
 from ..e2b_models import E2bServeRequest
 from ..e2b_signatures import FILES_PATH, signed_with, signer
 from ..e2b_wire import (
@@ -215,6 +216,7 @@ def _control_app(nodes: Nodes, faces: NodeFaces, token: str) -> FastAPI:
     async def stasis_error(request: Request, exc: StasisError) -> JSONResponse:
         return e2b_error(exc.status_code, str(exc))
 
+    app.add_middleware(BodyLimit, streamed=e2b_upload)  # outermost, before the key: a body within its bound
     _merged_routes(app, nodes, faces)
     _routed_routes(app, nodes, faces)
     return app

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Any
 import uvicorn
 
 from .. import mountns
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, Unsupported
 from ..fsutil import atomic_write
 from ..network.engine import NetworkEngine
 from ..paths import Paths
@@ -70,7 +71,7 @@ class LocalFleet:
         """The cluster, then an agent (and its daemon) per node; returns once every daemon answers."""
         if not 1 <= self.nodes <= 16:
             raise InvalidRequest(f"--nodes must be 1 to 16 on one machine, got {self.nodes}")
-        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_home(self.home)
         ray_token = secrets.token_hex(32)
         atomic_write(self.ray_token_path, ray_token.encode(), mode=0o600)  # for Ray clients of this cluster
         os.environ.update({**RAY_ENV, "RAY_AUTH_TOKEN": ray_token})
@@ -80,14 +81,18 @@ class LocalFleet:
         except ImportError:
             raise InvalidRequest("a fleet runs on Ray, which is not installed: pip install 'stasis[fleet]'") from None
 
-        # Ray makes its temp directories 0777: under the fleet's own 0700 home, no other user reaches them. Only the
-        # cluster's address goes to Ray's default directory, which a new machine may not have yet.
-        from ray._common.utils import get_default_ray_temp_dir
+        # Ray makes its temp directories 0777: under the fleet's own 0700 home, no other user reaches them. Ray's
+        # test cluster writes its address to the host-wide default directory (a new machine may not have it yet),
+        # where any plain `ray.init()` of this host would find the fleet's cluster and join it: it is taken back.
+        from ray._common.utils import get_default_ray_temp_dir, reset_ray_address
+        from ray._private.utils import read_ray_address
 
         os.makedirs(get_default_ray_temp_dir(), mode=0o700, exist_ok=True)
         head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": OBJECT_STORE,
                 "temp_dir": str(self.home / "r")}  # fmt: skip
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
+        if read_ray_address() == self.cluster.address:
+            reset_ray_address()
         for number in range(1, self.nodes + 1):
             name = f"n{number}"
             self.ray_nodes[name] = self.cluster.add_node(
@@ -113,6 +118,11 @@ class LocalFleet:
         """A host's loss: its raylet and every process of it (the agent, and with it the daemon) killed, then
         its sandboxes' processes, and what it held of this machine (network namespaces, its mount namespace's
         pin): a real host's loss takes all of it with the host."""
+        if name not in self.ray_nodes:
+            raise Unsupported(
+                f"node {name[:80]!r} joined from elsewhere (`stasis fleet join`): only this local "
+                "fleet's own nodes can be killed; stop that host, or `stasis fleet leave` it"
+            )
         await asyncio.to_thread(self.cluster.remove_node, self.ray_nodes.pop(name))
         self.agents.pop(name, None)
         await bury(Paths(self.home / "nodes" / name, self.images))
@@ -133,6 +143,17 @@ class LocalFleet:
             self.cluster.shutdown()
             self.cluster = None
         self.ray_token_path.unlink(missing_ok=True)
+
+
+def private_home(home: Path) -> None:
+    """The fleet's home, made 0700, or made so if it exists (Ray's 0777 socket directories live inside it); one of
+    another user's is refused."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    found = os.lstat(home)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+        raise InvalidRequest(f"the fleet's home {home} must be a directory of this user's (not a link); pick another")
+    if found.st_mode & 0o077:
+        os.chmod(home, 0o700)
 
 
 async def bury(paths: Paths) -> None:

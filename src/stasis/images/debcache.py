@@ -34,9 +34,11 @@ def private(cache: Path) -> bool:
     except OSError as exc:
         log.warning("not using the package cache %s: %s", cache, exc)
         return False
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o077:
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
         log.warning("not using the package cache %s: it must be a directory of this user's, mode 0700", cache)
         return False
+    if found.st_mode & 0o077:  # ours, made under an open umask (or by an older stasis): closed now
+        os.chmod(cache, 0o700)
     return True
 
 

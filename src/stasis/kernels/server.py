@@ -108,6 +108,7 @@ class Context:
             raise ContextError(400, f"working directory {cwd!r} does not exist in the sandbox")
         self.id, self.language, self.cwd = context_id, language, cwd
         self.lock = threading.Lock()
+        self.closed = False
         self.manager = KernelManager(kernel_name=KERNELS[language])
         try:
             self.manager.start_kernel(cwd=cwd)
@@ -132,6 +133,7 @@ class Context:
             self._prepared()
 
     def shutdown(self) -> None:
+        self.closed = True  # an execution running now ends as its kernel goes: never restarted for a removed context
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
 
@@ -148,12 +150,23 @@ class Context:
                         names = json.dumps(sorted(env))
                         self._quietly(f"[_stasis_os.environ.pop(_k, None) for _k in {names}]; del _stasis_os")
             except KernelDied:
+                send(self._after_death())
+
+    def _after_death(self) -> dict[str, Any]:
+        """A fresh kernel in place of one that died (unless the context was removed meanwhile), and the error
+        line that says what happened."""
+        said = "the kernel exited while it ran this code (killed, or out of memory?); it was restarted, so the "
+        said += "context's variables are gone"
+        if self.closed:
+            said = "the context was removed while it ran this code"
+        else:
+            try:
                 self.manager.restart_kernel(now=True)
                 self.client.wait_for_ready(timeout=120)
                 self._prepared()
-                send({"type": "error", "name": "KernelDied", "traceback": "",
-                      "value": "the kernel exited while it ran this code (killed, or out of memory?); it was "
-                               "restarted, so the context's variables are gone"})  # fmt: skip
+            except Exception as exc:  # said to the client, whatever it was
+                said = f"the kernel exited while it ran this code, and a new one did not start: {exc}"
+        return {"type": "error", "name": "KernelDied", "traceback": "", "value": said}
 
     def _quietly(self, code: str) -> None:
         msg_id = self.client.execute(code, silent=True, store_history=False)

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import resource
 import socket
 import struct
 import time
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 SO_ORIGINAL_DST = 80
 MAX_OPEN = 1024  # connections one sandbox holds through its proxy at once
-DAEMON_MAX_OPEN = 8192  # all sandboxes' at once: two descriptors each, of the daemon's 20,000
+DAEMON_MAX_OPEN = 8192  # all sandboxes' at once, at most: two descriptors each (see daemon_cap)
 PEEK_TIMEOUT = 15.0  # seconds for a client to send its ClientHello or request head (a slow microVM under load)
 CONNECT_TIMEOUT = 10.0
 
@@ -67,6 +68,13 @@ class Interceptor(Protocol):
     ) -> dict[str, Any]: ...
 
 
+def daemon_cap() -> int:
+    """All sandboxes' connections at once: two descriptors each, within the daemon's own limit, a third of which
+    stays for everything else it holds (sandboxes, clients, files)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, min(DAEMON_MAX_OPEN, soft // 3))
+
+
 class EgressProxy:
     all_open: ClassVar[int] = 0  # connections every sandbox's proxy in this daemon handles now
 
@@ -80,7 +88,7 @@ class EgressProxy:
         audit: Callable[[dict[str, Any]], None] = lambda entry: None,
         secrets: Callable[[], Interceptor | None] = lambda: None,
         max_open: int = MAX_OPEN,
-        daemon_max_open: int = DAEMON_MAX_OPEN,
+        daemon_max_open: int | None = None,
     ) -> None:
         self.label = label  # the sandbox's id
         self.policy = policy
@@ -90,12 +98,13 @@ class EgressProxy:
         self.audit = audit  # one line per connection (network.audit)
         self.secrets = secrets
         self.max_open = max_open
-        self.daemon_max_open = daemon_max_open
+        self.daemon_max_open = daemon_max_open or daemon_cap()
         self.open = 0  # connections being handled now
         self.instance = token_hex(6)  # its byte counters start at zero with it (:mod:`..daemon.rooms.meter`)
         self.bytes_out = 0  # sent by the sandbox through connections it was allowed, counted as they go
         self.bytes_in = 0
         self.refused: int | None = None  # refused since the cap was reached; None: under the cap
+        self.daemon_wide = False  # the cap reached was the daemon's (all sandboxes'), not this sandbox's
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open >= self.max_open or EgressProxy.all_open >= self.daemon_max_open:
@@ -117,10 +126,11 @@ class EgressProxy:
         finally:
             self.open -= 1
             EgressProxy.all_open -= 1
-            if self.refused is not None and self.open <= self.max_open * 3 // 4:
+            held, cap = (EgressProxy.all_open, self.daemon_max_open) if self.daemon_wide else (self.open, self.max_open)
+            if self.refused is not None and held <= cap * 3 // 4:
                 # well under the cap (not one below it, or a sandbox holding it would log each churn)
-                log.info("%s: back under the cap of %d open connections; %d were refused", self.label,
-                         self.max_open, self.refused)  # fmt: skip
+                log.info("%s: back under the cap of %d open connections; %d were refused", self.label, cap,
+                         self.refused)  # fmt: skip
                 self.refused = None
 
     def _sent(self, size: int) -> None:
@@ -136,14 +146,15 @@ class EgressProxy:
             abort(writer)
             return
         self.refused = 1
+        self.daemon_wide = self.open < self.max_open  # the daemon's cap, not this sandbox's, was reached
         try:
             ip, port = original_destination(writer.get_extra_info("socket"))
             where: dict[str, Any] = {"destination": str(ip), "port": port}
         except OSError:
             where = {"destination": "unknown", "port": 0}
         abort(writer)
-        cap = (f"the cap of {self.max_open} open connections" if self.open >= self.max_open else
-               f"the daemon's cap of {self.daemon_max_open} open connections of all sandboxes")  # fmt: skip
+        cap = (f"the daemon's cap of {self.daemon_max_open} open connections of all sandboxes" if self.daemon_wide
+               else f"the cap of {self.max_open} open connections")  # fmt: skip
         why = (f"over {cap}: new ones are refused until some close "
                "(the first is recorded here, the others counted in the daemon's log)")  # fmt: skip
         log.warning("%s: %s", self.label, why)

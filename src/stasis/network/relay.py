@@ -74,6 +74,9 @@ async def relay(
                     abort(writer)
                 break
             _, going = await asyncio.wait(going, timeout=left)
+        for direction in directions:  # what pipe does not handle (a counter that failed) is not lost here
+            if direction.done() and not direction.cancelled() and (failed := direction.exception()) is not None:
+                raise failed
         return copied[0], copied[1]
     finally:
         for direction in directions:

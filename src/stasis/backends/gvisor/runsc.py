@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
     if forced:
         return forced, "set by STASIS_RUNSC_PLATFORM"
     cache = cache_dir / "runsc-platform.json"
-    cached = _read_own(cache)
+    cached = _read_own(cache) if _own_directory(cache_dir) else {}
     if (
         cached.get("version") == version
         and cached.get("binary") == binary
@@ -84,14 +85,23 @@ async def choose_platform(binary: str, version: str, cache_dir: Path) -> tuple[s
     for platform in PLATFORM_PREFERENCE:
         works, reason = await probe_platform(binary, platform)
         if works:
-            chosen = (platform, reason + (f"; skipped: {'; '.join(reasons)}" if reasons else ""))
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            record = {"version": version, "binary": binary, "platform": chosen[0], "reason": chosen[1]}
-            atomic_write(cache, json.dumps(record).encode())  # daemons of other homes read it meanwhile
+            chosen = (platform, (reason + (f"; skipped: {'; '.join(reasons)}" if reasons else ""))[:500])
+            cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if _own_directory(cache_dir):  # never written where another user could swap files under it
+                record = {"version": version, "binary": binary, "platform": chosen[0], "reason": chosen[1]}
+                atomic_write(cache, json.dumps(record).encode())  # daemons of other homes read it meanwhile
             log.info("runsc platform: %s (%s)", *chosen)
             return chosen
         reasons.append(f"{platform}: {reason}")
     raise BackendError("no runsc platform works on this host: " + "; ".join(reasons))
+
+
+def _own_directory(directory: Path) -> bool:
+    try:
+        found = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid() and not found.st_mode & 0o022
 
 
 def _read_own(cache: Path) -> dict[str, Any]:

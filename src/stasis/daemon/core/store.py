@@ -95,7 +95,8 @@ CREATE TABLE IF NOT EXISTS team_keys (
     expires_at REAL,
     revoked_at REAL,
     last_used_at REAL,
-    description TEXT NOT NULL DEFAULT ''
+    description TEXT NOT NULL DEFAULT '',
+    made_by TEXT
 );
 CREATE TABLE IF NOT EXISTS webhooks (
     id TEXT PRIMARY KEY,
@@ -171,6 +172,8 @@ class Store:
                     self.db.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} TEXT")
             if "deadline" not in columns:  # when its lifetime ends (E2B's timeout), used or not
                 self.db.execute("ALTER TABLE sandboxes ADD COLUMN deadline REAL")
+            if "made_by" not in {row["name"] for row in self.db.execute("PRAGMA table_info(team_keys)")}:
+                self.db.execute("ALTER TABLE team_keys ADD COLUMN made_by TEXT")  # the key that made it; owner: NULL
             self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes(status, created_at, id)")
             self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_by_pool ON sandboxes(pool) WHERE pool IS NOT NULL")
 

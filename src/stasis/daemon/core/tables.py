@@ -164,16 +164,24 @@ class TeamTable(Table):
 
     def insert_key(self, key: KeyInfo, secret_sha256: str) -> None:
         self.db.execute(
-            "INSERT INTO team_keys (id, team, secret_sha256, scopes, created_at, expires_at, description) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO team_keys (id, team, secret_sha256, scopes, created_at, expires_at, description, made_by) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (key.id, key.team, secret_sha256, json.dumps(key.scopes), key.created_at, key.expires_at,
-             key.description),
+             key.description, key.made_by),
         )  # fmt: skip
 
-    def revoke_key(self, key_id: str) -> None:
-        self.db.execute(
-            "UPDATE team_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), key_id)
-        )
+    def revoke_key(self, key_id: str) -> list[str]:
+        """Revoke the key and every key made by it, or by those, in one transaction; the ids revoked now."""
+        with self.db:
+            rows = self.db.execute(
+                "WITH RECURSIVE made(id) AS (SELECT ? UNION SELECT k.id FROM team_keys k JOIN made ON k.made_by = "
+                "made.id) SELECT team_keys.id FROM team_keys JOIN made USING (id) WHERE revoked_at IS NULL",
+                (key_id,),
+            )
+            lineage = [row["id"] for row in rows]
+            now = time.time()
+            self.db.executemany("UPDATE team_keys SET revoked_at = ? WHERE id = ?", [(now, i) for i in lineage])
+        return lineage
 
     def key_used(self, key_id: str, at: float) -> None:
         self.db.execute("UPDATE team_keys SET last_used_at = ? WHERE id = ?", (at, key_id))
@@ -192,7 +200,7 @@ class TeamTable(Table):
 def _key(row: sqlite3.Row) -> KeyInfo:
     return KeyInfo(id=row["id"], team=row["team"], scopes=json.loads(row["scopes"]), created_at=row["created_at"],
                    expires_at=row["expires_at"], revoked_at=row["revoked_at"], last_used_at=row["last_used_at"],
-                   description=row["description"])  # fmt: skip
+                   description=row["description"], made_by=row["made_by"])  # fmt: skip
 
 
 class WebhookTable(Table):

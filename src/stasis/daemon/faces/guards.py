@@ -10,10 +10,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...errors import InvalidRequest, NotFound, StasisError
+from ...errors import InvalidRequest, NoSpace, NotFound, StasisError
 from ...fsutil import no_space
 from ...paths import Paths
 from ...validation import describe_validation_errors
+from .tenancy import PRINCIPAL
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,15 @@ def map_errors(app: FastAPI, paths: Paths) -> None:
         """A full disk on the host (an OSError, or the store's "database or disk is full") is said so, with
         what to free; anything else is a daemon bug."""
         full = no_space(exc, paths.home)
+        principal = request.scope.get(PRINCIPAL)
+        tenant = principal is not None and principal.team is not None  # a team's key: no host paths, no errno text
         if isinstance(full, StasisError):
+            if tenant:
+                return error_response(NoSpace("the host's disk is full; ask the daemon's owner to free space"))
             return error_response(full)
         log.exception("unexpected error serving %s %s", request.method, request.url.path)
+        if tenant:
+            return error_response(StasisError("the daemon hit an unexpected error; its owner finds it in its log"))
         return error_response(StasisError(f"the daemon hit an unexpected error: {exc}; see {paths.logfile}"))
 
     app.add_exception_handler(OSError, storage_error)

@@ -305,9 +305,9 @@ class GuestOperations:
             with contextlib.suppress(Exception):
                 await self.delete_file(ref, archive, False)
 
-        async with self.service.guest(ref) as channel:
-            await channel.call(P.PackTar(path=path, archive=archive), timeout=600)
-        try:
+        try:  # a pack cut off (timed out, the client gone) or a read that fails leaves no archive in the sandbox
+            async with self.service.guest(ref) as channel:
+                await channel.call(P.PackTar(path=path, archive=archive), timeout=600)
             chunks = await self.read_file(ref, archive)
         except BaseException:
             await asyncio.shield(remove())

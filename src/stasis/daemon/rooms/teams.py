@@ -71,6 +71,7 @@ class TeamsRoom:
         self.core = core
         self.table = table  # this room is its one writer
         self.holdings: Callable[[str], list[str]] = lambda team: []  # a team's checkpoints and volumes (wiring)
+        self.volume_limits: Callable[[str], dict[str, int]] = lambda team: {}  # its volumes' MiB limits (wiring)
         self._touched: dict[str, float] = {}
 
     # -- teams
@@ -128,7 +129,7 @@ class TeamsRoom:
         if parent is not None and parent[0].expires_at is not None:  # a key made by a key never outlives it
             expires = min(expires or parent[0].expires_at, parent[0].expires_at)
         info = KeyInfo(id=key_id, team=request.team, scopes=request.scopes, created_at=now, expires_at=expires,
-                       description=request.description)  # fmt: skip
+                       description=request.description, made_by=by.key_id)  # fmt: skip
         self.table.insert_key(info, _digest(secret))
         log.info("key %s made for team %s with scopes %s", key_id, request.team, ",".join(request.scopes))
         return CreatedKey(**info.model_dump(), key=f"sk_stasis_{key_id}_{secret}")
@@ -163,8 +164,9 @@ class TeamsRoom:
         if found is None or not by.sees(found[0].team):
             raise NotFound(f"no key {echo(key_id)}; `stasis key ls` lists them")
         self._may_manage(found[0].team, by)
-        self.table.revoke_key(key_id)
-        log.info("key %s of team %s revoked", key_id, found[0].team)
+        revoked = self.table.revoke_key(key_id)
+        log.info("key %s of team %s revoked, with the %d keys it made (and theirs)", key_id, found[0].team,
+                 max(len(revoked) - 1, 0))  # fmt: skip
         return found[0].model_copy(update={"revoked_at": time.time()})
 
     @staticmethod
@@ -210,6 +212,7 @@ class TeamsRoom:
         theirs = [i for i in self.core.list() if i.spec.team == spec.team and i.id != sandbox_id]
         running = [i.spec for i in theirs if i.status in RUNNING]
         disks = sum(i.spec.disk_mb for i in theirs if i.status not in (S.TERMINATING, S.TERMINATED))
+        disks += sum(self.volume_limits(spec.team).values())
         checks = (
             ("running sandboxes", quotas.max_running, len(running), 1, "max-running"),
             ("CPUs", quotas.max_cpus, sum(s.cpus for s in running), spec.cpus, "max-cpus"),
@@ -218,12 +221,28 @@ class TeamsRoom:
         )
         for what, limit, used, more, option in checks:
             if limit is not None and used + more > limit:
-                what_to_do = "terminate one of its sandboxes" if option == "max-disk-mb" else (
+                what_to_do = "terminate one of its sandboxes or remove a volume" if option == "max-disk-mb" else (
                     "suspend or terminate one of its sandboxes (suspended ones do not count)")  # fmt: skip
                 raise QuotaExceeded(
                     f"team {spec.team} has {used:g} {what} in use of its {limit:g}, and this sandbox needs {more:g} "
                     f"more; {what_to_do}, or raise the quota: stasis team set {spec.team} --{option} N"
                 )
+
+    def admit_volume(self, team: str, max_size_mb: int, name: str) -> None:
+        """Refuse (429) volume ``name`` of ``max_size_mb`` (new, or its new limit) if the team's sandbox disks and
+        volume limits would pass its disk quota: every team's volumes share one store."""
+        limit = self.team(team).quotas.max_disk_mb
+        if limit is None:
+            return
+        disks = sum(i.spec.disk_mb for i in self.core.list() if i.spec.team == team
+                    and i.status not in (S.TERMINATING, S.TERMINATED))  # fmt: skip
+        volumes = sum(mb for volume, mb in self.volume_limits(team).items() if volume != name)
+        if disks + volumes + max_size_mb > limit:
+            raise QuotaExceeded(
+                f"team {team} has {disks + volumes} MiB of disk in use of its {limit} (sandbox disks and volume "
+                f"limits), and this volume needs {max_size_mb} more; remove a volume or a sandbox, make a smaller "
+                f"one (max_size_mb), or raise the quota: stasis team set {team} --max-disk-mb N"
+            )
 
     def longest_lifetime(self, team: str | None) -> int | None:
         """The team's cap on a sandbox's lifetime, if it has one."""

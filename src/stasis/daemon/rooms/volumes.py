@@ -6,18 +6,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from collections.abc import Callable
 from typing import Any
 
-from ...errors import Conflict, NotFound, VolumeNotFound, echo
+from ...errors import Conflict, InvalidRequest, NotFound, VolumeNotFound, echo
 from ...models import SandboxSpec, SandboxStatus
 from ...volume_models import CreateVolumeRequest, VolumeInfo, VolumeMount, VolumeSnapshotInfo
 from ...volumes import Volumes, choose_disk
 from ..core.service import SandboxService
 
+TEAM_VOLUME_MB = 1024  # a team's volume made without a limit gets this one: the store is every team's
+
 
 class VolumesRoom:
     def __init__(self, core: SandboxService) -> None:
         self.core = core
+        self.admit: Callable[[str, int, str], None] = lambda team, mb, name: None  # the team's quota (wiring)
         self.store = Volumes(core.paths.volumes, choose_disk(core.paths.volumes, core.paths.volume_image))
         self.store.sweep()
 
@@ -51,13 +55,24 @@ class VolumesRoom:
             raise VolumeNotFound(
                 f"no volume snapshot {echo(request.from_snapshot)}; `stasis volume snapshots` lists them"
             )
-        await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, request.max_size_mb,
-                                team=team)  # fmt: skip
+        limit = request.max_size_mb
+        if team is not None:  # a team's volume always has a limit, and the limits count in the team's disk quota
+            limit = limit or TEAM_VOLUME_MB
+            self.admit(team, limit, request.name)
+        await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, limit, team=team)
         return await asyncio.to_thread(self.info, request.name)
 
-    async def set_limit(self, name: str, max_size_mb: int | None) -> VolumeInfo:
+    async def set_limit(self, name: str, max_size_mb: int | None, team: str | None = None) -> VolumeInfo:
+        if team is not None:
+            if max_size_mb is None:
+                raise InvalidRequest("a team's volume keeps a size limit: give max_size_mb (MiB)")
+            self.admit(team, max_size_mb, name)
         await asyncio.to_thread(self.store.set_limit, name, max_size_mb)
         return await asyncio.to_thread(self.info, name)
+
+    def limits(self, team: str) -> dict[str, int]:
+        """The MiB limit of each of ``team``'s volumes."""
+        return {v.name: v.max_size_mb or 0 for v in self.store.list() if v.team == team}
 
     async def remove(self, name: str) -> None:
         self.store.get(name)

@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .... import tracing
+from ....body_limits import BodyLimit, e2b_upload
 from ....errors import StasisError, echo
-from ..limits import BodyLimit
 from . import event_routes, sandbox_routes, secret_routes, snapshot_routes, template_routes, volume_routes
 from .plane import ControlPlane, error
 from .room import Defaults, E2bRoom
@@ -25,12 +25,6 @@ from .tenancy import audited, principal_of_key, refused
 from .volume_routes import CONTENT as VOLUME_CONTENT
 from .volume_routes import UNAUTHORIZED as VOLUME_UNAUTHORIZED
 from .volume_routes import token_holder
-
-
-def streamed_upload(method: str, path: str) -> bool:
-    """E2B's uploads, streamed to a file (and bounded there): a template's COPY files, a volume's file."""
-    parts = path.strip("/").split("/")
-    return method == "PUT" and (parts[:1] == ["volumecontent"] or (parts[:1] == ["templates"] and "files" in parts))
 
 
 def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = None) -> FastAPI:
@@ -73,7 +67,7 @@ def create_control_app(room: E2bRoom, defaults: Defaults, domain: str | None = N
         message = "not part of E2B's API as stasis serves it" if exc.status_code == 404 else str(exc.detail)
         return error(exc.status_code, f"{request.method[:16]} {echo(request.url.path)}: {message}")
 
-    app.add_middleware(BodyLimit, streamed=streamed_upload)  # a JSON body bounded before it is read, a key or not
+    app.add_middleware(BodyLimit, streamed=e2b_upload)  # a JSON body bounded before it is read, a key or not
     app.include_router(sandbox_routes.router)
     app.include_router(template_routes.router)
     app.include_router(volume_routes.router)  # before the snapshots': DELETE /templates/tags is not a template's id

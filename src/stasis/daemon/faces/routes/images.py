@@ -15,8 +15,10 @@ from ....errors import ImageNotFound, InvalidRequest
 from ....images import ImageInfo
 from ....models import BuildImageRequest, CommitImageRequest
 from ...rooms import image_use
+from ...rooms.teams import Principal
 from ..deps import RoomsDep
 from ..progress import streamed
+from ..tenancy import PrincipalDep
 
 router = APIRouter()
 Archive = Literal["oci-archive", "docker-archive"]
@@ -65,16 +67,23 @@ def _remove(path: Path) -> None:
 
 
 @router.get("/v1/images")
-async def images(rooms: RoomsDep) -> list[ImageInfo]:
-    return rooms.core.images.list()
+async def images(rooms: RoomsDep, principal: PrincipalDep) -> list[ImageInfo]:
+    return [_as_seen(info, principal) for info in rooms.core.images.list()]
 
 
 @router.get("/v1/images/{name}")
-async def image(name: str, rooms: RoomsDep) -> ImageInfo:
+async def image(name: str, rooms: RoomsDep, principal: PrincipalDep) -> ImageInfo:
     try:
-        return rooms.core.images.get(name)
+        return _as_seen(rooms.core.images.get(name), principal)
     except InvalidRequest as exc:  # creating from an unknown image is a bad request; looking one up, a 404
         raise ImageNotFound(exc.message, image=name[:80]) from None
+
+
+def _as_seen(info: ImageInfo, principal: Principal) -> ImageInfo:
+    """A team's key sees an image's name, contents and size, never where the host keeps it or what it came from."""
+    if principal.team is None:
+        return info
+    return info.model_copy(update={"path": "", "source": info.source.split(":", 1)[0]})
 
 
 @router.delete("/v1/images/{name}")

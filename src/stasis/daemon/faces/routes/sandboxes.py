@@ -8,11 +8,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ....errors import SandboxNotFound, StasisError
+from ....errors import NameTaken, SandboxNotFound, StasisError, echo
 from ....models import CreateSandboxRequest, ForkRequest, RemoveRequest, RemoveResult, SandboxInfo
 from ....netpolicy import NetworkPolicy
 from ...rooms.forks import fork as fork_sandbox
-from ..deps import RoomsDep
+from ..deps import Rooms, RoomsDep
 from ..tenancy import PrincipalDep, missing
 
 router = APIRouter()
@@ -26,7 +26,21 @@ async def create(request: CreateSandboxRequest, rooms: RoomsDep, principal: Prin
         request = request.model_copy(update={"team": principal.team})
     elif request.team is not None:
         rooms.teams.team(request.team)  # the owner may make one for a team that exists
-    return await rooms.front.create(request)
+    try:
+        return await rooms.front.create(request)
+    except NameTaken:
+        if principal.team is None or _named_by(rooms, request.name) in (principal.team, "?"):
+            raise
+        # the name is held outside the team: saying whose, or how to remove it, would tell of another tenant
+        raise NameTaken(f"the name {echo(request.name or '')} cannot be used here; pick another") from None
+
+
+def _named_by(rooms: Rooms, name: str | None) -> str | None:
+    """The team whose live sandbox has this name (None: the owner's; "?": none now)."""
+    try:
+        return rooms.core.lookup(name or "").spec.team
+    except SandboxNotFound:
+        return "?"
 
 
 @router.get("/v1/sandboxes")

@@ -37,8 +37,10 @@ async def volume(name: str, rooms: RoomsDep) -> VolumeInfo:
 
 
 @router.patch("/v1/volumes/{name}")
-async def update_volume(name: str, request: UpdateVolumeRequest, rooms: RoomsDep) -> VolumeInfo:
-    return await rooms.volumes.set_limit(name, request.max_size_mb)
+async def update_volume(
+    name: str, request: UpdateVolumeRequest, rooms: RoomsDep, principal: PrincipalDep
+) -> VolumeInfo:
+    return await rooms.volumes.set_limit(name, request.max_size_mb, principal.team)
 
 
 @router.delete("/v1/volumes/{name}")

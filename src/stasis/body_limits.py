@@ -1,5 +1,6 @@
 """Request bodies within bounds: a JSON body larger than ``MAX_JSON_BODY`` is refused with 413
-before it is read into memory. Uploads are exempt: they are streamed to the sandbox or to a file."""
+before it is read into memory. Uploads are exempt: they are streamed to the sandbox or to a file. Every HTTP door
+uses it: the daemon's API and its E2B face, and a fleet's front door and E2B face."""
 
 from __future__ import annotations
 
@@ -28,19 +29,22 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._refuse(send)
             return
-        seen = 0
+        seen, over = 0, False
 
         async def counted() -> Any:
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
+                over = True
                 raise _TooLarge
             return message
 
         try:
             await self.app(scope, counted, send)
-        except _TooLarge:
+        except BaseException:
+            if not over:  # (an inner middleware's task group may have wrapped _TooLarge in a group)
+                raise
             await self._refuse(send)
 
     async def _refuse(self, send: Any) -> None:
@@ -62,3 +66,9 @@ class _TooLarge(Exception):
 def _streamed(method: str, path: str) -> bool:
     """Bodies that go to a file as they arrive, never into memory: a file, a directory's tar, an image."""
     return (method == "PUT" and path.endswith(("/files", "/dirs"))) or (method, path) == ("POST", "/v1/images/import")
+
+
+def e2b_upload(method: str, path: str) -> bool:
+    """E2B's uploads, streamed to a file (and bounded there): a template's COPY files, a volume's file."""
+    parts = path.strip("/").split("/")
+    return method == "PUT" and (parts[:1] == ["volumecontent"] or (parts[:1] == ["templates"] and "files" in parts))
