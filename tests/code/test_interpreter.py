@@ -1,7 +1,8 @@
 """run_code: Jupyter kernels in the sandbox (the code-interpreter image) whose state lives as long as the sandbox:
 across suspends, an idle suspend and its auto-resume, a daemon SIGKILL, MEMORY checkpoint forks and a move
 through the remote store. What the kernel server answers is the server's, not the backend's: those tests share
-one gVisor sandbox; the kernel's life (suspends, a SIGKILL, forks) is tested on both backends."""
+one gVisor sandbox; the kernel's life through the backend's own work (suspend, resume, an idle suspend) is tested on
+both backends, and what the daemon does around it (a SIGKILL, forks of a MEMORY checkpoint) on gVisor."""
 
 from __future__ import annotations
 
@@ -119,6 +120,7 @@ def test_the_kernel_lives_through_suspend_resume_and_an_idle_suspend(daemon: Dae
         sbx.terminate()
 
 
+@pytest.mark.parametrize("backend", ["gvisor"])
 def test_the_kernel_survives_a_daemon_sigkill(own_daemon: Daemon, backend: str) -> None:
     own_daemon.start()
     sbx = Sandbox.create(image="code-interpreter", memory_mb=MEMORY_MB, backend=backend, client=own_daemon.client())
@@ -130,6 +132,7 @@ def test_the_kernel_survives_a_daemon_sigkill(own_daemon: Daemon, backend: str) 
     again.terminate()
 
 
+@pytest.mark.parametrize("backend", ["gvisor"])
 def test_forks_of_a_live_analysis_go_their_own_ways(daemon: Daemon, backend: str) -> None:
     client = daemon.client()
     sbx = Sandbox.create(image="code-interpreter", memory_mb=MEMORY_MB, backend=backend, client=client)

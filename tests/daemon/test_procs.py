@@ -41,6 +41,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # seconds of its own: the full suite runs it, the fast tier not
 def test_the_reaper_leaves_other_childrens_exit_status_to_their_owner_and_reaps_orphans() -> None:
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

@@ -1,7 +1,8 @@
 """The official `e2b` Python SDK (pinned, from PyPI), unchanged, against `stasis e2b serve`.
 
 One listener per backend, started through the CLI as a user would; the three exported variables are what the
-SDK gets. A sandbox is shared where its state is not the subject.
+SDK gets. A sandbox is shared where its state is not the subject; what the face alone decides runs on gVisor alone
+(``FACE_ONLY``), what the backend changes on both.
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ def one_listener(backend: str) -> Any:
     return listener
 
 
+# What the face alone decides (its routes, errors, listings, lifetimes, envd's file and command semantics over the
+# agent) runs on gVisor; what the backend changes (users and sudo, pauses, forks, ports, the network, inotify, file
+# metadata, metrics read inside) runs on both: a microVM on TCG costs ten times as much for the same face code.
+FACE_ONLY = pytest.mark.parametrize("listener", ["gvisor"], indirect=True)
+
+
 @pytest.fixture(scope="module", params=["gvisor", "microvm"])
 def listener(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[Listener]:
     served = Listener(daemon, request.param)
@@ -141,12 +148,14 @@ def test_a_command_runs_as_the_base_templates_user_in_its_home(e2b: Listener, sh
     assert shared.commands.run("echo $GREETING; pwd", envs={"GREETING": "hi"}, cwd="/tmp").stdout == "hi\n/tmp\n"
 
 
+@FACE_ONLY
 def test_a_failing_command_raises_the_sdks_own_exception(e2b: Listener, shared: Sandbox) -> None:
     with pytest.raises(CommandExitException) as failed:
         shared.commands.run("echo partial; exit 3")
     assert failed.value.exit_code == 3 and failed.value.stdout == "partial\n"
 
 
+@FACE_ONLY
 def test_background_commands_are_listed_fed_and_killed_by_pid(e2b: Listener, shared: Sandbox) -> None:
     handle = shared.commands.run("cat", background=True, stdin=True)
     assert handle.pid in [p.pid for p in shared.commands.list()]
@@ -160,6 +169,7 @@ def test_background_commands_are_listed_fed_and_killed_by_pid(e2b: Listener, sha
     assert shared.commands.kill(sleeper.pid) is False  # gone: the SDK's NOT_FOUND
 
 
+@FACE_ONLY
 def test_files_are_written_read_listed_moved_and_removed(e2b: Listener, shared: Sandbox) -> None:
     info = shared.files.write("notes/today.txt", "relative to the user's home")
     assert info.path == "/home/user/notes/today.txt"
@@ -182,6 +192,7 @@ def test_files_are_written_read_listed_moved_and_removed(e2b: Listener, shared: 
         shared.files.read("/tmp/many/c")
 
 
+@FACE_ONLY
 def test_a_sandbox_is_listed_with_its_metadata_and_a_stasis_sandbox_too(
     e2b: Listener, shared: Sandbox, client: Client
 ) -> None:
@@ -231,6 +242,7 @@ def test_pause_then_connect_finds_a_background_process_still_counting(e2b: Liste
         sbx.kill()
 
 
+@FACE_ONLY
 def test_files_and_commands_behave_as_envd_does(e2b: Listener, shared: Sandbox) -> None:
     """What agent code meets first: removing a missing path is no error, a relative cwd starts at the user's
     home, and a listing with depth walks the tree (each directory followed by what is in it)."""
@@ -249,6 +261,7 @@ def test_files_and_commands_behave_as_envd_does(e2b: Listener, shared: Sandbox) 
     assert shared.files.read("zipped.txt") == text
 
 
+@FACE_ONLY
 def test_signed_file_urls_work_from_a_plain_http_client(e2b: Listener, shared: Sandbox) -> None:
     """download_url / upload_url of a secure sandbox (the SDK's default): a browser or curl needs no header."""
     shared.files.write("/home/user/report.txt", "signed for")
@@ -277,6 +290,7 @@ def test_a_sandbox_killed_under_a_running_command_is_e2bs_sandbox_not_running(e2
         killer.join()
 
 
+@FACE_ONLY
 def test_the_listing_pages_newest_first_and_filters_as_e2b_does(e2b: Listener, shared: Sandbox) -> None:
     later = Sandbox.create(timeout=300, metadata={"suite": "e2b-order"})
     try:
@@ -294,6 +308,7 @@ def test_the_listing_pages_newest_first_and_filters_as_e2b_does(e2b: Listener, s
         later.kill()
 
 
+@FACE_ONLY
 def test_set_timeout_extends_and_a_lifetime_that_ends_kills_the_sandbox(e2b: Listener) -> None:
     sbx = Sandbox.create(timeout=600)
     sbx.set_timeout(2)
@@ -302,6 +317,7 @@ def test_set_timeout_extends_and_a_lifetime_that_ends_kills_the_sandbox(e2b: Lis
         Sandbox.connect(sbx.sandbox_id)
 
 
+@FACE_ONLY
 def test_a_wrong_or_missing_api_key_is_refused(e2b: Listener, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("E2B_API_KEY", "e2b_wrong")
     with pytest.raises(AuthenticationException):
@@ -310,11 +326,13 @@ def test_a_wrong_or_missing_api_key_is_refused(e2b: Listener, monkeypatch: pytes
         Sandbox.list(query=None).next_items()
 
 
+@FACE_ONLY
 def test_an_unknown_template_is_a_404_naming_stasis_images(e2b: Listener) -> None:
     with pytest.raises(SandboxException, match=r"404: template 'no-such-template' not found.*stasis image ls"):
         Sandbox.create("no-such-template")
 
 
+@FACE_ONLY
 def test_time_left_is_reported(e2b: Listener, shared: Sandbox) -> None:
     info = shared.get_info()
     assert info.end_at.timestamp() > time.time()
@@ -392,6 +410,7 @@ def test_a_sandbox_port_is_reached_by_headers_or_by_host_and_needs_its_token(e2b
     assert shared.get_info().state.value == "running"
 
 
+@FACE_ONLY
 def test_a_pty_is_an_interactive_shell_of_the_user_that_can_be_resized(e2b: Listener, shared: Sandbox) -> None:
     terminal = shared.pty.create(PtySize(rows=24, cols=80))
     assert terminal.pid in [p.pid for p in shared.commands.list()]
@@ -480,6 +499,7 @@ def test_a_daemon_killed_mid_call_keeps_the_sandbox_and_its_e2b_record(own_daemo
         again.close()
 
 
+@FACE_ONLY
 def test_logs_are_the_sandboxs_lifecycle_journal(e2b: Listener, shared: Sandbox) -> None:
     answer = httpx.get(f"{e2b.exports['E2B_API_URL']}/v2/sandboxes/{shared.sandbox_id}/logs",
                        headers={"X-API-KEY": e2b.exports["E2B_API_KEY"]}, timeout=60)  # fmt: skip
@@ -488,6 +508,7 @@ def test_logs_are_the_sandboxs_lifecycle_journal(e2b: Listener, shared: Sandbox)
     assert any("-> running" in m for m in messages), messages
 
 
+@FACE_ONLY
 def test_the_rest_of_the_surface(e2b: Listener, shared: Sandbox) -> None:
     """Create-time envs, a running command joined by pid, a command's deadline, reading as a stream, pages."""
     other = Sandbox.create(timeout=600, envs={"FROM_CREATE": "yes"}, metadata={"page": "1"})

@@ -88,3 +88,27 @@ def test_a_request_the_agent_never_read_is_taken_back_on_timeout(tmp_path: Path)
     left = os.read(guest_end, 1 << 20)
     os.close(guest_end)
     assert left == b"\n"  # nothing of the request remains for the agent to run later; a half line is ended
+
+
+def test_a_request_the_agent_took_but_never_answered_is_cancelled(tmp_path: Path) -> None:
+    seen: list[dict] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            seen.append(json.loads(line))
+
+    async def main() -> None:
+        server = await peer(tmp_path / "agent.sock", handle)
+        channel = await GuestChannel.open_unix(tmp_path / "agent.sock", "busy")
+        with pytest.raises(GuestTimeout):
+            await channel.call(P.Exec(cmd=["sleep", "60"]), timeout=0.3)
+        assert not channel.closed  # it read the request: the connection stays, a cancel follows it
+        for _ in range(200):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert seen[1].get("cancel") == seen[0]["id"]
+        await channel.close()
+        server.close()
+
+    asyncio.run(main())

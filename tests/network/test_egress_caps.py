@@ -105,6 +105,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow  # seconds of its own: the full suite runs it, the fast tier not
 def test_accepts_failing_with_emfile_neither_spin_nor_log_tracebacks(tmp_path: Path) -> None:
     """A listener out of descriptors: asyncio retried each second and logged a traceback each time."""
     import socket

@@ -13,7 +13,7 @@ AGENT_DIR = Path(__file__).resolve().parent
 AGENT_FILES = (
     "boot.py", "agent.py", "protocol.py", "wire.py", "processes.py", "commands.py", "terminals.py", "files.py",
     "fence.py", "workers.py", "watches.py", "sockets.py", "changes.py",
-    "untar.py", "protocol_files.py", "sudo.py",
+    "untar.py", "protocol_files.py", "sudo.py", "hostclock.py",
 )  # fmt: skip
 
 
