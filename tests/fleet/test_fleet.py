@@ -308,6 +308,13 @@ def test_teams_keys_quotas_and_usage_are_the_fleets(fleet: Fleet) -> None:
     blue_key = teams.create_key("fleetblue", ["read", "write", "exec"], client=owner).key
     for node in nodes:  # the very same key, straight to each node's daemon
         assert teams.whoami(client=Client(url=node["url"], token=red_key))["team"] == "fleetred"
+    admin = teams.create_key("fleetblue", ["read", "exec", "admin"], client=owner)
+    with Client(url=fleet.url, token=admin.key) as by_admin:  # a deputy made through the door, on every node
+        deputy = teams.create_key("fleetblue", ["read"], client=by_admin)
+    teams.revoke_key(admin.id, client=owner)
+    for node in nodes:  # its maker revoked through the door: the deputy ends on every node, not just one
+        with pytest.raises(Unauthorized), Client(url=node["url"], token=deputy.key) as gone:
+            teams.whoami(client=gone)
     as_red = {"authorization": f"Bearer {red_key}"}
     made = []
     try:

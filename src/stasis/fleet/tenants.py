@@ -152,6 +152,8 @@ def team_routes(app: FastAPI, nodes: Nodes) -> None:
                 return _whole(made)
             key = made.json()
             given = {**body, "team": key["team"], "scopes": key["scopes"], "key": key["key"]}
+            if key.get("made_by"):  # its lineage on every node, so that revoking its maker reaches it everywhere
+                given["made_by"] = key["made_by"]
             if key.get("expires_at"):
                 given["expires_in_secs"] = max(1, round(key["expires_at"] - time.time()))
             answers = await asyncio.gather(*(nodes.client(n).post("/v1/keys", json=given) for n in live[1:]))

@@ -20,6 +20,8 @@ def host_seconds() -> int | None:
     try:
         with open(RTC_SECONDS, "rb") as rtc:
             return int(rtc.read().strip())
-    except (OSError, ValueError):
+    except (FileNotFoundError, NotADirectoryError):
         _missing = True  # gVisor, or a kernel without one: never asked again
-        return None
+    except (OSError, ValueError):
+        pass  # this once (out of descriptors, a bad read): asked again next time
+    return None

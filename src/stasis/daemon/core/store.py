@@ -174,6 +174,7 @@ class Store:
                 self.db.execute("ALTER TABLE sandboxes ADD COLUMN deadline REAL")
             if "made_by" not in {row["name"] for row in self.db.execute("PRAGMA table_info(team_keys)")}:
                 self.db.execute("ALTER TABLE team_keys ADD COLUMN made_by TEXT")  # the key that made it; owner: NULL
+            self.db.execute("CREATE INDEX IF NOT EXISTS team_keys_by_maker ON team_keys(made_by)")
             self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes(status, created_at, id)")
             self.db.execute("CREATE INDEX IF NOT EXISTS sandboxes_by_pool ON sandboxes(pool) WHERE pool IS NOT NULL")
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...errors import Conflict, Forbidden, NotFound, QuotaExceeded, echo
+from ...errors import Conflict, Forbidden, NotFound, QuotaExceeded, Unauthorized, echo
 from ...models import SandboxSpec, SandboxStatus
 from ...team_models import (
     SCOPES,
@@ -116,6 +116,8 @@ class TeamsRoom:
             raise Forbidden("a key can make keys with at most its own scopes")
         key_id = "".join(secrets.choice("0123456789abcdefghijklmnopqrstuvwxyz") for _ in range(12))
         secret = secrets.token_hex(24)
+        if request.made_by is not None and (by.team is not None or request.key is None):
+            raise Forbidden("only the owner, giving a key itself, says which key made it")
         if request.key is not None:  # the same key on every node of a fleet
             given = KEY.fullmatch(request.key)
             if by.team is not None or given is None:
@@ -128,8 +130,11 @@ class TeamsRoom:
         parent = self.table.key_row(by.key_id) if by.key_id else None
         if parent is not None and parent[0].expires_at is not None:  # a key made by a key never outlives it
             expires = min(expires or parent[0].expires_at, parent[0].expires_at)
+        made_by = request.made_by or by.key_id
+        if by.key_id is not None and self.working(by.key_id) is None:  # revoked while its request came in
+            raise Unauthorized("the key making this key was revoked or expired meanwhile")
         info = KeyInfo(id=key_id, team=request.team, scopes=request.scopes, created_at=now, expires_at=expires,
-                       description=request.description, made_by=by.key_id)  # fmt: skip
+                       description=request.description, made_by=made_by)  # fmt: skip
         self.table.insert_key(info, _digest(secret))
         log.info("key %s made for team %s with scopes %s", key_id, request.team, ",".join(request.scopes))
         return CreatedKey(**info.model_dump(), key=f"sk_stasis_{key_id}_{secret}")
@@ -212,7 +217,8 @@ class TeamsRoom:
         theirs = [i for i in self.core.list() if i.spec.team == spec.team and i.id != sandbox_id]
         running = [i.spec for i in theirs if i.status in RUNNING]
         disks = sum(i.spec.disk_mb for i in theirs if i.status not in (S.TERMINATING, S.TERMINATED))
-        disks += sum(self.volume_limits(spec.team).values())
+        if quotas.max_disk_mb is not None:  # its volumes and their snapshots count too
+            disks += sum(self.volume_limits(spec.team).values())
         checks = (
             ("running sandboxes", quotas.max_running, len(running), 1, "max-running"),
             ("CPUs", quotas.max_cpus, sum(s.cpus for s in running), spec.cpus, "max-cpus"),
@@ -239,8 +245,9 @@ class TeamsRoom:
         volumes = sum(mb for volume, mb in self.volume_limits(team).items() if volume != name)
         if disks + volumes + max_size_mb > limit:
             raise QuotaExceeded(
-                f"team {team} has {disks + volumes} MiB of disk in use of its {limit} (sandbox disks and volume "
-                f"limits), and this volume needs {max_size_mb} more; remove a volume or a sandbox, make a smaller "
+                f"team {team} has {disks + volumes} MiB of disk in use of its {limit} (sandbox disks, volume limits "
+                f"and snapshots), and this volume needs {max_size_mb} more; remove a volume, a snapshot or a sandbox, "
+                f"make a smaller "
                 f"one (max_size_mb), or raise the quota: stasis team set {team} --max-disk-mb N"
             )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...errors import Conflict, InvalidRequest, NotFound, VolumeNotFound, echo
@@ -15,6 +15,11 @@ from ...volume_models import CreateVolumeRequest, VolumeInfo, VolumeMount, Volum
 from ...volumes import Volumes, choose_disk
 from ..core.service import SandboxService
 
+
+def _mib(size_bytes: int) -> int:
+    return -(-size_bytes // (1 << 20))
+
+
 TEAM_VOLUME_MB = 1024  # a team's volume made without a limit gets this one: the store is every team's
 
 
@@ -22,6 +27,7 @@ class VolumesRoom:
     def __init__(self, core: SandboxService) -> None:
         self.core = core
         self.admit: Callable[[str, int, str], None] = lambda team, mb, name: None  # the team's quota (wiring)
+        self._reserving: dict[str, dict[str, int]] = {}  # team -> volume -> MiB being made or resized now
         self.store = Volumes(core.paths.volumes, choose_disk(core.paths.volumes, core.paths.volume_image))
         self.store.sweep()
 
@@ -51,28 +57,62 @@ class VolumesRoom:
                 raise VolumeNotFound(f"no volume named {echo(mount.name)}; `stasis volume ls` lists them")
 
     async def create(self, request: CreateVolumeRequest, team: str | None = None) -> VolumeInfo:
-        if team is not None and request.from_snapshot and self.store.snapshot(request.from_snapshot).team != team:
+        source = self.store.snapshot(request.from_snapshot) if request.from_snapshot else None
+        if team is not None and source is not None and source.team != team:
             raise VolumeNotFound(
-                f"no volume snapshot {echo(request.from_snapshot)}; `stasis volume snapshots` lists them"
+                f"no volume snapshot {echo(request.from_snapshot or '')}; `stasis volume snapshots` lists them"
             )
         limit = request.max_size_mb
-        if team is not None:  # a team's volume always has a limit, and the limits count in the team's disk quota
-            limit = limit or TEAM_VOLUME_MB
-            self.admit(team, limit, request.name)
-        await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, limit, team=team)
+        if team is None:
+            await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, limit, team=team)
+            return await asyncio.to_thread(self.info, request.name)
+        # A team's volume always has a limit where the store keeps one, and counts in the team's disk quota as
+        # the larger of its limit and what it holds: every team's volumes share one store.
+        if self.store.disk.kind == "btrfs":
+            limit = limit or (source.max_size_mb if source else None) or TEAM_VOLUME_MB
+        held = _mib(source.size_bytes) if source else 0
+        if limit is not None and held > limit:
+            raise InvalidRequest(f"the snapshot holds {held} MiB, more than the limit of {limit} MiB: give a larger "
+                                 "max_size_mb")  # fmt: skip
+        with self._reserved(team, request.name, max(limit or 0, held)):
+            await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, limit, team=team)
         return await asyncio.to_thread(self.info, request.name)
 
     async def set_limit(self, name: str, max_size_mb: int | None, team: str | None = None) -> VolumeInfo:
-        if team is not None:
-            if max_size_mb is None:
-                raise InvalidRequest("a team's volume keeps a size limit: give max_size_mb (MiB)")
-            self.admit(team, max_size_mb, name)
-        await asyncio.to_thread(self.store.set_limit, name, max_size_mb)
+        if team is None:
+            await asyncio.to_thread(self.store.set_limit, name, max_size_mb)
+            return await asyncio.to_thread(self.info, name)
+        if max_size_mb is None:
+            raise InvalidRequest("a team's volume keeps a size limit: give max_size_mb (MiB)")
+        held = _mib(await asyncio.to_thread(self.store.size, name))
+        if held > max_size_mb:
+            raise InvalidRequest(f"volume {echo(name)} holds {held} MiB: a team's volume's limit cannot go below what "
+                                 "it holds; remove files first")  # fmt: skip
+        with self._reserved(team, name, max_size_mb):
+            await asyncio.to_thread(self.store.set_limit, name, max_size_mb)
         return await asyncio.to_thread(self.info, name)
 
+    @contextlib.contextmanager
+    def _reserved(self, team: str, name: str, mib: int) -> Iterator[None]:
+        """Admitted against the team's quota and counted from now (in this step of the event loop, so two requests
+        at once cannot both pass) until the store has it."""
+        self.admit(team, mib, name)
+        self._reserving.setdefault(team, {})[name] = mib
+        try:
+            yield
+        finally:
+            self._reserving[team].pop(name, None)
+
     def limits(self, team: str) -> dict[str, int]:
-        """The MiB limit of each of ``team``'s volumes."""
-        return {v.name: v.max_size_mb or 0 for v in self.store.list() if v.team == team}
+        """What each of ``team``'s volumes counts, in MiB: its limit (a team's cannot go below what it holds), what
+        it holds where it has none (one made before limits were kept, a store without them), or what is being made
+        or resized for it now; and each of its snapshots, what it held when taken."""
+        counted = {v.name: v.max_size_mb or _mib(self.store.size(v.name))
+                   for v in self.store.list() if v.team == team}  # fmt: skip
+        for name, mib in self._reserving.get(team, {}).items():
+            counted[name] = max(counted.get(name, 0), mib)
+        counted |= {f"snapshot {s.id}": _mib(s.size_bytes) for s in self.store.snapshots() if s.team == team}
+        return counted
 
     async def remove(self, name: str) -> None:
         self.store.get(name)

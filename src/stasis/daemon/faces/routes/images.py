@@ -83,7 +83,8 @@ def _as_seen(info: ImageInfo, principal: Principal) -> ImageInfo:
     """A team's key sees an image's name, contents and size, never where the host keeps it or what it came from."""
     if principal.team is None:
         return info
-    return info.model_copy(update={"path": "", "source": info.source.split(":", 1)[0]})
+    config = info.config.model_copy(update={"source": ""}) if info.config is not None else None
+    return info.model_copy(update={"path": "", "source": info.source.split(":", 1)[0], "config": config})
 
 
 @router.delete("/v1/images/{name}")
