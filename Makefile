@@ -11,7 +11,7 @@ setup-test:
 # Each file on one worker, the slowest first (tests/durations.json): xdist would order them by how many tests each has.
 test: setup-test
 	.venv/bin/ruff check src tests benchmarks demo
-	.venv/bin/pytest -v -rs --durations=25 -n 3 --dist loadfile --no-loadscope-reorder
+	.venv/bin/pytest -v -rs --durations=25 -n 2 --dist loadfile --no-loadscope-reorder
 
 # No runsc, QEMU or image: the real agent on a fake backend, the tables, the store, the SDK recipes.
 test-fast: .venv/.stasis-installed

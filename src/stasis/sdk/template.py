@@ -20,7 +20,7 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from ..errors import NameTaken, NotFound, TemplateNotReady
+from ..errors import GuestTimeout, NameTaken, NotFound, TemplateNotReady
 from ..kernels import IMAGE, PORT, bootstrap
 from ..models import TEMPLATE_PREFIX as PREFIX
 from ..models import CheckpointType, build
@@ -68,23 +68,23 @@ class Template:
             deadline = started_at + ready_timeout
             attempt = 0
             while ready_cmd is not None:
-                check = sbx.run(["/bin/sh", "-c", ready_cmd], timeout=30)
-                if check.exit_code == 0:
+                code, text = _ready_check(sbx, ready_cmd)
+                if code == 0:
                     break
                 attempt += 1
-                said = f"exit {check.exit_code}: {(check.stdout + check.stderr).strip()[-120:]}"
+                said = f"exit {code}: {text[-120:]}"
                 log.debug("template %s: ready check %d failed (%s)", name, attempt, said)
                 if on_check is not None:
                     on_check(attempt, time.monotonic() - started_at, said)
                 exited = sbx.get_process(server.id).exit_code is not None
-                if exited and sbx.run(["/bin/sh", "-c", ready_cmd], timeout=30).exit_code == 0:
+                if exited and _ready_check(sbx, ready_cmd)[0] == 0:
                     break  # it started its server in the background and exited: ready since the check above
                 if time.monotonic() > deadline or exited:
                     started = sbx.process_output(server.id)
                     output = base64.b64decode(started.data_b64).decode(errors="replace")[-1000:]
                     raise TemplateNotReady(
                         f"template {name!r}: `{ready_cmd}` did not succeed within {ready_timeout:.0f}s (last exit "
-                        f"{check.exit_code}: {(check.stdout + check.stderr).strip()[-500:]!r}); the start command "
+                        f"{code}: {text[-500:]!r}); the start command "
                         f"{'exited' if started.exit_code is not None else 'runs'}, its output: {output!r}"
                     )
                 time.sleep(0.2)
@@ -127,8 +127,19 @@ def interpreter_template(
     ``code-interpreter-v1`` has its own, on its image (:func:`stasis.sdk.e2b.code_template`)."""
     return Template.create(
         name, image, start_cmd=shlex.join(bootstrap()), ready_cmd=READY, replace=replace, client=client,
+        ready_timeout=300.0,  # Jupyter's start in a microVM on TCG, on a loaded host: minutes, not seconds
         **({"memory_mb": 1024} | dict(options)),  # type: ignore[arg-type]
     )  # fmt: skip
 
 
 READY = f'curl -sf http://127.0.0.1:{PORT}/contexts | grep -q \'"id": "python"\''  # the default kernel is up
+
+
+def _ready_check(sbx: Sandbox, ready_cmd: str) -> tuple[int, str]:
+    """One run of the ready check: its exit code and output. A check the sandbox did not answer in time (a loaded
+    host: a microVM on TCG starting its server) is a failed one, tried again until the template's deadline."""
+    try:
+        check = sbx.run(["/bin/sh", "-c", ready_cmd], timeout=30)
+    except GuestTimeout as exc:
+        return -1, f"no answer: {exc}"
+    return check.exit_code, (check.stdout + check.stderr).strip()
