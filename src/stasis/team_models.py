@@ -63,8 +63,9 @@ class KeyInfo(BaseModel):
     revoked_at: float | None = None
     last_used_at: float | None = None
     description: str = ""
-    made_by: str | None = Field(None, description="the key that made it (None: the owner); revoking a key revokes "
-                                "every key it made, and theirs")  # fmt: skip
+    made_by: str | None = Field(
+        None, description="the key that made it (None: the owner); revoking a key revokes every key it made, and theirs"
+    )
 
 
 class CreatedKey(KeyInfo):
@@ -94,8 +95,12 @@ class CreateKeyRequest(BaseModel):
     description: str = Field("", max_length=200)
     key: str | None = Field(None, max_length=100, description="the owner's only: this very key (a fleet's door gives "
                             "every node the key one of them made)")  # fmt: skip
-    made_by: str | None = Field(None, max_length=12, pattern=r"^[0-9a-z]{12}$", description="the owner's only, with "
-                                "key: the key that made it on the node where it was made")  # fmt: skip
+    made_by: str | None = Field(
+        None,
+        max_length=12,
+        pattern=r"^[0-9a-z]{12}$",
+        description="the owner's only, with key: the key that made it on the node where it was made",
+    )
 
     @field_validator("team")
     @classmethod

@@ -118,8 +118,14 @@ def _fleet_routes(app: FastAPI, nodes: Nodes, kill_node: KillNode | None) -> Non
             backends = (await nodes.client(first).get("/v1/health")).json().get("backends", {})
         if tenant := tenants.key_of(request):  # a team's key learns which backends there are, not the hosts' details
             backends = {name: {} for name in backends}
-        return {"version": __version__, "pid": 0, "home": "fleet", "backends": backends, "fleet": True,
-                "nodes": {} if tenant else {n["name"]: n["state"] for n in described}}  # fmt: skip
+        return {
+            "version": __version__,
+            "pid": 0,
+            "home": "fleet",
+            "backends": backends,
+            "fleet": True,
+            "nodes": {} if tenant else {n["name"]: n["state"] for n in described},
+        }
 
     @app.get("/v1/fleet/nodes")
     async def list_nodes() -> list[dict[str, Any]]:

@@ -129,8 +129,9 @@ class EgressProxy:
             held, cap = (EgressProxy.all_open, self.daemon_max_open) if self.daemon_wide else (self.open, self.max_open)
             if self.refused is not None and held <= cap * 3 // 4:
                 # well under the cap (not one below it, or a sandbox holding it would log each churn)
-                log.info("%s: back under the cap of %d open connections; %d were refused", self.label, cap,
-                         self.refused)  # fmt: skip
+                log.info(
+                    "%s: back under the cap of %d open connections; %d were refused", self.label, cap, self.refused
+                )
                 self.refused = None
 
     def _sent(self, size: int) -> None:
@@ -153,8 +154,11 @@ class EgressProxy:
         except OSError:
             where = {"destination": "unknown", "port": 0}
         abort(writer)
-        cap = (f"the daemon's cap of {self.daemon_max_open} open connections of all sandboxes" if self.daemon_wide
-               else f"the cap of {self.max_open} open connections")  # fmt: skip
+        cap = (
+            f"the daemon's cap of {self.daemon_max_open} open connections of all sandboxes"
+            if self.daemon_wide
+            else f"the cap of {self.max_open} open connections"
+        )
         why = (f"over {cap}: new ones are refused until some close "
                "(the first is recorded here, the others counted in the daemon's log)")  # fmt: skip
         log.warning("%s: %s", self.label, why)

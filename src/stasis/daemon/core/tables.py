@@ -198,9 +198,17 @@ class TeamTable(Table):
 
 
 def _key(row: sqlite3.Row) -> KeyInfo:
-    return KeyInfo(id=row["id"], team=row["team"], scopes=json.loads(row["scopes"]), created_at=row["created_at"],
-                   expires_at=row["expires_at"], revoked_at=row["revoked_at"], last_used_at=row["last_used_at"],
-                   description=row["description"], made_by=row["made_by"])  # fmt: skip
+    return KeyInfo(
+        id=row["id"],
+        team=row["team"],
+        scopes=json.loads(row["scopes"]),
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+        last_used_at=row["last_used_at"],
+        description=row["description"],
+        made_by=row["made_by"],
+    )
 
 
 class WebhookTable(Table):

@@ -133,8 +133,15 @@ class TeamsRoom:
         made_by = request.made_by or by.key_id
         if by.key_id is not None and self.working(by.key_id) is None:  # revoked while its request came in
             raise Unauthorized("the key making this key was revoked or expired meanwhile")
-        info = KeyInfo(id=key_id, team=request.team, scopes=request.scopes, created_at=now, expires_at=expires,
-                       description=request.description, made_by=made_by)  # fmt: skip
+        info = KeyInfo(
+            id=key_id,
+            team=request.team,
+            scopes=request.scopes,
+            created_at=now,
+            expires_at=expires,
+            description=request.description,
+            made_by=made_by,
+        )
         self.table.insert_key(info, _digest(secret))
         log.info("key %s made for team %s with scopes %s", key_id, request.team, ",".join(request.scopes))
         return CreatedKey(**info.model_dump(), key=f"sk_stasis_{key_id}_{secret}")
@@ -170,8 +177,12 @@ class TeamsRoom:
             raise NotFound(f"no key {echo(key_id)}; `stasis key ls` lists them")
         self._may_manage(found[0].team, by)
         revoked = self.table.revoke_key(key_id)
-        log.info("key %s of team %s revoked, with the %d keys it made (and theirs)", key_id, found[0].team,
-                 max(len(revoked) - 1, 0))  # fmt: skip
+        log.info(
+            "key %s of team %s revoked, with the %d keys it made (and theirs)",
+            key_id,
+            found[0].team,
+            max(len(revoked) - 1, 0),
+        )
         return found[0].model_copy(update={"revoked_at": time.time()})
 
     @staticmethod
@@ -240,8 +251,11 @@ class TeamsRoom:
         limit = self.team(team).quotas.max_disk_mb
         if limit is None:
             return
-        disks = sum(i.spec.disk_mb for i in self.core.list() if i.spec.team == team
-                    and i.status not in (S.TERMINATING, S.TERMINATED))  # fmt: skip
+        disks = sum(
+            i.spec.disk_mb
+            for i in self.core.list()
+            if i.spec.team == team and i.status not in (S.TERMINATING, S.TERMINATED)
+        )
         volumes = sum(mb for volume, mb in self.volume_limits(team).items() if volume != name)
         if disks + volumes + max_size_mb > limit:
             raise QuotaExceeded(

@@ -72,8 +72,9 @@ class VolumesRoom:
             limit = limit or (source.max_size_mb if source else None) or TEAM_VOLUME_MB
         held = _mib(source.size_bytes) if source else 0
         if limit is not None and held > limit:
-            raise InvalidRequest(f"the snapshot holds {held} MiB, more than the limit of {limit} MiB: give a larger "
-                                 "max_size_mb")  # fmt: skip
+            raise InvalidRequest(
+                f"the snapshot holds {held} MiB, more than the limit of {limit} MiB: give a larger max_size_mb"
+            )
         with self._reserved(team, request.name, max(limit or 0, held)):
             await asyncio.to_thread(self.store.create, request.name, request.from_snapshot, limit, team=team)
         return await asyncio.to_thread(self.info, request.name)
@@ -86,8 +87,10 @@ class VolumesRoom:
             raise InvalidRequest("a team's volume keeps a size limit: give max_size_mb (MiB)")
         held = _mib(await asyncio.to_thread(self.store.size, name))
         if held > max_size_mb:
-            raise InvalidRequest(f"volume {echo(name)} holds {held} MiB: a team's volume's limit cannot go below what "
-                                 "it holds; remove files first")  # fmt: skip
+            raise InvalidRequest(
+                f"volume {echo(name)} holds {held} MiB: a team's volume's limit cannot go below what "
+                "it holds; remove files first"
+            )
         with self._reserved(team, name, max_size_mb):
             await asyncio.to_thread(self.store.set_limit, name, max_size_mb)
         return await asyncio.to_thread(self.info, name)
@@ -107,8 +110,7 @@ class VolumesRoom:
         """What each of ``team``'s volumes counts, in MiB: its limit (a team's cannot go below what it holds), what
         it holds where it has none (one made before limits were kept, a store without them), or what is being made
         or resized for it now; and each of its snapshots, what it held when taken."""
-        counted = {v.name: v.max_size_mb or _mib(self.store.size(v.name))
-                   for v in self.store.list() if v.team == team}  # fmt: skip
+        counted = {v.name: v.max_size_mb or _mib(self.store.size(v.name)) for v in self.store.list() if v.team == team}
         for name, mib in self._reserving.get(team, {}).items():
             counted[name] = max(counted.get(name, 0), mib)
         counted |= {f"snapshot {s.id}": _mib(s.size_bytes) for s in self.store.snapshots() if s.team == team}
